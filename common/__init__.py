@@ -1,0 +1,1 @@
+"""Shared pieces of squall: wire models, names and pids, errors, clocks, configuration."""

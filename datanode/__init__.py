@@ -1,0 +1,1 @@
+"""squall data node: LMDB-backed payload store (issue 4)."""

@@ -1,0 +1,1 @@
+"""The master's REST v1 routes, one module per resource."""

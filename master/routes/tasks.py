@@ -1,0 +1,50 @@
+"""Task routes: the atomic update, enqueue, lease, and task lookup."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+
+from squall.common.models import (
+    EnqueueRequest,
+    EnqueueResponse,
+    LeaseRequest,
+    LeaseResponse,
+    NAME_PATTERN,
+    TaskInfo,
+    UpdateRequest,
+    UpdateResponse,
+)
+from squall.master.deps import MasterDep, client_addr
+from squall.master.http import ERROR_RESPONSES, JSON
+
+router = APIRouter(prefix="/v1/groups/{group}", tags=["tasks"], responses=ERROR_RESPONSES)
+GroupP = Annotated[str, Path(description="consistency group", pattern=NAME_PATTERN)]
+QueueP = Annotated[str, Path(description="queue name", pattern=NAME_PATTERN)]
+
+
+@router.post("/update", response_model=UpdateResponse)
+async def update(group: GroupP, body: UpdateRequest, m: MasterDep) -> JSON:
+    """Apply enqueues, dequeues (acks), renewals and releases on queues of one group,
+    all or nothing, in the order dequeue, renew, release, enqueue."""
+    return JSON(await m.update(group, body))
+
+
+@router.post("/queues/{queue}/tasks", response_model=EnqueueResponse)
+async def enqueue(group: GroupP, queue: QueueP, body: EnqueueRequest, m: MasterDep) -> JSON:
+    """Enqueue a batch of tasks into one queue (a pid already queued collapses)."""
+    return JSON(await m.enqueue(group, queue, body.tasks))
+
+
+@router.post("/queues/{queue}/lease", response_model=LeaseResponse)
+async def lease(group: GroupP, queue: QueueP, body: LeaseRequest, m: MasterDep,
+                request: Request) -> JSON:
+    """Lease up to `max_tasks` available tasks, smallest pid first, for `lease_secs`."""
+    return JSON(await m.lease(group, queue, body, client_addr(request)))
+
+
+@router.get("/queues/{queue}/tasks/{pid:path}", response_model=TaskInfo)
+async def task_info(group: GroupP, queue: QueueP, pid: str, m: MasterDep) -> JSON:
+    """Look up one task by pid: state, attempts, lease holder, payload reference."""
+    return JSON(m.task_info(group, queue, pid))
