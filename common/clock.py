@@ -1,4 +1,4 @@
-"""Clocks. Lease, delay and heartbeat logic takes a clock, so tests move time instead of sleeping."""
+"""Clocks. Lease, delay and heartbeat logic takes a clock: tests move time instead of sleeping."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@
         │                           reset or dequeued since this token was issued
         ├── PayloadTooLarge   413   body, batch or pid over its limit
         ├── InsufficientStorage 507 a data node is out of space
+        ├── DataCorrupt       500   a stored replica failed its checksum (read another)
         ├── Overloaded        429   slow down; retry after `retry_after` seconds
         └── Unavailable       503   not ready (recovering, no data nodes); retry
 
@@ -95,6 +96,10 @@ class InsufficientStorage(StatusError):
     status, code = 507, "insufficient_storage"
 
 
+class DataCorrupt(StatusError):
+    status, code = 500, "data_corrupt"
+
+
 class ServerError(StatusError):
     status, code = 500, "internal"
 
@@ -103,7 +108,8 @@ _BY_CODE: dict[str, type[StatusError]] = {
     cls.code: cls
     for cls in (
         BadRequest, Unauthorized, Forbidden, NotFound, Conflict, LeaseError, LeaseLost,
-        PayloadTooLarge, Overloaded, Unavailable, InsufficientStorage, ServerError,
+        PayloadTooLarge, Overloaded, Unavailable, InsufficientStorage, DataCorrupt,
+        ServerError,
     )
 }
 _BY_STATUS: dict[int, type[StatusError]] = {

@@ -7,7 +7,7 @@ update are bare names (``fetch``); the group is in the path.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,7 +65,12 @@ class RenewItem(TaskRef):
 
 
 class ReleaseItem(TaskRef):
-    delay_secs: DelaySecs = 0.0
+    delay_secs: DelaySecs | None = Field(
+        None, description="keep the task invisible this long (default: none, or the queue's "
+        "retry backoff when `error` is given)")
+    error: Annotated[str, Field(max_length=4096)] | None = Field(
+        None, description="the attempt failed: counts toward max_attempts, applies backoff, "
+        "and is kept as the task's last error")
 
 
 class UpdateRequest(_M):
@@ -108,7 +113,7 @@ class EnqueueResponse(_M):
 
 class LeaseRequest(_M):
     max_tasks: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
-    lease_secs: LeaseSecs = 60.0
+    lease_secs: LeaseSecs | None = Field(None, description="default: the queue's policy, or 60")
     max_pid: Pid | None = Field(None, description="only lease tasks whose pid <= max_pid")
     worker: Annotated[str, Field(max_length=MAX_WORKER_CHARS)] = ""
 
@@ -124,6 +129,7 @@ class LeasedTask(_M):
 
 
 class LeaseResponse(_M):
+    ticket: int = Field(0, description="WAL ticket of this lease (0: nothing leased)")
     tasks: list[LeasedTask]
 
 
@@ -133,6 +139,8 @@ class TaskInfo(_M):
     state: str = Field(description="available | leased | delayed")
     attempts: int
     enqueued_at: float
+    error: str | None = Field(None, description="last error, or why it was dead-lettered")
+    origin: str | None = Field(None, description="queue a dead-lettered task came from")
     expires_at: float | None = None
     not_before: float | None = None
     worker: str | None = None
@@ -140,19 +148,121 @@ class TaskInfo(_M):
     payload: PayloadRef | None = None
 
 
-class QueueStats(_M):
+class QueueCounts(_M):
     group: str
     queue: str
     available: int
     leased: int
     delayed: int
     total: int
-    completed: int
+    completed: int = Field(description="tasks dequeued since the queue was created")
     enqueued_total: int
 
 
+class Rates(_M):
+    """Events per second, exponentially weighted over 1 and 5 minutes (soft state)."""
+
+    enqueue_1m: float
+    enqueue_5m: float
+    lease_1m: float
+    lease_5m: float
+    dequeue_1m: float
+    dequeue_5m: float
+
+
+class LeasedSample(_M):
+    pid: str
+    worker: str
+    worker_addr: str
+    lease_age_secs: float
+    expires_at: float
+
+
+class QueueStats(QueueCounts):
+    rates: Rates
+    mean_lease_secs: float | None = Field(description="mean time from lease to dequeue")
+    oldest_available_age_secs: float | None
+    leased_sample: list[LeasedSample]
+
+
 class QueueList(_M):
-    queues: list[QueueStats]
+    queues: list[QueueCounts]
+    next: str | None = Field(None, description="pass as `after` for the next page")
+
+
+class ClusterStats(_M):
+    queues: int
+    available: int
+    leased: int
+    delayed: int
+    completed: int
+    rates: Rates
+    wal_ticket: int
+
+
+class TaskList(_M):
+    tasks: list[TaskInfo]
+    next: str | None = Field(None, description="pass as `after` for the next page")
+
+
+class Backoff(_M):
+    """Delay before retry n (n = attempts so far): min(cap, base * factor**(n-1)) +- jitter."""
+
+    base_secs: Annotated[float, Field(ge=0, le=MAX_DELAY_SECS)] = 1.0
+    factor: Annotated[float, Field(ge=1, le=100)] = 2.0
+    cap_secs: Annotated[float, Field(ge=0, le=MAX_DELAY_SECS)] = 300.0
+    jitter: Annotated[float, Field(ge=0, le=1)] = 0.1
+
+
+class Policy(_M):
+    """Per queue, or per group as the default of its queues (a queue's fields win)."""
+
+    max_attempts: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    dead_letter_queue: Name | None = Field(None, description="default: <queue>.dead")
+    backoff: Backoff | None = None
+    lease_secs: LeaseSecs | None = None
+
+
+class RedriveRequest(_M):
+    max_tasks: Annotated[int, Field(ge=1, le=MAX_BATCH)] = MAX_BATCH
+
+
+class RedriveResponse(_M):
+    ticket: int
+    moved: int
+    source: str
+
+
+class DeleteResponse(_M):
+    ticket: int
+    deleted: int = Field(description="tasks the queue held; they are reaped in the background")
+
+
+class ResetResponse(_M):
+    ticket: int
+    reset: int = Field(description="leases revoked")
+
+
+class Schedule(_M):
+    """A recurring task: at every slot start the master enqueues pid `<name>@<slot time>`."""
+
+    queue: Name
+    interval_secs: Annotated[float, Field(ge=1, le=MAX_DELAY_SECS)] | None = None
+    cron: Annotated[str, Field(max_length=256)] | None = Field(
+        None, description="cron expression (UTC), instead of interval_secs")
+    payload: PayloadRef | None = None
+    catch_up: Literal["one", "all"] = Field(
+        "one", description="after downtime: enqueue the latest missed slot, or every one")
+
+
+class ScheduleInfo(Schedule):
+    name: str
+    last_slot: float | None = Field(description="start of the last slot enqueued")
+    next_slot: float = Field(description="start of the next slot")
+
+
+class ScheduleList(_M):
+    schedules: list[ScheduleInfo]
 
 
 class ErrorBody(_M):

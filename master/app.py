@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from squall.common.clock import Clock
 from squall.master.http import BodyLimit, install_error_handlers
-from squall.master.routes import health, queues, tasks
+from squall.master.routes import config, health, queues, tasks
 from squall.master.service import Master, MasterSettings
 
 
@@ -36,6 +36,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     install_error_handlers(app)
     app.include_router(tasks.router)
     app.include_router(queues.router)
+    app.include_router(config.router)
     app.include_router(health.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

@@ -26,7 +26,8 @@ def serve(data_dir: str, host: str, port: int, fsync: bool = True,
 def register(app: typer.Typer) -> None:
     @app.command("master")
     def master(
-        data_dir: Path = typer.Option(Path(".squall/master"), "--data-dir", envvar="SQUALL_DATA_DIR",
+        data_dir: Path = typer.Option(Path(".squall/master"), "--data-dir",
+                                      envvar="SQUALL_DATA_DIR",
                                       help="where the WAL and the LMDB index live"),
         host: str = typer.Option("127.0.0.1", envvar="SQUALL_HOST", help="address to bind"),
         port: int = typer.Option(7070, envvar="SQUALL_PORT", help="port to listen on"),

@@ -1,20 +1,26 @@
 """Task semantics: turn a request into WAL ops (a plan), all or nothing.
 
 Planning reads the index inside the write transaction that will apply the plan, through a
-small overlay holding what earlier items of the same request changed, so an update such as
-"dequeue X from A, enqueue X into B" sees its own effects. Any invalid item raises before
-anything is applied; the transaction then aborts and nothing is logged.
+small overlay (:class:`View`) holding what earlier items of the same request changed, so an
+update such as "dequeue X from A, enqueue X into B" sees its own effects. Any invalid item
+raises before anything is applied; the transaction then aborts and nothing is logged.
 
 Leases: a lease sets the task LEASED with a new token from one global sequence (tokens are
 never reused, so a token from a dequeued-and-requeued task can never match). The holder of
 the current token may renew, release or dequeue; an expired lease keeps its token valid
 until someone else leases the task. The sweeper (:meth:`Engine.sweep`) moves due timers
 (expired leases, delays that ended) to ``ready``; it runs before every lease and in the
-background, so an expired task is hidden for at most one sweep interval.
+background, so an expired task is hidden for at most one sweep interval. With a retry
+backoff policy an expired task waits out its backoff first (its token still valid).
+
+Dead letters (SQS's maxReceiveCount): when a task that has been leased ``max_attempts``
+times comes up for lease again, or its holder releases it with an error on its last
+attempt, it moves to the dead-letter queue with its attempts, payload and a reason.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,20 +38,22 @@ from squall.common.models import (
     UpdateRequest,
 )
 from squall.common.names import check_name, check_pid, join_queue
+from squall.master import policies
 from squall.master.index import (
     AVAILABLE,
     DELAYED,
     LEASED,
     STATE_NAMES,
     Index,
-    Op,
     QueueRec,
     Task,
-    apply,
     pidkey,
+    qprefix,
 )
+from squall.master.ops import Op
 
 AUTO_PID_DIGITS = 20
+LEASE_SCAN_FACTOR = 4  # a lease looks at most this many times max_tasks ready tasks
 
 
 def ms(t: float) -> int:
@@ -54,20 +62,22 @@ def ms(t: float) -> int:
 
 @dataclass
 class Plan:
-    """Ops to log and apply, plus what to answer once they are durable."""
+    """Ops to log and apply, what to answer once they are durable, and metric events."""
 
     ops: list[Op] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
+    events: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    lease_secs: list[tuple[str, str, float]] = field(default_factory=list)
 
 
-class _View:
+class View:
     """The index as seen by one request: committed state plus this request's own changes."""
 
     def __init__(self, engine: Engine, txn: lmdb.Transaction, group: str) -> None:
         self.e, self.txn, self.group = engine, txn, check_name("group", group)
         self.tasks: dict[tuple[int, bytes], Task | None] = {}
         self.new_queues: dict[str, QueueRec] = {}
-        self.ops: list[Op] = []
+        self.plan = Plan()
         self.lease_seq = engine.index.lease_seq
         self.auto_pid = engine.index.auto_pid
 
@@ -78,7 +88,7 @@ class _View:
             qid = self.e.index.next_qid + len(self.new_queues)
             q = QueueRec(self.group, name, qid)
             self.new_queues[name] = q
-            self.ops.append(("Q", self.group, name, qid, self.e.now_ms()))
+            self.plan.ops.append(("Q", self.group, name, qid, self.e.now_ms()))
         return q
 
     def task(self, q: QueueRec, pid: bytes) -> Task | None:
@@ -91,17 +101,33 @@ class _View:
 
     def put(self, q: QueueRec, t: Task, *, enqueue: bool) -> None:
         self.tasks[(q.qid, t.pid.encode())] = t
-        self.ops.append(("P", q.qid, q.gen, t.to_wire(), enqueue))
+        self.plan.ops.append(("P", q.qid, q.gen, t.to_wire(), enqueue))
+        if enqueue:
+            self.plan.events[(q.group, q.name, "enqueue")] += 1
 
-    def delete(self, q: QueueRec, pid: str) -> None:
+    def delete(self, q: QueueRec, pid: str, *, completed: bool = True) -> None:
         self.tasks[(q.qid, pid.encode())] = None
-        self.ops.append(("D", q.qid, q.gen, pid, True))
+        self.plan.ops.append(("D", q.qid, q.gen, pid, completed))
+        if completed:
+            self.plan.events[(q.group, q.name, "dequeue")] += 1
 
-    def finish(self) -> list[Op]:
+    def dead_letter(self, q: QueueRec, t: Task, reason: str) -> None:
+        """Move `t` from `q` to its dead-letter queue (same group), keeping its payload."""
+        dlq = self.queue(policies.dead_letter_queue(self.e.policy(q), q.name), create=True)
+        assert dlq is not None
+        self.delete(q, t.pid, completed=False)
+        d = t.copy()
+        d.state, d.live, d.expiry_ms, d.not_before_ms = AVAILABLE, False, 0, 0
+        d.error, d.origin = reason, q.name
+        self.put(dlq, d, enqueue=True)
+        self.plan.events[(q.group, q.name, "dead_letter")] += 1
+
+    def finish(self, result: dict[str, Any]) -> Plan:
         idx = self.e.index
         if self.lease_seq != idx.lease_seq or self.auto_pid != idx.auto_pid:
-            self.ops.append(("M", self.lease_seq, self.auto_pid))
-        return self.ops
+            self.plan.ops.append(("M", self.lease_seq, self.auto_pid))
+        self.plan.result = result
+        return self.plan
 
 
 class Engine:
@@ -112,31 +138,32 @@ class Engine:
     def now_ms(self) -> int:
         return ms(self.clock.now())
 
+    def policy(self, q: QueueRec) -> dict[str, Any]:
+        return policies.effective(self.index, q.group, q.name)
+
     # -- update (enqueue / dequeue / renew / release, atomically) ------------------------
     def plan_update(self, txn: lmdb.Transaction, group: str, req: UpdateRequest) -> Plan:
-        v = _View(self, txn, group)
+        v = View(self, txn, group)
         now = self.now_ms()
         for d in req.dequeue:
-            q, t = self._held(v, d)
+            q, t = self.held(v, d)
             v.delete(q, t.pid)
+            v.plan.lease_secs.append((q.group, q.name, (now - t.leased_ms) / 1000))
         renewed = [self._renew(v, r, now) for r in req.renew]
         for r in req.release:
             self._release(v, r, now)
-        enqueued = [self._enqueue(v, e.queue, e, now) for e in req.enqueue]
-        plan = Plan(v.finish())
-        plan.result = {"enqueued": enqueued, "dequeued": len(req.dequeue),
-                       "renewed": renewed, "released": len(req.release)}
-        return plan
+        enqueued = [self.enqueue(v, e.queue, e, now) for e in req.enqueue]
+        return v.finish({"enqueued": enqueued, "dequeued": len(req.dequeue),
+                         "renewed": renewed, "released": len(req.release)})
 
     def plan_enqueue(self, txn: lmdb.Transaction, group: str, queue: str,
                      tasks: list[TaskSpec]) -> Plan:
-        v = _View(self, txn, group)
+        v = View(self, txn, group)
         now = self.now_ms()
-        enqueued = [self._enqueue(v, queue, s, now) for s in tasks]
-        return Plan(v.finish(), {"enqueued": enqueued})
+        return v.finish({"enqueued": [self.enqueue(v, queue, s, now) for s in tasks]})
 
-    def _enqueue(self, v: _View, queue: str, s: TaskSpec | EnqueueItem, now: int
-                 ) -> dict[str, Any]:
+    def enqueue(self, v: View, queue: str, s: TaskSpec | EnqueueItem, now: int
+                ) -> dict[str, Any]:
         q = v.queue(queue, create=True)
         assert q is not None
         if s.pid is None:
@@ -145,10 +172,10 @@ class Engine:
         else:
             pid = s.pid
         raw = check_pid(pid)
+        if s.not_before is not None and s.delay_secs is not None:  # bad even if it collapses
+            raise BadRequest(f"task {pid!r}: give not_before or delay_secs, not both")
         if v.task(q, raw) is not None:
             return {"queue": queue, "pid": pid, "collapsed": True}
-        if s.not_before is not None and s.delay_secs is not None:
-            raise BadRequest(f"task {pid!r}: give not_before or delay_secs, not both")
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)
         t = Task(pid, DELAYED if nb > now else AVAILABLE, not_before_ms=nb if nb > now else 0,
                  enqueued_ms=now,
@@ -156,43 +183,51 @@ class Engine:
         v.put(q, t, enqueue=True)
         return {"queue": queue, "pid": pid, "collapsed": False}
 
-    def _held(self, v: _View, ref: TaskRef) -> tuple[QueueRec, Task]:
+    def held(self, v: View, ref: TaskRef) -> tuple[QueueRec, Task]:
         """The task `ref` names, checked to be held by the caller's lease token."""
         where = f"task {ref.pid!r} in queue {join_queue(v.group, ref.queue)}"
         q = v.queue(ref.queue)
         t = v.task(q, check_pid(ref.pid)) if q is not None else None
+        info = {"queue": ref.queue, "pid": ref.pid, "token": ref.token}
         if t is None:
-            raise NotFound(f"{where} does not exist (already dequeued, or never enqueued)")
+            raise NotFound(f"{where} does not exist (already dequeued, or never enqueued)",
+                           info)
         if t.token == 0:
-            raise LeaseLost(f"{where} is not leased; lease it before acting on it.",
-                            {"queue": ref.queue, "pid": ref.pid, "token": ref.token})
+            raise LeaseLost(f"{where} is not leased; lease it before acting on it.", info)
         if t.token != ref.token:
             raise LeaseLost(
                 f"{where}: lease token {ref.token} is stale; the task was leased again since "
                 f"(current token {t.token}). Another worker owns it now: drop this result.",
-                {"queue": ref.queue, "pid": ref.pid, "token": ref.token},
-            )
+                info)
         if not t.live:
-            raise LeaseLost(
-                f"{where}: lease token {ref.token} was given up (released or reset); "
-                "lease the task again to work on it.",
-                {"queue": ref.queue, "pid": ref.pid, "token": ref.token},
-            )
+            raise LeaseLost(f"{where}: lease token {ref.token} was given up (released or "
+                            "reset); lease the task again to work on it.", info)
+        assert q is not None
         return q, t
 
-    def _renew(self, v: _View, r: RenewItem, now: int) -> dict[str, Any]:
-        q, t = self._held(v, r)
-        t = Task(**{k: getattr(t, k) for k in Task.__slots__})
+    def _renew(self, v: View, r: RenewItem, now: int) -> dict[str, Any]:
+        q, t = self.held(v, r)
+        t = t.copy()
         t.state, t.expiry_ms, t.not_before_ms = LEASED, now + ms(r.lease_secs), 0
         v.put(q, t, enqueue=False)
         return {"queue": r.queue, "pid": r.pid, "expires_at": t.expiry_ms / 1000}
 
-    def _release(self, v: _View, r: ReleaseItem, now: int) -> None:
-        q, t = self._held(v, r)
-        t = Task(**{k: getattr(t, k) for k in Task.__slots__})
+    def _release(self, v: View, r: ReleaseItem, now: int) -> None:
+        q, t = self.held(v, r)
+        t = t.copy()
         t.live, t.expiry_ms = False, 0
-        if r.delay_secs > 0:
-            t.state, t.not_before_ms = DELAYED, now + ms(r.delay_secs)
+        delay = ms(r.delay_secs) if r.delay_secs is not None else 0
+        if r.error is not None:
+            pol = self.policy(q)
+            t.error = r.error
+            if policies.exhausted(pol, t.attempts):
+                v.dead_letter(q, t, f"failed {t.attempts} times (max_attempts "
+                                    f"{pol['max_attempts']}); last error: {r.error}")
+                return
+            if r.delay_secs is None:
+                delay = policies.backoff_ms(pol, t.attempts, t.pid)
+        if delay > 0:
+            t.state, t.not_before_ms = DELAYED, now + delay
         else:
             t.state, t.not_before_ms = AVAILABLE, 0
         v.put(q, t, enqueue=False)
@@ -200,19 +235,27 @@ class Engine:
     # -- lease ---------------------------------------------------------------------------
     def plan_lease(self, txn: lmdb.Transaction, group: str, queue: str, req: LeaseRequest,
                    worker_addr: str) -> Plan:
-        v = _View(self, txn, group)
+        v = View(self, txn, group)
+        # validate before the lookup, so bad input is a 400 whether the queue exists or not
+        max_key = pidkey(check_pid(req.max_pid)) if req.max_pid is not None else None
         q = v.queue(queue)
         if q is None:
-            return Plan([], {"tasks": []})
+            return v.finish({"tasks": []})
         now = self.now_ms()
-        max_key = pidkey(check_pid(req.max_pid)) if req.max_pid is not None else None
-        expiry = now + ms(req.lease_secs)
-        leased = []
-        for pk in list(self.index.iter_ready(txn, q, max_key, req.max_tasks)):
-            raw = txn.get(q.qid.to_bytes(4, "big") + q.gen.to_bytes(4, "big") + pk,
-                          db=self.index.tasks)
-            assert raw is not None, "ready index points at a missing task"
-            t = Task.unpack(raw)
+        pol = self.policy(q)
+        expiry = now + ms(policies.lease_secs(pol, req.lease_secs))
+        leased: list[dict[str, Any]] = []
+        pre = qprefix(q.qid, q.gen)
+        scan = req.max_tasks * LEASE_SCAN_FACTOR if pol.get("max_attempts") else req.max_tasks
+        for pk in list(self.index.iter_ready(txn, q, max_key, scan)):
+            if len(leased) >= req.max_tasks:
+                break
+            t = self.index.read_task(txn, pre + pk)
+            if policies.exhausted(pol, t.attempts):
+                v.dead_letter(q, t, f"leased {t.attempts} times without being dequeued "
+                              f"(max_attempts {pol['max_attempts']}); last error: "
+                              f"{t.error or 'none'}")
+                continue
             v.lease_seq += 1
             t.state, t.token, t.live, t.expiry_ms = LEASED, v.lease_seq, True, expiry
             t.attempts += 1
@@ -221,49 +264,59 @@ class Engine:
             leased.append({"queue": queue, "pid": t.pid, "token": t.token,
                            "expires_at": expiry / 1000, "attempts": t.attempts,
                            "enqueued_at": t.enqueued_ms / 1000, "payload": t.payload})
-        return Plan(v.finish(), {"tasks": leased})
+        v.plan.events[(group, queue, "lease")] += len(leased)
+        return v.finish({"tasks": leased})
 
-    # -- apply and sweep -----------------------------------------------------------------
-    def apply(self, txn: lmdb.Transaction, ops: list[Op], ticket: int) -> None:
-        apply(self.index, txn, ops, ticket)
-
+    # -- sweep ---------------------------------------------------------------------------
     def sweep(self, txn: lmdb.Transaction, limit: int) -> int:
-        """Make due timers ready: expired leases (token stays valid) and ended delays."""
+        """Make due timers ready: ended delays, and expired leases (token stays valid),
+        after their retry backoff if the queue's policy has one."""
         idx = self.index
-        due = idx.due_timers(txn, self.now_ms(), limit)
+        now = self.now_ms()
+        due = idx.due_timers(txn, now, limit)
         touched: dict[int, QueueRec] = {}
-        for qid, gen, pk in due:
+        for due_key, qid, gen, pk in due:
             q = idx.by_qid.get(qid)
-            pre = qid.to_bytes(4, "big") + gen.to_bytes(4, "big")
-            raw = txn.get(pre + pk, db=idx.tasks) if q is not None and q.gen == gen else None
-            if raw is None:  # a deleted queue generation: drop the stale timer
+            if q is None or q.gen != gen:  # a deleted queue generation: drop the stale timer
+                txn.delete(due_key, db=idx.timers)
                 continue
-            t = Task.unpack(raw)
-            t.state, t.expiry_ms, t.not_before_ms = AVAILABLE, 0, 0
-            idx.put_task(txn, q, t, enqueue=False)  # type: ignore[arg-type]
-            touched[qid] = q  # type: ignore[assignment]
+            t = idx.read_task(txn, qprefix(qid, gen) + pk)
+            retry_at = 0
+            if t.state == LEASED:
+                retry_at = t.expiry_ms + policies.backoff_ms(self.policy(q), t.attempts, t.pid)
+                t.error = "lease expired"
+            if retry_at > now:
+                t.state, t.expiry_ms, t.not_before_ms = DELAYED, 0, retry_at
+            else:
+                t.state, t.expiry_ms, t.not_before_ms = AVAILABLE, 0, 0
+            idx.put_task(txn, q, t, enqueue=False)
+            touched[qid] = q
         for q in touched.values():
             idx.save_queue(txn, q)
         return len(due)
 
     # -- reads ---------------------------------------------------------------------------
-    def task_info(self, txn: lmdb.Transaction, group: str, queue: str, pid: str
-                  ) -> dict[str, Any]:
-        q = self.index.queues.get((check_name("group", group), check_name("queue", queue)))
-        t = self.index.get_task(txn, q, check_pid(pid)) if q is not None else None
-        if t is None:
-            raise NotFound(f"task {pid!r} is not in queue {join_queue(group, queue)} "
-                           "(done, deleted, or never enqueued)")
+    def describe(self, q: QueueRec, t: Task) -> dict[str, Any]:
         now = self.now_ms()
         state = t.state
         if state != AVAILABLE and t.due_ms() <= now:
             state = AVAILABLE
         return {
-            "queue": queue, "pid": t.pid, "state": STATE_NAMES[state], "attempts": t.attempts,
+            "queue": q.name, "pid": t.pid, "state": STATE_NAMES[state], "attempts": t.attempts,
             "enqueued_at": t.enqueued_ms / 1000,
             "expires_at": t.expiry_ms / 1000 if state == LEASED else None,
             "not_before": t.not_before_ms / 1000 if state == DELAYED else None,
             "worker": t.worker if state == LEASED else None,
             "worker_addr": t.worker_addr if state == LEASED else None,
-            "payload": t.payload,
+            "payload": t.payload, "error": t.error or None, "origin": t.origin or None,
         }
+
+    def task_info(self, txn: lmdb.Transaction, group: str, queue: str, pid: str
+                  ) -> dict[str, Any]:
+        q = self.index.queues.get((check_name("group", group), check_name("queue", queue)))
+        raw = check_pid(pid)  # a bad pid is a 400/413 whether the queue exists or not
+        t = self.index.get_task(txn, q, raw) if q is not None else None
+        if t is None or q is None:
+            raise NotFound(f"task {pid!r} is not in queue {join_queue(group, queue)} "
+                           "(done, deleted, or never enqueued)")
+        return self.describe(q, t)

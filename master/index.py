@@ -1,57 +1,63 @@
-"""The master's materialised state in LMDB, and the one function that changes it: :func:`apply`.
+"""The master's materialised state in LMDB: layout and the primitives that keep it exact.
 
-Layout (named databases in one environment; all integers big-endian so keys sort numerically)::
+Layout (named databases in one environment; integers big-endian so keys sort numerically)::
 
     meta    b"applied"   -> u64  last WAL ticket whose ops are in this environment
             b"lease_seq" -> u64  last lease token issued (tokens are global, never reused)
             b"auto_pid"  -> u64  last automatic (FIFO) pid issued, in microseconds
-            b"next_qid"  -> u32  next queue id to hand out
+            b"next_qid"  -> u64  next queue id to hand out
     queues  group \\0 name -> msgpack [qid, gen, available, leased, delayed, completed,
                                        enqueued_total, created_ms]
     qids    qid(u32)      -> msgpack [group, name]
     tasks   qid(u32) gen(u32) pidkey  -> msgpack task record (see :class:`Task`)
     ready   qid(u32) gen(u32) pidkey  -> b""     tasks that can be leased now, in pid order
+    avail   qid(u32) gen(u32) enq_ms(u64) pidkey -> b""
+                                                  the same tasks in enqueue-time order
+                                                  (oldest available task age)
     timers  due_ms(u64) qid(u32) gen(u32) pidkey -> b""
                                                   leased tasks (due = lease expiry) and
                                                   delayed tasks (due = not_before)
+    conf    b"P" group \\0 name -> msgpack policy  (name "" = the group's default)
+            b"S" group \\0 name -> msgpack schedule (with its last enqueued slot)
+    reap    qid(u32) gen(u32) -> b""              deleted generations not yet reaped
 
 ``pidkey`` is the pid's UTF-8 bytes when they are at most 448 bytes long; a longer pid is
 cut to 448 bytes and followed by 16 bytes of its BLAKE2b hash, because LMDB keys are at
 most 511 bytes. Pid order is therefore exact except between two pids longer than 448
 bytes that share their first 448 bytes, which are ordered by hash.
 
-Every task lives in exactly one of ``ready`` (state AVAILABLE) or ``timers`` (LEASED or
-DELAYED). The queue record's counters always equal the number of tasks in each state, as
-they change in the same LMDB transaction as the tasks.
+Every task lives in exactly one of ``ready`` (+ ``avail``; state AVAILABLE) or ``timers``
+(LEASED or DELAYED). A queue record's counters always equal the number of its tasks in
+each state, as they change in the same LMDB transaction as the tasks.
 
 Why this shape: leasing is a cursor seek to ``qid gen`` in ``ready`` and a short walk, so
 it costs O(k log n) whatever the number of leased or delayed tasks; expiry and delays are
 one ordered index across all queues that a sweeper walks from its start; deleting a queue
-bumps ``gen`` so its old keys become invisible at once.
+bumps ``gen`` so its old keys become invisible at once and are reaped by key range.
 
 The environment is opened with ``sync=False``: the WAL is what makes a change durable.
-Each :func:`apply` writes its WAL ticket to ``meta/applied`` in the same transaction as its
-changes, so replaying the WAL skips what the environment already holds: replay is
-idempotent by construction. A checkpoint is ``env.sync()``.
+Each applied WAL record writes its ticket to ``meta/applied`` in the same transaction as
+its changes (see ``ops.py``), so replay skips what the environment already holds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
 from typing import Any
 
 import lmdb
 import msgpack
+from sortedcontainers import SortedDict
 
 AVAILABLE, LEASED, DELAYED = 0, 1, 2
 STATE_NAMES = {AVAILABLE: "available", LEASED: "leased", DELAYED: "delayed"}
 PIDKEY_CUT = 448
 
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
+U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
 _QG = struct.Struct(">II")
 _TIMER = struct.Struct(">QII")
 
@@ -82,29 +88,32 @@ class Task:
     worker: str = ""
     worker_addr: str = ""
     payload: dict[str, Any] | None = None
+    error: str = ""  # last failure, or why the task was dead-lettered
+    origin: str = ""  # for a dead-lettered task: the queue it came from
 
     def due_ms(self) -> int:
         return self.expiry_ms if self.state == LEASED else self.not_before_ms
 
-    def pack(self) -> bytes:
-        return msgpack.packb(
-            [self.pid, self.state, self.token, self.live, self.expiry_ms, self.not_before_ms,
-             self.attempts, self.enqueued_ms, self.leased_ms, self.worker, self.worker_addr,
-             self.payload]
-        )
-
     def to_wire(self) -> list[Any]:
-        return [self.pid, self.state, self.token, self.live, self.expiry_ms, self.not_before_ms,
-                self.attempts, self.enqueued_ms, self.leased_ms, self.worker, self.worker_addr,
-                self.payload]
+        return [getattr(self, f) for f in _TASK_FIELDS]
+
+    def pack(self) -> bytes:
+        return msgpack.packb(self.to_wire())
+
+    def copy(self) -> Task:
+        return Task(*self.to_wire())
 
     @classmethod
-    def from_wire(cls, v: Sequence[Any]) -> Task:
+    def from_wire(cls, v: list[Any]) -> Task:
         return cls(*v)
 
     @classmethod
     def unpack(cls, raw: bytes) -> Task:
         return cls(*msgpack.unpackb(raw))
+
+
+_TASK_FIELDS = tuple(f.name for f in fields(Task))
+Old = tuple[int, int, int]  # (state, due_ms, enqueued_ms) of a stored task
 
 
 @dataclass(slots=True)
@@ -137,7 +146,7 @@ class QueueRec:
             self.delayed += delta
 
 
-def qname_key(group: str, name: str) -> bytes:
+def gname(group: str, name: str) -> bytes:
     return group.encode() + b"\x00" + name.encode()
 
 
@@ -145,21 +154,29 @@ class Index:
     """The LMDB environment and its databases. One per data directory per process."""
 
     def __init__(self, path: str, map_size: int = 1 << 38) -> None:
-        self.env = lmdb.open(path, map_size=map_size, max_dbs=8, sync=False, metasync=False,
+        self.env = lmdb.open(path, map_size=map_size, max_dbs=10, sync=False, metasync=False,
                              writemap=False, readahead=False, max_readers=256)
-        self.meta = self.env.open_db(b"meta")
-        self.queues_db = self.env.open_db(b"queues")
-        self.qids_db = self.env.open_db(b"qids")
-        self.tasks = self.env.open_db(b"tasks")
-        self.ready = self.env.open_db(b"ready")
-        self.timers = self.env.open_db(b"timers")
-        self.queues: dict[tuple[str, str], QueueRec] = {}
+        db = self.env.open_db
+        self.meta, self.queues_db, self.qids_db = db(b"meta"), db(b"queues"), db(b"qids")
+        self.tasks, self.ready, self.avail = db(b"tasks"), db(b"ready"), db(b"avail")
+        self.timers, self.conf, self.reap_db = db(b"timers"), db(b"conf"), db(b"reap")
+        self.queues: SortedDict[tuple[str, str], QueueRec] = SortedDict()
         self.by_qid: dict[int, QueueRec] = {}
+        self.policies: dict[tuple[str, str], dict[str, Any]] = {}
+        self.schedules: dict[tuple[str, str], dict[str, Any]] = {}
+        # (state, due_ms, enq_ms), or None for absent, of task keys read while planning the
+        # current write txn, so applying the plan need not read and decode them again.
+        # Valid within one write txn only: begin_write() clears it.
+        self.hints: dict[bytes, Old | None] = {}
         self.reload()
 
+    def begin_write(self) -> lmdb.Transaction:
+        self.hints.clear()
+        return self.env.begin(write=True)
+
     def reload(self) -> None:
-        """(Re)load the in-memory copies (meta, queue records) from the environment."""
-        queues: dict[tuple[str, str], QueueRec] = {}
+        """(Re)load the in-memory copies (meta, queues, policies, schedules) from LMDB."""
+        queues: SortedDict[tuple[str, str], QueueRec] = SortedDict()
         with self.env.begin() as txn:
             self.applied = self._meta_int(txn, b"applied")
             self.lease_seq = self._meta_int(txn, b"lease_seq")
@@ -168,40 +185,57 @@ class Index:
             for k, v in txn.cursor(db=self.queues_db):
                 group, name = bytes(k).decode().split("\x00", 1)
                 queues[(group, name)] = QueueRec(group, name, *msgpack.unpackb(v))
+            self.policies, self.schedules = {}, {}
+            for k, v in txn.cursor(db=self.conf):
+                group, name = bytes(k[1:]).decode().split("\x00", 1)
+                target = self.policies if k[:1] == b"P" else self.schedules
+                target[(group, name)] = msgpack.unpackb(v)
         self.queues = queues
         self.by_qid = {q.qid: q for q in queues.values()}
 
     # -- reads ---------------------------------------------------------------------------
     def _meta_int(self, txn: lmdb.Transaction, key: bytes) -> int:
         raw = txn.get(key, db=self.meta)
-        return _U64.unpack(raw)[0] if raw else 0
+        return U64.unpack(raw)[0] if raw else 0
 
     def get_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes) -> Task | None:
-        raw = txn.get(qprefix(q.qid, q.gen) + pidkey(pid), db=self.tasks)
+        key = qprefix(q.qid, q.gen) + pidkey(pid)
+        raw = txn.get(key, db=self.tasks)
         if raw is None:
+            self.hints[key] = None
             return None
         t = Task.unpack(raw)
+        self.hints[key] = (t.state, t.due_ms(), t.enqueued_ms)
         return t if t.pid.encode() == pid else None
+
+    def read_task(self, txn: lmdb.Transaction, key: bytes) -> Task:
+        """The task at a key known to exist (from an index), remembered as a hint."""
+        raw = txn.get(key, db=self.tasks)
+        assert raw is not None, "index points at a missing task"
+        t = Task.unpack(raw)
+        self.hints[key] = (t.state, t.due_ms(), t.enqueued_ms)
+        return t
 
     def iter_ready(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
                    limit: int) -> Iterator[bytes]:
         """Yield the pidkeys of up to `limit` ready tasks of `q` in pid order (<= max_key)."""
         prefix = qprefix(q.qid, q.gen)
         cur = txn.cursor(db=self.ready)
-        if not cur.set_range(prefix):
+        if not cur.set_range(prefix) or limit <= 0:
             return
-        n = 0
-        for k in cur.iternext(keys=True, values=False):
-            if not k.startswith(prefix) or n >= limit:
+        for n, k in enumerate(cur.iternext(keys=True, values=False), 1):
+            if not k.startswith(prefix):
                 return
             pk = bytes(k[8:])
             if max_key is not None and pk > max_key:
                 return
-            n += 1
             yield pk
+            if n >= limit:
+                return
 
     def iter_tasks(self, txn: lmdb.Transaction, q: QueueRec, after: bytes = b"",
                    limit: int = 100) -> Iterator[Task]:
+        """Up to `limit` tasks of `q` in pid order, starting after pidkey `after`."""
         prefix = qprefix(q.qid, q.gen)
         cur = txn.cursor(db=self.tasks)
         if not cur.set_range(prefix + after):
@@ -215,10 +249,17 @@ class Index:
             n += 1
             yield Task.unpack(v)
 
+    def oldest_available_ms(self, txn: lmdb.Transaction, q: QueueRec) -> int | None:
+        prefix = qprefix(q.qid, q.gen)
+        cur = txn.cursor(db=self.avail)
+        if not cur.set_range(prefix) or not cur.key().startswith(prefix):
+            return None
+        return int(U64.unpack_from(cur.key(), 8)[0])
+
     def due_timers(self, txn: lmdb.Transaction, now_ms: int, limit: int
-                   ) -> list[tuple[int, int, bytes]]:
-        """Up to `limit` (qid, gen, pidkey) whose due time is <= now_ms, earliest first."""
-        out: list[tuple[int, int, bytes]] = []
+                   ) -> list[tuple[bytes, int, int, bytes]]:
+        """Up to `limit` (timer key, qid, gen, pidkey) due by now_ms, earliest first."""
+        out: list[tuple[bytes, int, int, bytes]] = []
         cur = txn.cursor(db=self.timers)
         if not cur.first():
             return out
@@ -226,45 +267,51 @@ class Index:
             due, qid, gen = _TIMER.unpack_from(k)
             if due > now_ms or len(out) >= limit:
                 break
-            out.append((qid, gen, bytes(k[_TIMER.size:])))
+            out.append((bytes(k), qid, gen, bytes(k[_TIMER.size:])))
         return out
 
     # -- writes --------------------------------------------------------------------------
-    def _unindex(self, txn: lmdb.Transaction, pre: bytes, pk: bytes, t: Task) -> None:
-        if t.state == AVAILABLE:
-            txn.delete(pre + pk, db=self.ready)
-        else:
-            txn.delete(_U64.pack(t.due_ms()) + pre + pk, db=self.timers)
+    def _old(self, txn: lmdb.Transaction, key: bytes) -> Old | None:
+        if key in self.hints:
+            return self.hints.pop(key)
+        raw = txn.get(key, db=self.tasks)
+        if raw is None:
+            return None
+        t = Task.unpack(raw)
+        return t.state, t.due_ms(), t.enqueued_ms
 
-    def _index(self, txn: lmdb.Transaction, pre: bytes, pk: bytes, t: Task) -> None:
-        if t.state == AVAILABLE:
-            txn.put(pre + pk, b"", db=self.ready)
+    def _unindex(self, txn: lmdb.Transaction, key: bytes, old: Old) -> None:
+        if old[0] == AVAILABLE:
+            txn.delete(key, db=self.ready)
+            txn.delete(key[:8] + U64.pack(old[2]) + key[8:], db=self.avail)
         else:
-            txn.put(_U64.pack(t.due_ms()) + pre + pk, b"", db=self.timers)
+            txn.delete(U64.pack(old[1]) + key, db=self.timers)
 
     def put_task(self, txn: lmdb.Transaction, q: QueueRec, t: Task, *, enqueue: bool) -> None:
         """Insert or replace a task, keeping the indexes and counters exact."""
-        pre, pk = qprefix(q.qid, q.gen), pidkey(t.pid.encode())
-        raw = txn.get(pre + pk, db=self.tasks)
-        if raw is not None:
-            old = Task.unpack(raw)
-            self._unindex(txn, pre, pk, old)
-            q.count(old.state, -1)
+        key = qprefix(q.qid, q.gen) + pidkey(t.pid.encode())
+        old = self._old(txn, key)
+        if old is not None:
+            self._unindex(txn, key, old)
+            q.count(old[0], -1)
         elif enqueue:
             q.enqueued_total += 1
-        txn.put(pre + pk, t.pack(), db=self.tasks)
-        self._index(txn, pre, pk, t)
+        txn.put(key, t.pack(), db=self.tasks)
+        if t.state == AVAILABLE:
+            txn.put(key, b"", db=self.ready)
+            txn.put(key[:8] + U64.pack(t.enqueued_ms) + key[8:], b"", db=self.avail)
+        else:
+            txn.put(U64.pack(t.due_ms()) + key, b"", db=self.timers)
         q.count(t.state, +1)
 
     def delete_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes, *,
                     completed: bool) -> bool:
-        pre, pk = qprefix(q.qid, q.gen), pidkey(pid)
-        raw = txn.pop(pre + pk, db=self.tasks)
-        if raw is None:
+        key = qprefix(q.qid, q.gen) + pidkey(pid)
+        old = self._old(txn, key)
+        if old is None or not txn.delete(key, db=self.tasks):
             return False
-        old = Task.unpack(raw)
-        self._unindex(txn, pre, pk, old)
-        q.count(old.state, -1)
+        self._unindex(txn, key, old)
+        q.count(old[0], -1)
         if completed:
             q.completed += 1
         return True
@@ -276,58 +323,68 @@ class Index:
             q = QueueRec(group, name, qid, created_ms=created_ms)
             self.queues[(group, name)] = q
             self.by_qid[qid] = q
-            txn.put(_U32.pack(qid), msgpack.packb([group, name]), db=self.qids_db)
+            txn.put(U32.pack(qid), msgpack.packb([group, name]), db=self.qids_db)
         self.next_qid = max(self.next_qid, qid + 1)
         return q
 
     def save_queue(self, txn: lmdb.Transaction, q: QueueRec) -> None:
-        txn.put(qname_key(q.group, q.name), q.pack(), db=self.queues_db)
+        txn.put(gname(q.group, q.name), q.pack(), db=self.queues_db)
 
     def save_meta(self, txn: lmdb.Transaction) -> None:
-        txn.put(b"applied", _U64.pack(self.applied), db=self.meta)
-        txn.put(b"lease_seq", _U64.pack(self.lease_seq), db=self.meta)
-        txn.put(b"auto_pid", _U64.pack(self.auto_pid), db=self.meta)
-        txn.put(b"next_qid", _U64.pack(self.next_qid), db=self.meta)
+        txn.put(b"applied", U64.pack(self.applied), db=self.meta)
+        txn.put(b"lease_seq", U64.pack(self.lease_seq), db=self.meta)
+        txn.put(b"auto_pid", U64.pack(self.auto_pid), db=self.meta)
+        txn.put(b"next_qid", U64.pack(self.next_qid), db=self.meta)
+
+    def set_conf(self, txn: lmdb.Transaction, kind: bytes, group: str, name: str,
+                 value: dict[str, Any] | None) -> None:
+        target = self.policies if kind == b"P" else self.schedules
+        key = kind + gname(group, name)
+        if value is None:
+            txn.delete(key, db=self.conf)
+            target.pop((group, name), None)
+        else:
+            txn.put(key, msgpack.packb(value), db=self.conf)
+            target[(group, name)] = value
+
+    # -- reaping deleted generations ------------------------------------------------------
+    def pending_reap(self, txn: lmdb.Transaction) -> tuple[int, int] | None:
+        cur = txn.cursor(db=self.reap_db)
+        return _QG.unpack(cur.key()) if cur.first() else None
+
+    def reap(self, txn: lmdb.Transaction, qid: int, gen: int, limit: int
+             ) -> tuple[int, list[dict[str, Any]]]:
+        """Delete up to `limit` tasks of a deleted generation by key range.
+
+        Returns (tasks deleted, payload references they held). Their ``timers`` entries
+        are dropped by the sweeper when due. When nothing is left, the generation is done.
+        """
+        prefix = qprefix(qid, gen)
+        payloads: list[dict[str, Any]] = []
+        n = 0
+        cur = txn.cursor(db=self.tasks)
+        if cur.set_range(prefix):
+            while n < limit and cur.key().startswith(prefix):
+                v = cur.value()
+                if v[-3:] != b"\xc0\xa0\xa0":  # payload, error, origin not nil, "", ""
+                    p = msgpack.unpackb(v)[11]
+                    if p:
+                        payloads.append(p)
+                n += 1
+                if not cur.delete():
+                    break
+        for db in (self.ready, self.avail):
+            c = txn.cursor(db=db)
+            m = 0
+            if c.set_range(prefix):
+                while m < limit and c.key().startswith(prefix) and c.delete():
+                    m += 1
+        if n < limit:
+            txn.delete(prefix, db=self.reap_db)
+        return n, payloads
 
     def sync(self) -> None:
         self.env.sync(True)
 
     def close(self) -> None:
         self.env.close()
-
-
-# -- ops: what a WAL record holds, and the one function that applies them ---------------
-# ("Q", group, name, qid, created_ms)     create a queue
-# ("P", qid, gen, task_wire, enqueue)     put a task record (insert or replace)
-# ("D", qid, gen, pid, completed)         delete a task (completed: it was dequeued)
-# ("M", lease_seq, auto_pid)              raise the token / auto-pid high-water marks
-Op = tuple[Any, ...]
-
-
-def apply(index: Index, txn: lmdb.Transaction, ops: Sequence[Op], ticket: int) -> None:
-    """Apply `ops` in `txn` and record `ticket` as applied. The same code runs live and on replay."""
-    touched: dict[int, QueueRec] = {}
-    for op in ops:
-        kind = op[0]
-        if kind == "P":
-            q = index.by_qid[op[1]]
-            if q.gen == op[2]:
-                index.put_task(txn, q, Task.from_wire(op[3]), enqueue=op[4])
-                touched[q.qid] = q
-        elif kind == "D":
-            q = index.by_qid[op[1]]
-            if q.gen == op[2]:
-                index.delete_task(txn, q, op[3].encode(), completed=op[4])
-                touched[q.qid] = q
-        elif kind == "Q":
-            q = index.create_queue(txn, op[1], op[2], op[3], op[4])
-            touched[q.qid] = q
-        elif kind == "M":
-            index.lease_seq = max(index.lease_seq, op[1])
-            index.auto_pid = max(index.auto_pid, op[2])
-        else:
-            raise ValueError(f"unknown op {kind!r}")
-    for q in touched.values():
-        index.save_queue(txn, q)
-    index.applied = max(index.applied, ticket)
-    index.save_meta(txn)

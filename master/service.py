@@ -1,4 +1,4 @@
-"""The master service: recovery, the commit path, checkpoints and the sweeper.
+"""The master service: recovery, the commit path, checkpoints and background work.
 
 Commit path of every mutating request (all on the event loop thread, so requests are
 serialised without locks)::
@@ -13,6 +13,10 @@ WAL's current tail, so it never reports state that could vanish in a crash.
 
 Recovery: open LMDB (its ``applied`` ticket says how far it got), replay WAL records after
 it in large transactions, and resume appending after the larger of the two tickets.
+
+Background work (:meth:`Master.tick`, every ``sweep_interval_s``), each step in bounded
+batches so requests are never starved: the sweeper (expired leases, ended delays), due
+schedules, and reaping deleted queue generations.
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ import msgpack
 
 from squall.common.clock import Clock, SystemClock
 from squall.common.errors import StatusError, Unavailable
-from squall.common.models import LeaseRequest, TaskSpec, UpdateRequest
+from squall.common.models import LeaseRequest, Policy, Schedule, TaskSpec, UpdateRequest
 from squall.common.names import check_name
+from squall.master import admin
 from squall.master.engine import Engine, Plan
-from squall.master.index import Index, QueueRec, apply
+from squall.master.index import LEASED, Index, QueueRec
+from squall.master.ops import apply
+from squall.master.stats import Meters
 from squall.master.wal import WAL, Tail, read_records
 
 log = logging.getLogger("squall.master")
@@ -50,6 +57,7 @@ class MasterSettings:
     checkpoint_wal_bytes: int = 256 << 20
     sweep_interval_s: float = 0.1
     sweep_batch: int = 2000
+    reap_batch: int = 20_000
     map_size: int = 1 << 38
     max_body_bytes: int = 16 << 20
 
@@ -64,6 +72,7 @@ class Master:
         t0 = time.monotonic()
         self.index = Index(os.path.join(settings.data_dir, "index"), settings.map_size)
         self.engine = Engine(self.index, self.clock)
+        self.meters = Meters()
         records, tail = read_records(self.wal_dir, after=self.index.applied)
         self.replayed = self._replay(records)
         self.wal = WAL(self.wal_dir, Tail(max(tail.last_ticket, self.index.applied),
@@ -73,13 +82,15 @@ class Master:
         self.last_checkpoint = time.monotonic()
         self.wal_bytes_since_checkpoint = 0
         self.checkpoints = 0
+        self.reaped = 0
+        self.orphan_payloads: list[dict[str, Any]] = []  # handed to blob GC (data nodes)
         self._tasks: list[asyncio.Task[None]] = []
         log.info("recovered: %d WAL records replayed in %.2fs, at ticket %d",
                  self.replayed, self.recovery_secs, self.wal.last_ticket)
 
     def _replay(self, records: list[tuple[int, bytes]]) -> int:
         for i in range(0, len(records), REPLAY_TXN_RECORDS):
-            with self.index.env.begin(write=True) as txn:
+            with self.index.begin_write() as txn:
                 for ticket, body in records[i : i + REPLAY_TXN_RECORDS]:
                     apply(self.index, txn, msgpack.unpackb(body), ticket)
         return len(records)
@@ -88,10 +99,10 @@ class Master:
     async def _execute(self, build: Callable[[lmdb.Transaction], Plan]) -> dict[str, Any]:
         ticket = self.wal.next_ticket()
         try:
-            with self.index.env.begin(write=True) as txn:
+            with self.index.begin_write() as txn:
                 plan = build(txn)
                 if plan.ops:
-                    self.engine.apply(txn, plan.ops, ticket)
+                    apply(self.index, txn, plan.ops, ticket)
         except StatusError:
             raise
         except lmdb.Error as e:
@@ -108,8 +119,17 @@ class Master:
         else:
             await self.wal.durable(self.wal.last_ticket)
             ticket = 0
+        self._record(plan)
         plan.result["ticket"] = ticket
         return plan.result
+
+    def _record(self, plan: Plan) -> None:
+        now = self.clock.now()
+        for (group, queue, kind), n in plan.events.items():
+            if kind != "dead_letter":
+                self.meters.record((group, queue), kind, n, now)
+        for group, queue, secs in plan.lease_secs:
+            self.meters.lease_done((group, queue), secs)
 
     async def update(self, group: str, req: UpdateRequest) -> dict[str, Any]:
         return await self._execute(lambda txn: self.engine.plan_update(txn, group, req))
@@ -122,20 +142,108 @@ class Master:
             self.engine.sweep(txn, self.settings.sweep_batch)
             return self.engine.plan_lease(txn, group, queue, req, addr)
 
-        return await self._execute(build)
+        res = await self._execute(build)
+        if res["tasks"]:
+            self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in res["tasks"])
+        return res
+
+    async def delete_queue(self, group: str, queue: str) -> dict[str, Any]:
+        res = await self._execute(lambda txn: admin.plan_delete(self.engine, group, queue))
+        self.meters.forget((group, queue))
+        return res
+
+    async def reset_leases(self, group: str, queue: str) -> dict[str, Any]:
+        return await self._execute(lambda txn: admin.plan_reset(self.engine, group, queue))
+
+    async def redrive(self, group: str, queue: str, max_tasks: int) -> dict[str, Any]:
+        return await self._execute(
+            lambda txn: admin.plan_redrive(self.engine, txn, group, queue, max_tasks))
+
+    async def set_policy(self, group: str, queue: str, p: Policy | None) -> dict[str, Any]:
+        return await self._execute(lambda txn: admin.plan_policy(self.engine, group, queue, p))
+
+    async def set_schedule(self, group: str, name: str, s: Schedule | None) -> dict[str, Any]:
+        return await self._execute(lambda txn: admin.plan_schedule(self.engine, group, name, s))
 
     # -- reads ---------------------------------------------------------------------------
     def task_info(self, group: str, queue: str, pid: str) -> dict[str, Any]:
         with self.index.env.begin() as txn:
             return self.engine.task_info(txn, group, queue, pid)
 
+    def list_tasks(self, group: str, queue: str, after: str | None, limit: int
+                   ) -> dict[str, Any]:
+        with self.index.env.begin() as txn:
+            return admin.list_tasks(self.engine, txn, group, queue, after, limit)
+
     def queue(self, group: str, queue: str) -> QueueRec | None:
         return self.index.queues.get((check_name("group", group), check_name("queue", queue)))
 
+    def queue_details(self, q: QueueRec) -> dict[str, Any]:
+        """Soft-state statistics of a queue: rates, mean lease time, ages, leased sample."""
+        now = self.clock.now()
+        m = self.meters.get((q.group, q.name))
+        sample: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        with self.index.env.begin() as txn:
+            oldest = self.index.oldest_available_ms(txn, q)
+            for pid in reversed(m.recent_leases):
+                if pid in seen or len(sample) >= 10:
+                    continue
+                seen.add(pid)
+                t = self.index.get_task(txn, q, pid.encode())
+                if t is not None and t.state == LEASED and t.expiry_ms > now * 1000:
+                    sample.append({"pid": t.pid, "worker": t.worker,
+                                   "worker_addr": t.worker_addr,
+                                   "lease_age_secs": round(now - t.leased_ms / 1000, 3),
+                                   "expires_at": t.expiry_ms / 1000})
+        self.index.hints.clear()
+        return {"rates": m.snapshot(now), "mean_lease_secs": m.mean_lease_secs,
+                "oldest_available_age_secs":
+                    round(max(0.0, now - oldest / 1000), 3) if oldest is not None else None,
+                "leased_sample": sample}
+
     # -- background ----------------------------------------------------------------------
     def sweep_once(self) -> int:
-        with self.index.env.begin(write=True) as txn:
+        with self.index.begin_write() as txn:
             return self.engine.sweep(txn, self.settings.sweep_batch)
+
+    def reap_once(self) -> int:
+        """Reap one batch of a deleted queue generation. Returns tasks reaped."""
+        with self.index.begin_write() as txn:
+            pending = self.index.pending_reap(txn)
+            if pending is None:
+                return 0
+            n, payloads = self.index.reap(txn, *pending, self.settings.reap_batch)
+        self.reaped += n
+        self.orphan_payloads.extend(payloads[:100_000])
+        return n
+
+    async def fire_schedules(self) -> int:
+        fired = 0
+        for group, name in admin.due_schedules(self.engine):
+            res = await self._execute(
+                lambda txn, g=group, n=name: admin.plan_fire(self.engine, txn, g, n))
+            fired += sum(1 for e in res.get("enqueued", ()) if not e["collapsed"])
+        return fired
+
+    async def tick(self) -> dict[str, int]:
+        """One round of background work (tests call it after moving the clock)."""
+        swept = self.sweep_once()
+        fired = await self.fire_schedules()
+        reaped = self.reap_once()
+        return {"swept": swept, "fired": fired, "reaped": reaped}
+
+    async def _background_loop(self) -> None:
+        s = self.settings
+        while True:
+            try:
+                done = await self.tick()
+            except Exception:
+                log.exception("background work failed")
+                done = {}
+            busy = done.get("swept", 0) >= s.sweep_batch or done.get("reaped", 0) > 0
+            # more is due: go again at once, but let waiting requests in first
+            await asyncio.sleep(0 if busy else s.sweep_interval_s)
 
     def checkpoint(self) -> int:
         """Sync LMDB, then drop WAL segments it covers. Safe to crash at any point.
@@ -158,17 +266,6 @@ class Master:
         self.checkpoints += 1
         return dropped
 
-    async def _sweep_loop(self) -> None:
-        while True:
-            try:
-                n = self.sweep_once()
-            except Exception:
-                log.exception("sweep failed")
-                n = 0
-            # a full batch means more is due: go again right away, but let requests in first
-            await asyncio.sleep(0 if n >= self.settings.sweep_batch else
-                                self.settings.sweep_interval_s)
-
     async def _checkpoint_loop(self) -> None:
         s = self.settings
         while True:
@@ -181,7 +278,7 @@ class Master:
                     log.exception("checkpoint failed")
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._sweep_loop(), name="sweep"),
+        self._tasks = [asyncio.create_task(self._background_loop(), name="background"),
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]
 
     async def stop(self) -> None:

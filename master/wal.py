@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import struct
 import threading
@@ -116,7 +117,9 @@ def read_records(wal_dir: str, after: int = 0) -> tuple[list[tuple[int, bytes]],
         if recs:
             prev = recs[-1][0]
         records.extend(r for r in recs if r[0] > after)
-        if not clean:
+        # an empty file is a clean start only as the last segment: a segment's magic is
+        # fsynced before the next one is created, so an empty one before it lost records
+        if not clean or (end == 0 and i != len(segs) - 1):
             if i != len(segs) - 1:
                 raise WALCorrupt(
                     f"WAL segment {path} is damaged at byte {end} and later segments exist; "
@@ -287,7 +290,7 @@ class WAL:
         """Delete segments whose records all have tickets <= `ticket`. Returns how many."""
         segs = _segments(self.dir)
         dropped = 0
-        for (_, path), (nxt_first, _) in zip(segs, segs[1:], strict=False):
+        for (_, path), (nxt_first, _) in itertools.pairwise(segs):
             if nxt_first - 1 <= ticket and path != self._path:
                 os.unlink(path)
                 dropped += 1

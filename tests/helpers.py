@@ -33,7 +33,7 @@ def wait_for(cond: Callable[[], T], timeout: float = 20.0, interval: float = 0.0
             v = cond()
             if v:
                 return v
-        except Exception as e:  # noqa: BLE001 - the condition may fail until ready
+        except Exception as e:
             last_exc = e
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}") from last_exc

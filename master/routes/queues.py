@@ -1,4 +1,4 @@
-"""Queue routes: list queues and one queue's statistics."""
+"""Queue routes: list, statistics, delete, reset leases, dead-letter redrive, cluster totals."""
 
 from __future__ import annotations
 
@@ -8,8 +8,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from squall.common.errors import BadRequest, NotFound
-from squall.common.models import QueueList, QueueStats
-from squall.common.names import join_queue
+from squall.common.models import (
+    ClusterStats,
+    DeleteResponse,
+    QueueList,
+    QueueStats,
+    RedriveRequest,
+    RedriveResponse,
+    ResetResponse,
+)
+from squall.common.names import join_queue, split_queue
 from squall.master.deps import MasterDep
 from squall.master.http import ERROR_RESPONSES, JSON
 from squall.master.index import QueueRec
@@ -17,22 +25,44 @@ from squall.master.routes.tasks import GroupP, QueueP
 
 router = APIRouter(tags=["queues"], responses=ERROR_RESPONSES)
 MAX_LIST = 10_000
+QPATH = "/v1/groups/{group}/queues/{queue}"
 
 
-def stats(q: QueueRec) -> dict[str, Any]:
+def counts(q: QueueRec) -> dict[str, Any]:
     return {"group": q.group, "queue": q.name, "available": q.available, "leased": q.leased,
             "delayed": q.delayed, "total": q.size, "completed": q.completed,
             "enqueued_total": q.enqueued_total}
 
 
-@router.get("/v1/groups/{group}/queues/{queue}", response_model=QueueStats)
+@router.get(QPATH, response_model=QueueStats)
 async def queue_stats(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
-    """Counts of a queue's tasks by state (exact), and its completion counter."""
+    """A queue's exact counts by state and completion counter (these survive restarts),
+    plus soft-state rates, mean lease time, oldest available age and a leased sample."""
     q = m.queue(group, queue)
     if q is None:
         raise NotFound(f"queue {join_queue(group, queue)} does not exist (it has never held "
                        "a task)")
-    return JSON(stats(q))
+    return JSON({**counts(q), **m.queue_details(q)})
+
+
+@router.delete(QPATH, response_model=DeleteResponse)
+async def delete_queue(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
+    """Delete a queue and all its tasks at once (O(1)); storage is reclaimed in the
+    background. A queue of the same name starts empty."""
+    return JSON(await m.delete_queue(group, queue))
+
+
+@router.post(QPATH + "/reset-leases", response_model=ResetResponse)
+async def reset_leases(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
+    """Make every leased task of the queue available now; every token issued so far
+    becomes stale."""
+    return JSON(await m.reset_leases(group, queue))
+
+
+@router.post(QPATH + "/redrive", response_model=RedriveResponse)
+async def redrive(group: GroupP, queue: QueueP, body: RedriveRequest, m: MasterDep) -> JSON:
+    """Move up to `max_tasks` dead letters of this queue back into it (attempts reset)."""
+    return JSON(await m.redrive(group, queue, body.max_tasks))
 
 
 @router.get("/v1/queues", response_model=QueueList)
@@ -42,17 +72,40 @@ async def list_queues(
     group: Annotated[str | None, Query(max_length=128)] = None,
     min_tasks: Annotated[int, Query(ge=0)] = 1,
     limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 1000,
+    after: Annotated[str | None, Query(max_length=300, description="group#name to start "
+                                       "after (the `next` of the previous page)")] = None,
 ) -> JSON:
-    """Queues sorted by group then name, filtered by regex, group and minimum size."""
+    """Queues sorted by group then name, filtered by regex, group and minimum size.
+    Queues are ephemeral: with the default min_tasks=1 only queues holding tasks show."""
     try:
         rx = re.compile(regex) if regex else None
     except re.error as e:
         raise BadRequest(f"invalid regex {regex!r}: {e}") from None
-    out = []
-    for (g, n), q in sorted(m.index.queues.items()):
-        if (group is None or g == group) and q.size >= min_tasks and (
-                rx is None or rx.search(join_queue(g, n))):
-            out.append(stats(q))
+    lo: tuple[str, str] | None = split_queue(after) if after else None
+    if group is not None and (lo is None or lo < (group, "")):
+        lo = (group, "")
+    keys = m.index.queues.irange(minimum=lo, inclusive=(after is None, False))
+    out: list[dict[str, Any]] = []
+    nxt = None
+    for g, n in keys:
+        if group is not None and g != group:
+            break
+        q = m.index.queues[(g, n)]
+        if q.size >= min_tasks and (rx is None or rx.search(join_queue(g, n))):
             if len(out) >= limit:
+                nxt = join_queue(out[-1]["group"], out[-1]["queue"])
                 break
-    return JSON({"queues": out})
+            out.append(counts(q))
+    return JSON({"queues": out, "next": nxt})
+
+
+@router.get("/v1/cluster/stats", response_model=ClusterStats)
+async def cluster_stats(m: MasterDep) -> JSON:
+    """Totals over every queue."""
+    qs = m.index.queues.values()
+    return JSON({
+        "queues": sum(1 for q in qs if q.size),
+        "available": sum(q.available for q in qs), "leased": sum(q.leased for q in qs),
+        "delayed": sum(q.delayed for q in qs), "completed": sum(q.completed for q in qs),
+        "rates": m.meters.total.snapshot(m.clock.now()), "wal_ticket": m.wal.last_ticket,
+    })

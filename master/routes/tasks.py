@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
 
 from squall.common.models import (
+    NAME_PATTERN,
     EnqueueRequest,
     EnqueueResponse,
     LeaseRequest,
     LeaseResponse,
-    NAME_PATTERN,
     TaskInfo,
+    TaskList,
     UpdateRequest,
     UpdateResponse,
 )
@@ -48,3 +49,11 @@ async def lease(group: GroupP, queue: QueueP, body: LeaseRequest, m: MasterDep,
 async def task_info(group: GroupP, queue: QueueP, pid: str, m: MasterDep) -> JSON:
     """Look up one task by pid: state, attempts, lease holder, payload reference."""
     return JSON(m.task_info(group, queue, pid))
+
+
+@router.get("/queues/{queue}/tasks", response_model=TaskList)
+async def list_tasks(group: GroupP, queue: QueueP, m: MasterDep,
+                     after: Annotated[str | None, Query(max_length=1024)] = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JSON:
+    """A queue's tasks in pid order, a page at a time (pass `next` back as `after`)."""
+    return JSON(m.list_tasks(group, queue, after, limit))

@@ -1,0 +1,88 @@
+"""WAL ops, and the one function that applies them: :func:`apply`.
+
+A WAL record's body is a msgpack list of ops. Ops are *outcomes*, not requests: a lease is
+logged as the new records of the tasks it took, so replay never re-decides anything. The
+same :func:`apply` runs live (inside the request's LMDB transaction) and on replay.
+
+    ("Q", group, name, qid, created_ms)    create a queue
+    ("P", qid, gen, task_wire, enqueue)    put a task record (insert or replace)
+    ("D", qid, gen, pid, completed)        delete a task (completed: it was dequeued)
+    ("M", lease_seq, auto_pid)             raise the token / auto-pid high-water marks
+    ("G", qid, new_gen, now_ms)            delete a queue: new generation, old one reaped
+    ("R", qid, gen)                        reset leases: every lease of the queue revoked
+    ("C", kind, group, name, value|None)   set or clear a policy (kind "P") or a schedule
+                                           (kind "S"; holds its last enqueued slot)
+
+An op naming a generation that is no longer current does nothing, so a record that raced
+with a queue deletion replays the same way it applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lmdb
+
+from squall.master.index import AVAILABLE, LEASED, Index, QueueRec, Task, qprefix
+
+Op = tuple[Any, ...]
+
+
+def reset_leases(index: Index, txn: lmdb.Transaction, q: QueueRec) -> int:
+    """Revoke every lease of `q`: leased tasks become available, no token stays valid."""
+    prefix = qprefix(q.qid, q.gen)
+    revoked: list[Task] = []
+    cur = txn.cursor(db=index.tasks)
+    if cur.set_range(prefix):
+        for k, v in cur:
+            if not k.startswith(prefix):
+                break
+            t = Task.unpack(v)
+            if t.live or t.state == LEASED:
+                revoked.append(t)
+    for t in revoked:
+        if t.state == LEASED:
+            t.state, t.expiry_ms = AVAILABLE, 0
+        t.live = False
+        index.put_task(txn, q, t, enqueue=False)
+    return len(revoked)
+
+
+def apply(index: Index, txn: lmdb.Transaction, ops: Sequence[Op], ticket: int) -> None:
+    """Apply `ops` in `txn` and record `ticket` as applied."""
+    touched: dict[int, QueueRec] = {}
+    for op in ops:
+        kind = op[0]
+        if kind == "P" or kind == "D" or kind == "R":
+            q = index.by_qid[op[1]]
+            if q.gen != op[2]:
+                continue
+            if kind == "P":
+                index.put_task(txn, q, Task.from_wire(op[3]), enqueue=op[4])
+            elif kind == "D":
+                index.delete_task(txn, q, op[3].encode(), completed=op[4])
+            else:
+                reset_leases(index, txn, q)
+            touched[q.qid] = q
+        elif kind == "Q":
+            q = index.create_queue(txn, op[1], op[2], op[3], op[4])
+            touched[q.qid] = q
+        elif kind == "M":
+            index.lease_seq = max(index.lease_seq, op[1])
+            index.auto_pid = max(index.auto_pid, op[2])
+        elif kind == "G":
+            q = index.by_qid[op[1]]
+            if op[2] > q.gen:
+                txn.put(qprefix(q.qid, q.gen), b"", db=index.reap_db)
+                q.gen, q.available, q.leased, q.delayed = op[2], 0, 0, 0
+                q.completed, q.enqueued_total, q.created_ms = 0, 0, op[3]
+                touched[q.qid] = q
+        elif kind == "C":
+            index.set_conf(txn, op[1].encode(), op[2], op[3], op[4])
+        else:
+            raise ValueError(f"unknown op {kind!r}")
+    for q in touched.values():
+        index.save_queue(txn, q)
+    index.applied = max(index.applied, ticket)
+    index.save_meta(txn)
