@@ -33,12 +33,22 @@ class _M(BaseModel):
 
 
 class PayloadRef(_M):
-    """Where a task's payload lives. The master never sees payload bytes, only this."""
+    """Where a task's payload lives. The master never sees payload bytes, only this.
 
-    blob_id: Annotated[str, Field(min_length=1, max_length=128)]
+    On enqueue, `receipts` are the data nodes' signed receipts from the blob write (see
+    ``common/tokens.py``): the master accepts the reference only with a write quorum of
+    valid receipts for this blob id, size and checksum. In lease answers and task lookups,
+    `replicas` lists the base URLs of live data nodes holding it, and `token` is a read
+    token for it (valid past the lease's expiry by a margin).
+    """
+
+    blob_id: Annotated[str, Field(min_length=1, max_length=128,
+                                  pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
     size: Annotated[int, Field(ge=0, lt=1 << 53)]
     crc32c: Annotated[int, Field(ge=0, lt=1 << 32)]
     replicas: Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=16)] = []
+    receipts: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=16)] = []
+    token: Annotated[str, Field(max_length=8192)] | None = None
 
 
 class TaskSpec(_M):
@@ -273,3 +283,43 @@ class ErrorBody(_M):
 
 class ErrorResponse(_M):
     error: ErrorBody
+
+
+class AllocateRequest(_M):
+    count: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
+    size_bytes: Annotated[int, Field(ge=0, lt=1 << 53)] = Field(
+        0, description="expected bytes per blob (placement prefers nodes with room)")
+
+
+class Allocation(_M):
+    blob_id: str
+    replicas: list[str] = Field(description="data node base URLs: PUT to the first with "
+                                "?replicas= the others; it forwards to them")
+
+
+class AllocateResponse(_M):
+    blobs: list[Allocation]
+    token: str = Field(description="write token covering every blob id here")
+    expires_at: float
+    write_quorum: int = Field(description="receipts the master needs on enqueue")
+
+
+class NodeStatus(_M):
+    node_id: str
+    address: str
+    state: str = Field(description="alive | suspect | dead")
+    last_beat_secs_ago: float
+    capacity_bytes: int
+    used_bytes: int
+    free_bytes: int
+    blob_count: int
+
+
+class ClusterInfo(_M):
+    nodes: list[NodeStatus]
+    replication_factor: int
+    write_quorum: int
+    under_replicated: int = Field(description="referenced blobs below the replication factor")
+    lost: int = Field(description="referenced blobs with no live replica")
+    copies_in_flight: int
+    blobs: int

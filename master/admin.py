@@ -94,6 +94,7 @@ def plan_schedule(e: Engine, group: str, name: str, s: Schedule | None) -> Plan:
         schedules.check_cron(s.cron)
     check_pid(schedules.slot_pid(name, 0))
     value = s.model_dump(mode="json")
+    value["payload"] = e.store_payload(s.payload) if s.payload is not None else None
     old = e.index.schedules.get((group, name))
     value["last_slot_ms"] = (old["last_slot_ms"] if old and _same_timing(old, value) else
                              schedules.slot_at_or_before(value, e.now_ms()))
@@ -133,8 +134,8 @@ def plan_fire(e: Engine, txn: lmdb.Transaction, group: str, name: str) -> Plan:
     slots = schedules.due_slots(s, now)
     fired = []
     for slot in slots:
-        spec = TaskSpec(pid=schedules.slot_pid(name, slot), payload=s.get("payload"))
-        fired.append(e.enqueue(v, s["queue"], spec, now))
+        spec = TaskSpec(pid=schedules.slot_pid(name, slot))
+        fired.append(e.enqueue(v, s["queue"], spec, now, stored_payload=s.get("payload")))
     if slots:
         v.plan.ops.append(("C", "S", group, name, {**s, "last_slot_ms": slots[-1]}))
     return v.finish({"enqueued": fired})

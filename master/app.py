@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from squall.common.clock import Clock
 from squall.master.http import BodyLimit, install_error_handlers
-from squall.master.routes import config, health, queues, tasks
+from squall.master.routes import config, health, nodes, queues, status, tasks
 from squall.master.service import Master, MasterSettings
 
 
@@ -37,6 +37,8 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     app.include_router(tasks.router)
     app.include_router(queues.router)
     app.include_router(config.router)
+    app.include_router(nodes.router)
     app.include_router(health.router)
+    app.include_router(status.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

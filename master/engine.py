@@ -21,6 +21,7 @@ attempt, it moves to the dead-letter queue with its attempts, payload and a reas
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from squall.common.errors import BadRequest, LeaseLost, NotFound
 from squall.common.models import (
     EnqueueItem,
     LeaseRequest,
+    PayloadRef,
     ReleaseItem,
     RenewItem,
     TaskRef,
@@ -130,10 +132,17 @@ class View:
         return self.plan
 
 
+def _plain_payload(p: PayloadRef) -> dict[str, Any]:
+    return p.model_dump(exclude={"receipts", "token"})
+
+
 class Engine:
-    def __init__(self, index: Index, clock: Clock) -> None:
+    def __init__(self, index: Index, clock: Clock,
+                 store_payload: Callable[[PayloadRef], dict[str, Any]] = _plain_payload
+                 ) -> None:
         self.index = index
         self.clock = clock
+        self.store_payload = store_payload  # checks a payload's write receipts
 
     def now_ms(self) -> int:
         return ms(self.clock.now())
@@ -162,8 +171,8 @@ class Engine:
         now = self.now_ms()
         return v.finish({"enqueued": [self.enqueue(v, queue, s, now) for s in tasks]})
 
-    def enqueue(self, v: View, queue: str, s: TaskSpec | EnqueueItem, now: int
-                ) -> dict[str, Any]:
+    def enqueue(self, v: View, queue: str, s: TaskSpec | EnqueueItem, now: int,
+                stored_payload: dict[str, Any] | None = None) -> dict[str, Any]:
         q = v.queue(queue, create=True)
         assert q is not None
         if s.pid is None:
@@ -179,7 +188,8 @@ class Engine:
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)
         t = Task(pid, DELAYED if nb > now else AVAILABLE, not_before_ms=nb if nb > now else 0,
                  enqueued_ms=now,
-                 payload=s.payload.model_dump() if s.payload is not None else None)
+                 payload=stored_payload or (self.store_payload(s.payload)
+                                            if s.payload is not None else None))
         v.put(q, t, enqueue=True)
         return {"queue": queue, "pid": pid, "collapsed": False}
 

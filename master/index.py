@@ -20,6 +20,8 @@ Layout (named databases in one environment; integers big-endian so keys sort num
     conf    b"P" group \\0 name -> msgpack policy  (name "" = the group's default)
             b"S" group \\0 name -> msgpack schedule (with its last enqueued slot)
     reap    qid(u32) gen(u32) -> b""              deleted generations not yet reaped
+    blobs   blob id -> u32 references               payloads referenced by tasks and schedules:
+                                                  what data nodes keep, at full replication
 
 ``pidkey`` is the pid's UTF-8 bytes when they are at most 448 bytes long; a longer pid is
 cut to 448 bytes and followed by 16 bytes of its BLAKE2b hash, because LMDB keys are at
@@ -113,7 +115,12 @@ class Task:
 
 
 _TASK_FIELDS = tuple(f.name for f in fields(Task))
-Old = tuple[int, int, int]  # (state, due_ms, enqueued_ms) of a stored task
+Old = tuple[int, int, int, str | None]  # (state, due_ms, enqueued_ms, blob id) of a task
+MAX_FREED = 1_000_000
+
+
+def _old_of(t: Task) -> Old:
+    return t.state, t.due_ms(), t.enqueued_ms, t.payload["blob_id"] if t.payload else None
 
 
 @dataclass(slots=True)
@@ -154,17 +161,21 @@ class Index:
     """The LMDB environment and its databases. One per data directory per process."""
 
     def __init__(self, path: str, map_size: int = 1 << 38) -> None:
-        self.env = lmdb.open(path, map_size=map_size, max_dbs=10, sync=False, metasync=False,
+        self.env = lmdb.open(path, map_size=map_size, max_dbs=16, sync=False, metasync=False,
                              writemap=False, readahead=False, max_readers=256)
         db = self.env.open_db
         self.meta, self.queues_db, self.qids_db = db(b"meta"), db(b"queues"), db(b"qids")
         self.tasks, self.ready, self.avail = db(b"tasks"), db(b"ready"), db(b"avail")
         self.timers, self.conf, self.reap_db = db(b"timers"), db(b"conf"), db(b"reap")
+        self.blobs = db(b"blobs")
+        # blob ids whose last task reference went away (dequeued, deleted, reaped): soft
+        # state for blob GC, which re-checks `blobs` before deleting anything. Bounded.
+        self.freed: list[str] = []
         self.queues: SortedDict[tuple[str, str], QueueRec] = SortedDict()
         self.by_qid: dict[int, QueueRec] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.schedules: dict[tuple[str, str], dict[str, Any]] = {}
-        # (state, due_ms, enq_ms), or None for absent, of task keys read while planning the
+        # (state, due_ms, enq_ms, blob), or None for absent, of task keys read while planning the
         # current write txn, so applying the plan need not read and decode them again.
         # Valid within one write txn only: begin_write() clears it.
         self.hints: dict[bytes, Old | None] = {}
@@ -205,7 +216,7 @@ class Index:
             self.hints[key] = None
             return None
         t = Task.unpack(raw)
-        self.hints[key] = (t.state, t.due_ms(), t.enqueued_ms)
+        self.hints[key] = _old_of(t)
         return t if t.pid.encode() == pid else None
 
     def read_task(self, txn: lmdb.Transaction, key: bytes) -> Task:
@@ -213,7 +224,7 @@ class Index:
         raw = txn.get(key, db=self.tasks)
         assert raw is not None, "index points at a missing task"
         t = Task.unpack(raw)
-        self.hints[key] = (t.state, t.due_ms(), t.enqueued_ms)
+        self.hints[key] = _old_of(t)
         return t
 
     def iter_ready(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
@@ -277,8 +288,7 @@ class Index:
         raw = txn.get(key, db=self.tasks)
         if raw is None:
             return None
-        t = Task.unpack(raw)
-        return t.state, t.due_ms(), t.enqueued_ms
+        return _old_of(Task.unpack(raw))
 
     def _unindex(self, txn: lmdb.Transaction, key: bytes, old: Old) -> None:
         if old[0] == AVAILABLE:
@@ -297,6 +307,8 @@ class Index:
         elif enqueue:
             q.enqueued_total += 1
         txn.put(key, t.pack(), db=self.tasks)
+        if t.payload and (old is None or old[3] != t.payload["blob_id"]):
+            self.ref_blob(txn, t.payload["blob_id"], +1)
         if t.state == AVAILABLE:
             txn.put(key, b"", db=self.ready)
             txn.put(key[:8] + U64.pack(t.enqueued_ms) + key[8:], b"", db=self.avail)
@@ -312,6 +324,8 @@ class Index:
             return False
         self._unindex(txn, key, old)
         q.count(old[0], -1)
+        if old[3] is not None:
+            self.ref_blob(txn, old[3], -1)
         if completed:
             q.completed += 1
         return True
@@ -340,6 +354,13 @@ class Index:
                  value: dict[str, Any] | None) -> None:
         target = self.policies if kind == b"P" else self.schedules
         key = kind + gname(group, name)
+        old_blob = (target.get((group, name)) or {}).get("payload") or {}
+        new_blob = (value or {}).get("payload") or {}
+        if old_blob.get("blob_id") != new_blob.get("blob_id"):  # a schedule's payload
+            if new_blob:
+                self.ref_blob(txn, new_blob["blob_id"], +1)
+            if old_blob:
+                self.ref_blob(txn, old_blob["blob_id"], -1)
         if value is None:
             txn.delete(key, db=self.conf)
             target.pop((group, name), None)
@@ -347,20 +368,31 @@ class Index:
             txn.put(key, msgpack.packb(value), db=self.conf)
             target[(group, name)] = value
 
+    def ref_blob(self, txn: lmdb.Transaction, blob_id: str, delta: int) -> None:
+        """Count a reference to a payload up or down; at zero it is freed for blob GC."""
+        k = blob_id.encode()
+        raw = txn.get(k, db=self.blobs)
+        n = (U32.unpack(raw)[0] if raw else 0) + delta
+        if n > 0:
+            txn.put(k, U32.pack(n), db=self.blobs)
+            return
+        txn.delete(k, db=self.blobs)
+        if len(self.freed) < MAX_FREED:
+            self.freed.append(blob_id)
+
+    def blob_referenced(self, txn: lmdb.Transaction, blob_id: str) -> bool:
+        return txn.get(blob_id.encode(), db=self.blobs) is not None
+
     # -- reaping deleted generations ------------------------------------------------------
     def pending_reap(self, txn: lmdb.Transaction) -> tuple[int, int] | None:
         cur = txn.cursor(db=self.reap_db)
         return _QG.unpack(cur.key()) if cur.first() else None
 
-    def reap(self, txn: lmdb.Transaction, qid: int, gen: int, limit: int
-             ) -> tuple[int, list[dict[str, Any]]]:
-        """Delete up to `limit` tasks of a deleted generation by key range.
-
-        Returns (tasks deleted, payload references they held). Their ``timers`` entries
-        are dropped by the sweeper when due. When nothing is left, the generation is done.
-        """
+    def reap(self, txn: lmdb.Transaction, qid: int, gen: int, limit: int) -> int:
+        """Delete up to `limit` tasks of a deleted generation by key range, freeing their
+        payloads. Their ``timers`` entries are dropped by the sweeper when due. When
+        nothing is left, the generation is done. Returns the tasks deleted."""
         prefix = qprefix(qid, gen)
-        payloads: list[dict[str, Any]] = []
         n = 0
         cur = txn.cursor(db=self.tasks)
         if cur.set_range(prefix):
@@ -369,7 +401,7 @@ class Index:
                 if v[-3:] != b"\xc0\xa0\xa0":  # payload, error, origin not nil, "", ""
                     p = msgpack.unpackb(v)[11]
                     if p:
-                        payloads.append(p)
+                        self.ref_blob(txn, p["blob_id"], -1)
                 n += 1
                 if not cur.delete():
                     break
@@ -381,7 +413,7 @@ class Index:
                     m += 1
         if n < limit:
             txn.delete(prefix, db=self.reap_db)
-        return n, payloads
+        return n
 
     def sync(self) -> None:
         self.env.sync(True)

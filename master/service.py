@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lmdb
@@ -36,16 +36,20 @@ import msgpack
 from squall.common.clock import Clock, SystemClock
 from squall.common.errors import StatusError, Unavailable
 from squall.common.models import LeaseRequest, Policy, Schedule, TaskSpec, UpdateRequest
-from squall.common.names import check_name
+from squall.common.names import check_name, check_pid
+from squall.common.tokens import load_cluster_key
 from squall.master import admin
+from squall.master.cluster import Cluster, ClusterSettings
 from squall.master.engine import Engine, Plan
 from squall.master.index import LEASED, Index, QueueRec
 from squall.master.ops import apply
+from squall.master.placement import Placement
 from squall.master.stats import Meters
 from squall.master.wal import WAL, Tail, read_records
 
 log = logging.getLogger("squall.master")
 REPLAY_TXN_RECORDS = 5000
+FREED_PER_TICK = 50_000
 
 
 @dataclass
@@ -57,9 +61,13 @@ class MasterSettings:
     checkpoint_wal_bytes: int = 256 << 20
     sweep_interval_s: float = 0.1
     sweep_batch: int = 2000
-    reap_batch: int = 20_000
+    reap_batch: int = 2_000
     map_size: int = 1 << 38
     max_body_bytes: int = 16 << 20
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    cluster_key: bytes | None = None  # else --cluster-key-file / SQUALL_CLUSTER_KEY / dev key
+    cluster_key_file: str | None = None
+    require_receipts: bool = True  # payload refs need a write quorum of data-node receipts
 
 
 class Master:
@@ -71,10 +79,18 @@ class Master:
         os.makedirs(self.wal_dir, exist_ok=True)
         t0 = time.monotonic()
         self.index = Index(os.path.join(settings.data_dir, "index"), settings.map_size)
-        self.engine = Engine(self.index, self.clock)
+        self.key = settings.cluster_key or load_cluster_key(settings.cluster_key_file)
+        self.cluster = Cluster(self.clock, settings.cluster, self.key, self.referenced)
+        self.placement = Placement(self.cluster, self.key, settings.require_receipts)
+        self.engine = Engine(self.index, self.clock, self.placement.verify)
         self.meters = Meters()
         records, tail = read_records(self.wal_dir, after=self.index.applied)
         self.replayed = self._replay(records)
+        if self.index.applied > tail.last_ticket:
+            # LMDB holds commits whose WAL frames were lost (kill -9 before the write).
+            # New records will build on them: make them durable first, or a power loss
+            # would leave a log that no longer replays onto the synced index.
+            self.index.sync()
         self.wal = WAL(self.wal_dir, Tail(max(tail.last_ticket, self.index.applied),
                                           tail.path, tail.offset),
                        segment_bytes=settings.segment_bytes, fsync=settings.fsync)
@@ -83,7 +99,6 @@ class Master:
         self.wal_bytes_since_checkpoint = 0
         self.checkpoints = 0
         self.reaped = 0
-        self.orphan_payloads: list[dict[str, Any]] = []  # handed to blob GC (data nodes)
         self._tasks: list[asyncio.Task[None]] = []
         log.info("recovered: %d WAL records replayed in %.2fs, at ticket %d",
                  self.replayed, self.recovery_secs, self.wal.last_ticket)
@@ -139,12 +154,20 @@ class Master:
 
     async def lease(self, group: str, queue: str, req: LeaseRequest, addr: str) -> dict[str, Any]:
         def build(txn: lmdb.Transaction) -> Plan:
+            # validate before sweeping: the sweep changes the in-memory queue counters, and
+            # a 4xx raised after it aborts the txn without reloading them
+            check_name("group", group)
+            check_name("queue", queue)
+            if req.max_pid is not None:
+                check_pid(req.max_pid)
             self.engine.sweep(txn, self.settings.sweep_batch)
             return self.engine.plan_lease(txn, group, queue, req, addr)
 
         res = await self._execute(build)
         if res["tasks"]:
             self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in res["tasks"])
+            for t in res["tasks"]:
+                t["payload"] = self.placement.for_reader(t["payload"], t["expires_at"])
         return res
 
     async def delete_queue(self, group: str, queue: str) -> dict[str, Any]:
@@ -168,12 +191,22 @@ class Master:
     # -- reads ---------------------------------------------------------------------------
     def task_info(self, group: str, queue: str, pid: str) -> dict[str, Any]:
         with self.index.env.begin() as txn:
-            return self.engine.task_info(txn, group, queue, pid)
+            t = self.engine.task_info(txn, group, queue, pid)
+        t["payload"] = self.placement.for_reader(t["payload"], self.clock.now())
+        return t
 
     def list_tasks(self, group: str, queue: str, after: str | None, limit: int
                    ) -> dict[str, Any]:
         with self.index.env.begin() as txn:
-            return admin.list_tasks(self.engine, txn, group, queue, after, limit)
+            res = admin.list_tasks(self.engine, txn, group, queue, after, limit)
+        now = self.clock.now()
+        for t in res["tasks"]:
+            t["payload"] = self.placement.for_reader(t["payload"], now)
+        return res
+
+    def referenced(self, blob_ids: list[str]) -> list[bool]:
+        with self.index.env.begin() as txn:
+            return [self.index.blob_referenced(txn, b) for b in blob_ids]
 
     def queue(self, group: str, queue: str) -> QueueRec | None:
         return self.index.queues.get((check_name("group", group), check_name("queue", queue)))
@@ -213,9 +246,8 @@ class Master:
             pending = self.index.pending_reap(txn)
             if pending is None:
                 return 0
-            n, payloads = self.index.reap(txn, *pending, self.settings.reap_batch)
+            n = self.index.reap(txn, *pending, self.settings.reap_batch)
         self.reaped += n
-        self.orphan_payloads.extend(payloads[:100_000])
         return n
 
     async def fire_schedules(self) -> int:
@@ -231,7 +263,10 @@ class Master:
         swept = self.sweep_once()
         fired = await self.fire_schedules()
         reaped = self.reap_once()
-        return {"swept": swept, "fired": fired, "reaped": reaped}
+        freed = self.index.freed[:FREED_PER_TICK]
+        del self.index.freed[:FREED_PER_TICK]
+        repair = self.cluster.tick(freed)
+        return {"swept": swept, "fired": fired, "reaped": reaped, **repair}
 
     async def _background_loop(self) -> None:
         s = self.settings
@@ -241,7 +276,8 @@ class Master:
             except Exception:
                 log.exception("background work failed")
                 done = {}
-            busy = done.get("swept", 0) >= s.sweep_batch or done.get("reaped", 0) > 0
+            busy = (done.get("swept", 0) >= s.sweep_batch or done.get("reaped", 0) > 0
+                    or bool(self.index.freed))
             # more is due: go again at once, but let waiting requests in first
             await asyncio.sleep(0 if busy else s.sweep_interval_s)
 

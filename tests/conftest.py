@@ -18,7 +18,8 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def master_settings(tmp_path) -> MasterSettings:  # type: ignore[no-untyped-def]
-    return MasterSettings(data_dir=str(tmp_path / "master"))
+    # semantics tests use made-up payload references; test_cluster checks real receipts
+    return MasterSettings(data_dir=str(tmp_path / "master"), require_receipts=False)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Test harness: real master processes on 127.0.0.1, in-process apps, waiting on conditions."""
+"""Test harness: real master and data node processes on 127.0.0.1, in-process apps, waiting
+on conditions."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Self, TypeVar
 
 import httpx
 
@@ -39,45 +40,60 @@ def wait_for(cond: Callable[[], T], timeout: float = 20.0, interval: float = 0.0
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}") from last_exc
 
 
-class MasterProcess:
-    """A real `python -m squall.master` subprocess on an ephemeral 127.0.0.1 port."""
+class ServerProcess:
+    """A real `python -m squall.<role>` subprocess on an ephemeral 127.0.0.1 port (or a
+    given one, to restart a server where it was)."""
+
+    role = "server"
 
     def __init__(self, data_dir: str, extra: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, port: int = 0) -> None:
         self.data_dir = data_dir
         self.extra = extra or []
         self.env = env
-        self.port = 0
+        self.port = port
+        self.fixed_port = bool(port)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = os.path.join(os.path.dirname(data_dir.rstrip("/")) or ".",
-                                     f"master-{os.path.basename(data_dir)}.log")
+                                     f"{self.role}-{os.path.basename(data_dir)}.log")
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> MasterProcess:
-        for _ in range(5):
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", f"squall.{self.role}", "--data-dir", self.data_dir,
+                "--port", str(self.port), *self.extra]
+
+    def launch(self) -> None:
+        """Spawn the process (on a fresh port unless fixed) without waiting for it."""
+        if not self.fixed_port:
             self.port = free_port()
-            log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "squall.master", "--data-dir", self.data_dir,
-                 "--port", str(self.port), *self.extra],
-                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})},
-            )
-            log.close()
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(
+            self.argv(), stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, **(self.env or {})},
+        )
+        log.close()
+
+    def start(self, timeout: float = 30.0, launched: bool = False) -> Self:
+        for _ in range(1 if self.fixed_port else 5):
+            if not launched:
+                self.launch()
+            launched = False
             try:
-                wait_for(self._ready, timeout, what=f"master on {self.url}")
+                wait_for(self._ready, timeout, what=f"{self.role} on {self.url}")
                 return self
             except TimeoutError:
+                assert self.proc is not None
                 if self.proc.poll() is None:
                     raise
                 # exited early (e.g. the port got taken): try another port
-        raise RuntimeError(f"master did not start; see {self.log_path}")
+        raise RuntimeError(f"{self.role} did not start; see {self.log_path}")
 
     def _ready(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            raise TimeoutError("master exited")
+            raise TimeoutError(f"{self.role} exited")
         return httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200
 
     def kill9(self) -> None:
@@ -94,6 +110,30 @@ class MasterProcess:
                 self.kill9()
 
 
+def start_all(procs: Sequence[ServerProcess], timeout: float = 30.0) -> None:
+    """Start several servers at once (their imports overlap instead of adding up)."""
+    for p in procs:
+        p.launch()
+    for p in procs:
+        p.start(timeout, launched=True)
+
+
+class MasterProcess(ServerProcess):
+    """A real `python -m squall.master` subprocess."""
+
+    role = "master"
+
+
+class DataNodeProcess(ServerProcess):
+    """A real `python -m squall.datanode` subprocess; it advertises its own URL and takes
+    the cluster key from ``SQUALL_CLUSTER_KEY`` (pass it in `env`)."""
+
+    role = "datanode"
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--advertise", self.url]
+
+
 @contextlib.contextmanager
 def running_master(data_dir: str, **kw: Any) -> Iterator[MasterProcess]:
     m = MasterProcess(data_dir, **kw).start()
@@ -101,3 +141,25 @@ def running_master(data_dir: str, **kw: Any) -> Iterator[MasterProcess]:
         yield m
     finally:
         m.stop()
+
+
+@contextlib.contextmanager
+def running_app(app: Any, timeout: float = 20.0) -> Iterator[str]:
+    """Serve an ASGI app (e.g. a fake master) with uvicorn in a thread of this process, on an
+    ephemeral 127.0.0.1 port; yields its base URL."""
+    import threading
+
+    import uvicorn
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
+                            access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test-app", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{config.port}"
+    try:
+        wait_for(lambda: server.started, timeout, what=f"test app on {url}")
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout)

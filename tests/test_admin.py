@@ -254,3 +254,13 @@ async def test_config_and_counters_survive_restart(tmp_path: Any, clock: ManualC
 
     await run(first)
     await run(second)
+
+
+async def test_status_page_and_metrics(api: Api) -> None:
+    c, _ = api
+    await put(c, "shown", {"pid": "1"})
+    r = await c.get("/")
+    assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+    assert "<td>g#shown</td><td>1</td>" in r.text
+    r = await c.get("/metrics")
+    assert 'squall_tasks{state="available"} 1.0' in r.text

@@ -1,0 +1,130 @@
+"""Wire models between data nodes, the master and clients: blob ids, write answers with
+receipts, and the heartbeat (request, answer, commands).
+
+Heartbeat: every ``heartbeat_interval_s`` a data node POSTs a :class:`HeartbeatRequest` to
+``{master}/v1/nodes/heartbeat``. Block reports are incremental: ``added`` / ``deleted`` list
+blob ids committed / removed since the last *successful* beat. ``full`` beats carry the whole
+inventory in ``blob_ids`` instead (the first beat after start, the first after a failed beat,
+every ``full_report_every`` beats, and whenever the master asks with ``full_report``);
+deltas are idempotent, so the master may apply one twice. ``corrupt`` names replicas the
+node found damaged (by a read or the scrubber) and dropped; ``replicated`` reports the
+outcome of replicate commands, with the target's receipt. Both are resent until a beat
+succeeds.
+
+The master answers a :class:`HeartbeatResponse`; the node executes its ``commands``:
+``replicate`` streams a local blob to ``target``'s ``PUT /v1/replicate/{blob_id}`` (with the
+given token, or one the node signs with the cluster key), ``delete`` removes blobs. A
+command the node does not understand is logged and skipped, so the master can add kinds.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from squall.common.errors import BadRequest
+
+BLOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+BLOB_ID_RE = re.compile(BLOB_ID_PATTERN[1:-1])
+BlobId = Annotated[str, Field(min_length=1, max_length=128, pattern=BLOB_ID_PATTERN)]
+Url = Annotated[str, Field(min_length=1, max_length=512)]
+MAX_COMMANDS = 10_000
+
+
+def check_blob_id(blob_id: str) -> str:
+    if not isinstance(blob_id, str) or not BLOB_ID_RE.fullmatch(blob_id):
+        raise BadRequest(f"invalid blob id {str(blob_id)[:140]!r}: use 1-128 characters of "
+                         "A-Z a-z 0-9 _ . - starting with a letter or digit")
+    return blob_id
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Lenient(BaseModel):
+    """Answers a newer peer may extend: unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# -- write answers -------------------------------------------------------------------------
+class StoredReplica(_Lenient):
+    node_id: str
+    address: str = Field(description="advertised base URL of the node")
+    receipt: str = Field(description="signed proof that the node durably holds the blob")
+
+
+class PeerError(_Lenient):
+    address: str
+    status: int | None = Field(None, description="HTTP status the peer answered, if any")
+    code: str = Field("transport", description="error code (see errors.py) or 'transport'")
+    message: str
+
+
+class PutResult(_Lenient):
+    """The answer to a blob write: where the bytes are durable, with receipts, and which
+    replicas failed. Success means at least the write quorum is in `stored`."""
+
+    blob_id: str
+    size: int
+    crc32c: int
+    stored: list[StoredReplica]
+    errors: list[PeerError] = []
+
+
+class BatchPutResult(_Lenient):
+    blobs: list[PutResult]
+
+
+class BatchGetRequest(_M):
+    blob_ids: Annotated[list[BlobId], Field(min_length=1, max_length=1000)]
+
+
+# -- heartbeat -----------------------------------------------------------------------------
+class ReplicationReport(_M):
+    blob_id: BlobId
+    target: Url
+    ok: bool
+    receipt: str | None = Field(None, description="the target's receipt when ok")
+    error: str | None = None
+
+
+class HeartbeatRequest(_M):
+    node_id: Annotated[str, Field(min_length=1, max_length=128)]
+    address: Url = Field(description="advertised base URL, e.g. http://10.0.0.5:7071")
+    started_at: float = Field(description="process start (epoch s): a change means a restart")
+    seq: int = Field(ge=0, description="beat number since start")
+    capacity_bytes: int = Field(ge=0, description="bytes this node may hold in total")
+    used_bytes: int = Field(ge=0, description="payload bytes stored")
+    free_bytes: int = Field(ge=0, description="bytes it can still take")
+    blob_count: int = Field(ge=0)
+    full: bool = Field(False, description="blob_ids is the complete inventory")
+    blob_ids: list[BlobId] = []
+    added: list[BlobId] = []
+    deleted: list[BlobId] = []
+    corrupt: list[BlobId] = []
+    replicated: list[ReplicationReport] = []
+
+
+class ReplicateCommand(_Lenient):
+    op: Literal["replicate"]
+    blob_id: BlobId
+    target: Url = Field(description="base URL of the node to copy the blob to")
+    token: str | None = Field(None, description="replicate token for the target; without it "
+                              "the node signs one itself")
+
+
+class DeleteCommand(_Lenient):
+    op: Literal["delete"]
+    blob_ids: Annotated[list[BlobId], Field(max_length=MAX_COMMANDS)]
+
+
+Command = Annotated[ReplicateCommand | DeleteCommand, Field(discriminator="op")]
+
+
+class HeartbeatResponse(_Lenient):
+    commands: Annotated[list[Command], Field(max_length=MAX_COMMANDS)] = []
+    full_report: bool = Field(False, description="send the full inventory in the next beat")

@@ -1,0 +1,64 @@
+"""`create_datanode_app(settings)`: a data node's FastAPI app. Nothing is built at import time."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+from starlette.types import Scope
+
+from squall.common.clock import Clock
+from squall.common.errors import BadRequest
+from squall.common.http import BodyLimit, error_response, install_error_handlers
+from squall.datanode.config import DataNodeSettings
+from squall.datanode.routes import batch, blobs, health, replicate
+from squall.datanode.service import DataNode
+
+log = logging.getLogger("squall.datanode")
+
+
+def _streams(scope: Scope) -> bool:
+    """Blob PUTs stream bodies of any size (the store bounds memory), so the body limit
+    applies only to the batch and JSON endpoints."""
+    return bool(scope.get("method") == "PUT")
+
+
+async def _on_disconnect(request: Request, _: Exception) -> Response:
+    """A client gone mid-upload: the upload was aborted (nothing stored); nobody reads this."""
+    log.info("%s %s: client disconnected mid-body; nothing stored", request.method,
+             request.url.path)
+    return error_response(BadRequest("client disconnected before the end of the body"))
+
+
+def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
+                        background: bool = True) -> FastAPI:
+    """The data node app. `background=False` starts no heartbeat or scrubber loop (tests
+    drive them by hand through ``app.state.node``)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        node = DataNode(settings, clock)
+        app.state.node = node
+        node.start(background)
+        try:
+            yield
+        finally:
+            await node.stop()
+            node.close()
+
+    app = FastAPI(title="squall data node", version="1", lifespan=lifespan,
+                  description="Payload storage of squall: blobs in LMDB with CRC32C checks, "
+                  "replicated node to node, under tokens the master signs. Errors are "
+                  "`{\"error\": {\"code\", \"message\"}}`.")
+    install_error_handlers(app)
+    app.add_exception_handler(ClientDisconnect, _on_disconnect)
+    app.include_router(blobs.router)
+    app.include_router(batch.router)
+    app.include_router(replicate.router)
+    app.include_router(health.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, skip=_streams)
+    return app

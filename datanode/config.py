@@ -1,0 +1,55 @@
+"""Data node settings (the CLI fills them from flags and ``SQUALL_*`` variables)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+from squall.common.tokens import DEV_CLUSTER_KEY
+
+
+@dataclass
+class DataNodeSettings:
+    data_dir: str
+    advertise_url: str  # base URL other nodes and clients reach this node at
+    master_url: str | None = None  # None: no heartbeats (a standalone node, or tests)
+    node_id: str | None = None  # None: the id persisted in data_dir (made on first start)
+    cluster_key: bytes = DEV_CLUSTER_KEY
+    heartbeat_interval_s: float = 3.0
+    full_report_every: int = 20  # beats between full block reports
+    chunk_bytes: int = 1 << 20
+    txn_bytes: int = 8 << 20  # chunks committed per transaction while streaming in
+    map_size: int = 1 << 30  # initial LMDB map; doubles on MapFullError ...
+    map_size_max: int = 1 << 40  # ... up to this bound
+    max_body_bytes: int = 64 << 20  # batch and JSON bodies (blob PUTs stream, unbounded)
+    batch_blob_bytes_max: int = 16 << 20  # largest blob a batch-get returns
+    scrub_bytes_per_s: float = 32 << 20
+    scrub_interval_s: float = 3600.0  # pause between two full scrub passes
+    node_token_ttl_s: float = 300.0  # node-signed replicate and heartbeat tokens
+    peer_connect_timeout_s: float = 5.0
+    peer_timeout_s: float = 60.0  # per read/write on node-to-node streams
+    copies_max: int = 4  # replicate commands run at once
+    forward_queue_chunks: int = 16  # parts buffered per peer while forwarding
+
+    def resolve_node_id(self) -> str:
+        """The configured id, else the one stored in ``data_dir/node_id`` (created once)."""
+        if self.node_id:
+            return self.node_id
+        os.makedirs(self.data_dir, exist_ok=True)
+        path = os.path.join(self.data_dir, "node_id")
+        try:
+            with open(path) as f:
+                nid = f.read().strip()
+            if nid:
+                return nid
+        except FileNotFoundError:
+            pass
+        nid = "dn-" + uuid.uuid4().hex[:12]
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(nid + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return nid

@@ -1,0 +1,1 @@
+"""The data node's HTTP routes, one module per resource."""

@@ -1,0 +1,81 @@
+"""Liveness, readiness and Prometheus metrics of a data node (no token needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fastapi import APIRouter
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from starlette.responses import Response
+
+from squall.common.errors import Unavailable
+from squall.common.http import JSON
+from squall.datanode.deps import NodeDep
+from squall.datanode.service import DataNode
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> JSON:
+    """The process is up."""
+    return JSON({"ok": True})
+
+
+@router.get("/readyz", responses={503: {"description": "The store is not open"}})
+async def readyz(node: NodeDep) -> JSON:
+    """The store is open and its writer runs."""
+    if not node.ready():
+        raise Unavailable("the blob store is not open", retry_after=1)
+    hb = node.heartbeat
+    return JSON({"ok": True, "node_id": node.node_id, "address": node.address,
+                 "master_reachable": bool(hb and hb.last_ok_at)})
+
+
+class NodeCollector:
+    """Reads the node's counters at scrape time."""
+
+    def __init__(self, node: DataNode) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        n, s = self.node, self.node.store
+        sp = s.space()
+        yield GaugeMetricFamily("squall_datanode_blobs", "blobs stored", value=sp.blob_count)
+        yield GaugeMetricFamily("squall_datanode_used_bytes", "payload bytes stored",
+                                value=sp.used_bytes)
+        yield GaugeMetricFamily("squall_datanode_free_bytes", "bytes it can still take",
+                                value=sp.free_bytes)
+        yield GaugeMetricFamily("squall_datanode_map_bytes", "LMDB map size",
+                                value=s.env.map_size)
+        yield GaugeMetricFamily("squall_datanode_uploads_in_progress",
+                                "blob uploads neither committed nor aborted",
+                                value=s.uploads_open)
+        for name, doc, value in (
+            ("puts", "blobs written (client and replica writes)", n.puts),
+            ("gets", "blob reads", n.gets),
+            ("forwarded", "copies forwarded to peers", n.forwarded),
+            ("peer_errors", "forwarding errors", n.peer_errors),
+            ("bytes_written", "payload bytes committed", s.bytes_written),
+            ("bytes_read", "payload bytes read and verified", s.bytes_read),
+            ("corrupt_replicas", "replicas found corrupt and dropped", s.corrupt_found),
+            ("commits", "LMDB write transactions", s.env.commits),
+            ("syncs", "LMDB syncs (group commits)", s.env.syncs),
+            ("write_failures", "failed writes (disk full, I/O)", s.env.failures),
+            ("heartbeats", "heartbeats answered", n.heartbeat.beats if n.heartbeat else 0),
+            ("heartbeat_failures", "failed heartbeats",
+             n.heartbeat.failures if n.heartbeat else 0),
+            ("scrubbed_bytes", "bytes re-verified by the scrubber",
+             n.scrubber.bytes_checked if n.scrubber else 0),
+        ):
+            yield CounterMetricFamily(f"squall_datanode_{name}", doc, value=value)
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(node: NodeDep) -> Response:
+    """Prometheus metrics."""
+    reg = CollectorRegistry()
+    reg.register(NodeCollector(node))  # type: ignore[arg-type]
+    data = await node.store.run(generate_latest, reg)
+    return Response(data, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,53 @@
+"""Node-to-node replication: ``PUT /v1/replicate/{blob_id}`` and
+``POST /v1/replicate:batch-put``.
+
+These take a ``replicate`` token (signed by a data node or the master with the cluster key)
+and store only here: they never forward, which is what stops a fan-out from fanning out
+again. The answer carries this node's receipt. Used by the write pipeline and by
+heartbeat ``replicate`` commands (re-replication).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from squall.common.checksum import parse_crc
+from squall.common.cluster import BatchPutResult, PutResult, StoredReplica
+from squall.common.http import JSON
+from squall.datanode.deps import AuthH, BlobIdP, NodeDep
+from squall.datanode.replication import store_and_forward
+from squall.datanode.routes.batch import check_scope, parse_batch, store_batch
+from squall.datanode.routes.blobs import ERRORS, RAW_BODY, CrcH, LengthH
+
+router = APIRouter(tags=["replication"])
+
+
+@router.put("/v1/replicate/{blob_id}", response_model=PutResult, responses=ERRORS,
+            openapi_extra=RAW_BODY)
+async def replicate_blob(blob_id: BlobIdP, request: Request, node: NodeDep,
+                         authorization: AuthH = None, crc: CrcH = None,
+                         content_length: LengthH = None) -> JSON:
+    """Store a copy of a blob sent by another node (no further forwarding)."""
+    node.authorize(authorization, "replicate", blob_id)
+    declared = parse_crc(crc)
+    if content_length is not None:
+        await node.store.run(node.store.check_space, content_length)
+    res = await store_and_forward(node, blob_id, request.stream(), [], 1, declared,
+                                  content_length)
+    return JSON(res.model_dump())
+
+
+@router.post("/v1/replicate:batch-put", response_model=BatchPutResult, responses=ERRORS,
+             openapi_extra=RAW_BODY)
+async def replicate_batch(request: Request, node: NodeDep, authorization: AuthH = None) -> JSON:
+    """Store copies of a batch of small blobs sent by another node, all or nothing."""
+    claims = node.authorize(authorization, "replicate", [])
+    frames = parse_batch(await request.body())
+    check_scope(claims.covers, frames)
+    metas = await store_batch(node, frames)
+    res = BatchPutResult(blobs=[
+        PutResult(blob_id=m.blob_id, size=m.size, crc32c=m.crc32c,
+                  stored=[StoredReplica(node_id=node.node_id, address=node.address,
+                                        receipt=node.receipt(m))])
+        for m in metas])
+    return JSON(res.model_dump())

@@ -1,0 +1,379 @@
+"""The data node's blob store: payloads as CRC32C-checked chunks in LMDB.
+
+Layout (named databases of one environment, see ``lmdbenv.py``; integers big-endian so
+keys sort numerically)::
+
+    meta     b"next_upload" -> u64   last upload id handed out
+             b"count"       -> u64   committed blobs
+             b"bytes"       -> u64   payload bytes of committed blobs
+    blobs    blob id (ASCII) -> msgpack [upload, size, crc32c, nchunks, chunk_bytes,
+                                         committed_ms] + u32 crc32c of that msgpack
+    chunks   upload u64 | index u32 -> u32 crc32c(data) | data   (chunk_bytes of data;
+                                                                 the last one shorter)
+    pending  upload u64 -> msgpack [blob id, started_ms]         uploads not committed yet
+
+A blob's chunks are keyed by an **upload id**, not by the blob id: an upload writes under a
+fresh id, so a failed or concurrent upload of the same blob never touches committed
+chunks, and committing is one small record. States: *uploading* (a ``pending`` record and
+some chunks) → *committed* (a ``blobs`` record, ``pending`` gone) → deleted (all gone).
+
+Write path: a payload up to ``txn_bytes`` is one write op (chunks + ``blobs`` record) that
+the writer thread group-commits with its neighbours. A larger one is streamed in: every
+``txn_bytes`` of chunks are committed under a ``pending`` record (bounded memory), and the
+last op writes the remaining chunks and the ``blobs`` record; only after that op is synced
+is the blob acknowledged. An upload that fails or is cut off deletes its chunks; uploads
+left pending by a crash are deleted when the store opens. Writing a blob id that already
+exists is a no-op success when size and checksum match, else :class:`Conflict`.
+
+Read path: every chunk is checked against its CRC32C (and its expected length) when read;
+a full read also checks the blob's CRC32C before its last chunk leaves. A mismatch raises
+:class:`DataCorrupt` and drops the replica (it is reported in the next heartbeat), so a
+read never returns wrong bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import struct
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import lmdb
+import msgpack
+
+from squall.common.checksum import crc32c
+from squall.common.errors import BadRequest, Conflict, DataCorrupt, InsufficientStorage, NotFound
+from squall.datanode.journal import Journal
+from squall.datanode.lmdbenv import Env
+from squall.datanode.upload import Upload
+
+T = TypeVar("T")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_CHUNK = struct.Struct(">QI")
+DBS = (b"meta", b"blobs", b"chunks", b"pending")
+
+
+@dataclass(frozen=True, slots=True)
+class BlobMeta:
+    blob_id: str
+    upload: int
+    size: int
+    crc32c: int
+    nchunks: int
+    chunk_bytes: int
+    committed_ms: int
+
+    def pack(self) -> bytes:
+        body = msgpack.packb([self.upload, self.size, self.crc32c, self.nchunks,
+                              self.chunk_bytes, self.committed_ms])
+        return body + _U32.pack(crc32c(body))
+
+    @classmethod
+    def unpack(cls, blob_id: str, raw: bytes | memoryview) -> BlobMeta:
+        raw = bytes(raw)
+        body, check = raw[:-4], raw[-4:]
+        if len(raw) < 5 or _U32.pack(crc32c(body)) != check:
+            raise DataCorrupt(f"blob {blob_id}: its metadata record fails its checksum")
+        return cls(blob_id, *msgpack.unpackb(body))
+
+    def chunk_len(self, index: int) -> int:
+        return self.chunk_bytes if index < self.nchunks - 1 else (
+            self.size - self.chunk_bytes * (self.nchunks - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    capacity_bytes: int
+    used_bytes: int
+    free_bytes: int
+    blob_count: int
+
+
+def _ck(upload: int, index: int) -> bytes:
+    return _CHUNK.pack(upload, index)
+
+
+class BlobStore:
+    def __init__(self, path: str, chunk_bytes: int = 1 << 20, txn_bytes: int = 8 << 20,
+                 map_size: int = 1 << 30, map_size_max: int = 1 << 40,
+                 read_threads: int = 8) -> None:
+        if chunk_bytes < 4096 or txn_bytes < chunk_bytes:
+            raise ValueError("need chunk_bytes >= 4096 and txn_bytes >= chunk_bytes")
+        self.chunk_bytes, self.txn_bytes = chunk_bytes, txn_bytes
+        self.env = Env(path, DBS, map_size, map_size_max)
+        self.db = self.env.dbs
+        self.journal = Journal()
+        self.pool = ThreadPoolExecutor(read_threads, thread_name_prefix="blob-read")
+        self.bytes_written = self.bytes_read = self.corrupt_found = 0
+        self.uploads_open = 0  # Upload objects neither committed nor aborted
+        self._leaked: set[int] = set()
+        with self.env.read() as txn:
+            stale = [_U64.unpack(k)[0] for k, _ in txn.cursor(db=self.db[b"pending"])]
+        for upload in stale:
+            self.env.submit(functools.partial(self._op_abort, upload), durable=False).result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.env.close()
+
+    # -- reads (blocking: call from threads, or through `run`) ------------------------------
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def stat(self, blob_id: str) -> BlobMeta | None:
+        """The blob's metadata; a damaged record drops the replica and raises DataCorrupt."""
+        with self.env.read() as txn:
+            raw = txn.get(blob_id.encode(), db=self.db[b"blobs"])
+        try:
+            return None if raw is None else BlobMeta.unpack(blob_id, raw)
+        except DataCorrupt:
+            self.quarantine_submit(BlobMeta(blob_id, 0, 0, 0, 0, 0, 0)).result()
+            raise
+
+    def read_chunk(self, meta: BlobMeta, index: int) -> bytes:
+        """Chunk `index` of the blob, verified, or DataCorrupt / NotFound (deleted meanwhile)."""
+        with self.env.read() as txn:
+            raw = txn.get(_ck(meta.upload, index), db=self.db[b"chunks"])
+            cur = None if raw is not None else txn.get(meta.blob_id.encode(),
+                                                       db=self.db[b"blobs"])
+        if raw is None:
+            if cur is None or BlobMeta.unpack(meta.blob_id, cur).upload != meta.upload:
+                raise NotFound(f"blob {meta.blob_id} was deleted while being read")
+            raise DataCorrupt(f"blob {meta.blob_id}: chunk {index} is missing")
+        data = raw[4:]
+        if len(data) != meta.chunk_len(index) or _U32.pack(crc32c(data)) != raw[:4]:
+            raise DataCorrupt(f"blob {meta.blob_id}: chunk {index} fails its CRC32C check; "
+                              "this replica is dropped, read another")
+        self.bytes_read += len(data)
+        return data
+
+    async def stream(self, meta: BlobMeta, start: int = 0, end: int | None = None
+                     ) -> AsyncIterator[bytes]:
+        """The verified bytes [start, end) of a blob, chunk by chunk (one read ahead). On
+        corruption the replica is dropped and DataCorrupt raised, before any wrong byte."""
+        end = meta.size if end is None else end
+        if start >= end:
+            return
+        cb = meta.chunk_bytes
+        first, last = start // cb, (end - 1) // cb
+        whole = start == 0 and end == meta.size
+        crc = 0
+        loop = asyncio.get_running_loop()
+        nxt = loop.run_in_executor(self.pool, self.read_chunk, meta, first)
+        try:
+            for i in range(first, last + 1):
+                data = await nxt
+                if i < last:
+                    nxt = loop.run_in_executor(self.pool, self.read_chunk, meta, i + 1)
+                if whole:
+                    crc = crc32c(data, crc)
+                    if i == last and crc != meta.crc32c:
+                        raise DataCorrupt(f"blob {meta.blob_id} fails its CRC32C check; "
+                                          "this replica is dropped, read another")
+                lo = start - i * cb if i == first else 0
+                hi = end - i * cb if i == last else len(data)
+                yield data if (lo, hi) == (0, len(data)) else data[lo:hi]
+        except DataCorrupt:
+            await self.quarantine(meta)
+            raise
+        finally:
+            if not nxt.done():
+                nxt.cancel()
+
+    def ids_after(self, after: str | None, limit: int) -> list[str]:
+        out: list[str] = []
+        with self.env.read() as txn:
+            cur = txn.cursor(db=self.db[b"blobs"])
+            ok = cur.set_range(after.encode() + b"\0") if after is not None else cur.first()
+            while ok and len(out) < limit:
+                out.append(cur.key().decode())
+                ok = cur.next()
+        return out
+
+    def all_ids(self) -> list[str]:
+        with self.env.read() as txn:
+            return [k.decode() for k in txn.cursor(db=self.db[b"blobs"]).iternext(values=False)]
+
+    def space(self) -> Space:
+        with self.env.read() as txn:
+            count = _get_u64(txn, self.db[b"meta"], b"count")
+            used = _get_u64(txn, self.db[b"meta"], b"bytes")
+        reusable = self.env.free_pages_bytes()
+        file_bytes = self.env.file_bytes()
+        free = max(0, min(self.env.map_size_max - file_bytes, self.env.disk_free()) + reusable)
+        return Space(used + free, used, free, count)
+
+    def check_space(self, nbytes: int) -> None:
+        """InsufficientStorage now, rather than after streaming `nbytes` that cannot fit."""
+        need = nbytes + nbytes // 64 + 2 * self.chunk_bytes
+        free = self.space().free_bytes
+        if need > free:
+            raise InsufficientStorage(f"data node has {free} bytes free; a {nbytes}-byte blob "
+                                      "does not fit")
+
+    # -- writes ------------------------------------------------------------------------------
+    async def _submit(self, fn: Callable[[lmdb.Transaction], T], durable: bool,
+                      nbytes: int = 0) -> T:
+        fut: Future[T] = self.env.submit(fn, durable, nbytes)
+        return await asyncio.wrap_future(fut)
+
+    def upload(self, blob_id: str, declared_crc: int | None = None) -> Upload:
+        return Upload(self, blob_id, declared_crc)
+
+    async def put(self, blob_id: str, data: bytes, declared_crc: int | None = None
+                  ) -> tuple[BlobMeta, bool]:
+        """Store a payload held in memory; (meta, created)."""
+        up = self.upload(blob_id, declared_crc)
+        await up.write(data)
+        return await up.commit()
+
+    async def put_batch(self, items: list[tuple[str, bytes, int | None]]
+                        ) -> list[tuple[BlobMeta, bool]]:
+        """Store small payloads all or nothing, in one transaction and one sync."""
+        prepared = []
+        for blob_id, data, declared in items:
+            crc = crc32c(data)
+            if declared is not None and declared != crc:
+                raise BadRequest(f"blob {blob_id}: CRC32C of the bytes received is {crc}, "
+                                 f"the declared one {declared}; nothing was stored")
+            prepared.append((blob_id, self._split(data), len(data), crc))
+
+        def op(txn: lmdb.Transaction) -> list[tuple[BlobMeta, bool]]:
+            return [self._op_commit(b, 0, 0, ch, size, crc, txn)
+                    for b, ch, size, crc in prepared]
+
+        out = await self._submit(op, True, sum(len(d) for _, d, _ in items))
+        self._note_written(out)
+        return out
+
+    async def delete(self, blob_ids: list[str]) -> list[str]:
+        gone = await self._submit(functools.partial(self._op_delete, blob_ids, None), True)
+        self.journal.deleted(gone)
+        return gone
+
+    async def quarantine(self, meta: BlobMeta) -> None:
+        await asyncio.wrap_future(self.quarantine_submit(meta))
+
+    def quarantine_submit(self, meta: BlobMeta) -> Future[list[str]]:
+        """Drop a replica found corrupt (if it is still that upload) and report it."""
+        fut: Future[list[str]] = self.env.submit(
+            functools.partial(self._op_delete, [meta.blob_id], meta.upload), True)
+
+        def done(f: Future[list[str]]) -> None:
+            if not f.exception() and f.result():
+                self.corrupt_found += 1
+                self.journal.deleted(f.result(), corrupt=True)
+
+        fut.add_done_callback(done)
+        return fut
+
+    def retry_leaked(self) -> None:
+        """Delete chunks of failed uploads whose cleanup failed (e.g. on a full disk)."""
+        for upload in list(self._leaked):
+            with contextlib.suppress(Exception):
+                self.env.submit(functools.partial(self._op_abort, upload), False).result()
+                self._leaked.discard(upload)
+
+    def _split(self, data: bytes) -> list[bytes]:
+        cb = self.chunk_bytes
+        return [data[i:i + cb] for i in range(0, len(data), cb)]
+
+    def _note_written(self, results: list[tuple[BlobMeta, bool]]) -> None:
+        created = [m.blob_id for m, c in results if c]
+        self.bytes_written += sum(m.size for m, c in results if c)
+        self.journal.added(created)
+
+    # -- write ops: run by the writer thread inside a (nested) write transaction -------------
+    def _put_chunks(self, txn: lmdb.Transaction, upload: int, start: int,
+                    chunks: list[bytes]) -> None:
+        db = self.db[b"chunks"]
+        for i, c in enumerate(chunks, start):
+            txn.put(_ck(upload, i), _U32.pack(crc32c(c)) + c, db=db)
+
+    def _new_upload(self, txn: lmdb.Transaction) -> int:
+        upload = _get_u64(txn, self.db[b"meta"], b"next_upload") + 1
+        txn.put(b"next_upload", _U64.pack(upload), db=self.db[b"meta"])
+        return upload
+
+    def _op_flush(self, upload: int, blob_id: str, start: int, chunks: list[bytes],
+                  txn: lmdb.Transaction) -> int:
+        if not upload:
+            upload = self._new_upload(txn)
+            txn.put(_U64.pack(upload), msgpack.packb([blob_id, int(time.time() * 1000)]),
+                    db=self.db[b"pending"])
+        self._put_chunks(txn, upload, start, chunks)
+        return upload
+
+    def _op_commit(self, blob_id: str, upload: int, start: int, chunks: list[bytes],
+                   size: int, crc: int, txn: lmdb.Transaction) -> tuple[BlobMeta, bool]:
+        key = blob_id.encode()
+        old = txn.get(key, db=self.db[b"blobs"])
+        if old is not None:
+            m = BlobMeta.unpack(blob_id, old)
+            if (m.size, m.crc32c) != (size, crc):
+                raise Conflict(f"blob {blob_id} already exists with other content "
+                               f"({m.size} bytes, crc32c {m.crc32c})")
+            if upload:
+                self._op_abort(upload, txn)
+            return m, False
+        if upload:
+            if not txn.delete(_U64.pack(upload), db=self.db[b"pending"]):
+                raise Conflict(f"upload of blob {blob_id} was cleaned up before its commit")
+        else:
+            upload = self._new_upload(txn)
+        self._put_chunks(txn, upload, start, chunks)
+        nchunks = -(-size // self.chunk_bytes)
+        meta = BlobMeta(blob_id, upload, size, crc, nchunks, self.chunk_bytes,
+                        int(time.time() * 1000))
+        txn.put(key, meta.pack(), db=self.db[b"blobs"])
+        self._count(txn, 1, size)
+        return meta, True
+
+    def _op_abort(self, upload: int, txn: lmdb.Transaction) -> None:
+        # only while pending: the chunks of a committed upload belong to its blob
+        if txn.delete(_U64.pack(upload), db=self.db[b"pending"]):
+            self._delete_chunks(txn, upload)
+
+    def _op_delete(self, blob_ids: list[str], only_upload: int | None,
+                   txn: lmdb.Transaction) -> list[str]:
+        gone = []
+        for blob_id in blob_ids:
+            raw = txn.get(blob_id.encode(), db=self.db[b"blobs"])
+            if raw is None:
+                continue
+            try:
+                m = BlobMeta.unpack(blob_id, raw)
+                upload, size = m.upload, m.size
+            except DataCorrupt:
+                upload, size = 0, 0
+            if only_upload is not None and upload != only_upload:
+                continue
+            if upload:
+                self._delete_chunks(txn, upload)
+            txn.delete(blob_id.encode(), db=self.db[b"blobs"])
+            self._count(txn, -1, -size)
+            gone.append(blob_id)
+        return gone
+
+    def _delete_chunks(self, txn: lmdb.Transaction, upload: int) -> None:
+        prefix = _U64.pack(upload)
+        cur = txn.cursor(db=self.db[b"chunks"])
+        ok = cur.set_range(prefix)
+        while ok and cur.key()[:8] == prefix:
+            ok = cur.delete()
+
+    def _count(self, txn: lmdb.Transaction, blobs: int, nbytes: int) -> None:
+        db = self.db[b"meta"]
+        txn.put(b"count", _U64.pack(max(0, _get_u64(txn, db, b"count") + blobs)), db=db)
+        txn.put(b"bytes", _U64.pack(max(0, _get_u64(txn, db, b"bytes") + nbytes)), db=db)
+
+
+def _get_u64(txn: lmdb.Transaction, db: Any, key: bytes) -> int:
+    raw = txn.get(key, db=db)
+    return 0 if raw is None else int(_U64.unpack(raw)[0])

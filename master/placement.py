@@ -1,0 +1,94 @@
+"""Where payloads go: blob allocation, write receipts on commit, read tokens on lease.
+
+- :meth:`Placement.allocate` hands out blob ids with one replica set per batch (distinct
+  alive nodes, least used first, so a batch can be written with the data nodes' batch
+  form) and one write token covering them (a prefix scope) and naming the replica set.
+- :meth:`Placement.verify` is called while planning an enqueue: a payload reference is
+  accepted only with valid receipts (see ``common/tokens.py``) for its blob id, size and
+  checksum from at least ``write_quorum`` distinct nodes, written recently enough that blob
+  GC cannot have collected it. The stored reference keeps blob id, size, checksum and the
+  nodes' addresses; receipts and tokens are not stored.
+- :meth:`Placement.for_reader` adds the live replicas and a read token to a reference.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from typing import Any
+
+from squall.common.errors import BadRequest, Unauthorized, Unavailable
+from squall.common.models import PayloadRef
+from squall.common.tokens import sign, verify_receipt
+from squall.master.cluster import Cluster
+
+WRITE_TOKEN_SECS = 300.0
+READ_TOKEN_MARGIN_SECS = 600.0
+
+
+class Placement:
+    def __init__(self, cluster: Cluster, key: bytes, require_receipts: bool = True) -> None:
+        self.cluster, self.key, self.require_receipts = cluster, key, require_receipts
+
+    def allocate(self, count: int, size_bytes: int) -> dict[str, Any]:
+        c = self.cluster
+        now = c.clock.now()
+        alive = c.live(now, strict=True)
+        quorum = c.s.quorum
+        if len(alive) < quorum:
+            raise Unavailable(
+                f"{len(alive)} data node(s) alive, a write needs {quorum}: start data nodes "
+                "(`squall datanode --master URL ...`) or wait for them to heartbeat",
+                retry_after=c.s.heartbeat_interval_s)
+        room = [n for n in alive if n.free_bytes >= size_bytes * count] or alive
+        room.sort(key=lambda n: (n.used_bytes / max(1, n.capacity_bytes), random.random()))
+        nodes = room[:c.s.replication_factor]
+        if len(nodes) < quorum:
+            nodes = alive[:c.s.replication_factor]
+        replicas = [n.address for n in nodes]
+        prefix = secrets.token_hex(8) + "-"
+        ids = [f"{prefix}{i}" for i in range(count)]
+        for b in ids:
+            c.allocated[b] = now
+        for n in nodes:  # count it as used until the next heartbeat says otherwise
+            n.used_bytes += size_bytes * count
+        expires = now + WRITE_TOKEN_SECS
+        token = sign(self.key, "write", [], expires, prefix=prefix, replicas=replicas)
+        return {"blobs": [{"blob_id": b, "replicas": replicas} for b in ids],
+                "token": token, "expires_at": expires, "write_quorum": quorum}
+
+    def verify(self, p: PayloadRef) -> dict[str, Any]:
+        """The reference to store for `p`, or an error if its write quorum is not proven."""
+        stored = {"blob_id": p.blob_id, "size": p.size, "crc32c": p.crc32c,
+                  "replicas": list(p.replicas)}
+        if not self.require_receipts:
+            return stored
+        c = self.cluster
+        now = c.clock.now()
+        nodes: dict[str, str] = {}
+        for r in p.receipts:
+            try:
+                rec = verify_receipt(self.key, r, p.blob_id, p.size, p.crc32c)
+            except Unauthorized as e:
+                raise BadRequest(f"payload {p.blob_id}: invalid receipt ({e.message})") from None
+            if now - rec.issued_at > c.s.orphan_grace_s / 2:
+                raise BadRequest(f"payload {p.blob_id} was written {now - rec.issued_at:.0f}s "
+                                 "ago, too long before this enqueue: write it again")
+            n = c.nodes.get(rec.node_id)
+            nodes[rec.node_id] = n.address if n else ""
+        if len(nodes) < c.s.quorum:
+            raise BadRequest(
+                f"payload {p.blob_id}: {len(nodes)} valid receipt(s) from distinct data nodes, "
+                f"the write quorum is {c.s.quorum}; send the receipts from the blob write")
+        c.record_holders(p.blob_id, nodes)
+        stored["replicas"] = [a for a in nodes.values() if a] or stored["replicas"]
+        return stored
+
+    def for_reader(self, payload: dict[str, Any] | None, until: float) -> dict[str, Any] | None:
+        """`payload` with the live replicas first and a read token valid past `until`."""
+        if payload is None:
+            return None
+        live = [n.address for n in self.cluster.live_holders(payload["blob_id"])]
+        replicas = live + [a for a in payload.get("replicas", ()) if a not in live]
+        token = sign(self.key, "read", [payload["blob_id"]], until + READ_TOKEN_MARGIN_SECS)
+        return {**payload, "replicas": replicas, "token": token}

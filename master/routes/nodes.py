@@ -1,0 +1,36 @@
+"""Data-node facing routes: heartbeats, blob allocation, and the cluster map."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from squall.common.cluster import HeartbeatRequest, HeartbeatResponse
+from squall.common.models import AllocateRequest, AllocateResponse, ClusterInfo
+from squall.common.tokens import bearer, verify
+from squall.master.deps import MasterDep
+from squall.master.http import ERROR_RESPONSES, JSON
+
+router = APIRouter(tags=["cluster"], responses=ERROR_RESPONSES)
+
+
+@router.post("/v1/nodes/heartbeat", response_model=HeartbeatResponse)
+async def heartbeat(body: HeartbeatRequest, request: Request, m: MasterDep) -> JSON:
+    """A data node's heartbeat and block report (signed by the node with the cluster key,
+    scoped to its node id); the answer carries commands (replicate, delete)."""
+    verify(m.key, bearer(request.headers.get("authorization")), "heartbeat", body.node_id,
+           m.clock.now())
+    return JSON(m.cluster.heartbeat(body).model_dump())
+
+
+@router.post("/v1/blobs/allocate", response_model=AllocateResponse)
+async def allocate(body: AllocateRequest, m: MasterDep) -> JSON:
+    """Blob ids and the data nodes to write them to, with a write token. PUT each blob to
+    the first replica; it forwards to the others and answers with receipts, which the
+    enqueue that references the blob must carry."""
+    return JSON(m.placement.allocate(body.count, body.size_bytes))
+
+
+@router.get("/v1/cluster", response_model=ClusterInfo)
+async def cluster(m: MasterDep) -> JSON:
+    """Data nodes and their health, replication factor, under-replicated and lost blobs."""
+    return JSON(m.cluster.info())
