@@ -77,7 +77,8 @@ class Cluster:
         self.nodes: dict[str, Node] = {}
         self.holders: dict[str, set[str]] = {}
         self.check: set[str] = set()
-        self.inflight: dict[str, dict[str, float]] = {}  # blob -> target node -> deadline
+        # blob -> target node -> (source node, deadline)
+        self.inflight: dict[str, dict[str, tuple[str, float]]] = {}
         self.commands: dict[str, list[Any]] = {}
         self.allocated: dict[str, float] = {}  # blob -> allocation time (orphan grace)
         self.unreferenced_since: dict[str, float] = {}
@@ -196,11 +197,16 @@ class Cluster:
             if not n.dead and self.state(n, now) == "dead":
                 n.dead = True
                 self.check.update(n.blobs)
+                self.commands.pop(n.node_id, None)  # never delivered: replanned elsewhere
 
     def _expire_copies(self, now: float) -> None:
+        """Forget copies that timed out or whose source or target died; re-examine them."""
+        def gone(node_id: str) -> bool:
+            return node_id not in self.nodes or self.nodes[node_id].dead
+
         for b, targets in list(self.inflight.items()):
-            for t, deadline in list(targets.items()):
-                if deadline < now or t not in self.nodes or self.nodes[t].dead:
+            for t, (src, deadline) in list(targets.items()):
+                if deadline < now or gone(t) or gone(src):
                     del targets[t]
                     self.check.add(b)
             if not targets:
@@ -254,8 +260,9 @@ class Cluster:
     def _plan_copies(self, needy: list[tuple[int, str, list[Node]]], now: float) -> int:
         busy: dict[str, int] = {}
         for targets in self.inflight.values():
-            for t in targets:
+            for t, (src, _) in targets.items():
                 busy[t] = busy.get(t, 0) + 1
+                busy[src] = busy.get(src, 0) + 1
         cap = self.s.max_copies_per_node
         planned = 0
         candidates = sorted(self.live(now, strict=True), key=lambda n: n.used_bytes)
@@ -273,7 +280,8 @@ class Cluster:
                 token = sign(self.key, "replicate", [b], now + COPY_TIMEOUT_S)
                 self._send(src.node_id, ReplicateCommand(op="replicate", blob_id=b,
                                                          target=dst.address, token=token))
-                self.inflight.setdefault(b, {})[dst.node_id] = now + COPY_TIMEOUT_S
+                self.inflight.setdefault(b, {})[dst.node_id] = (src.node_id,
+                                                                now + COPY_TIMEOUT_S)
                 holding.add(dst.node_id)
                 busy[src.node_id] = busy.get(src.node_id, 0) + 1
                 busy[dst.node_id] = busy.get(dst.node_id, 0) + 1
