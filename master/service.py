@@ -36,7 +36,7 @@ import msgpack
 from squall.common.clock import Clock, SystemClock
 from squall.common.errors import StatusError, Unavailable
 from squall.common.models import LeaseRequest, Policy, Schedule, TaskSpec, UpdateRequest
-from squall.common.names import check_name, check_pid
+from squall.common.names import check_name
 from squall.common.tokens import load_cluster_key
 from squall.master import admin
 from squall.master.cluster import Cluster, ClusterSettings
@@ -126,14 +126,18 @@ class Master:
         except BaseException:
             self.index.reload()
             raise
-        if plan.ops:
-            body = msgpack.packb(plan.ops)
-            self.wal.append(ticket, body)
-            self.wal_bytes_since_checkpoint += len(body)
-            await self.wal.durable(ticket)
-        else:
-            await self.wal.durable(self.wal.last_ticket)
-            ticket = 0
+        try:
+            if plan.ops:
+                body = msgpack.packb(plan.ops)
+                self.wal.append(ticket, body)
+                self.wal_bytes_since_checkpoint += len(body)
+                await self.wal.durable(ticket)
+            else:
+                await self.wal.durable(self.wal.last_ticket)
+                ticket = 0
+        except RuntimeError as e:  # the WAL writer hit a disk error: nothing more is durable
+            raise Unavailable(f"{e}; this master cannot log changes any more: fix the disk "
+                              "and restart it (nothing unacknowledged was promised)") from e
         self._record(plan)
         plan.result["ticket"] = ticket
         return plan.result
@@ -153,17 +157,11 @@ class Master:
         return await self._execute(lambda txn: self.engine.plan_enqueue(txn, group, queue, tasks))
 
     async def lease(self, group: str, queue: str, req: LeaseRequest, addr: str) -> dict[str, Any]:
-        def build(txn: lmdb.Transaction) -> Plan:
-            # validate before sweeping: the sweep changes the in-memory queue counters, and
-            # a 4xx raised after it aborts the txn without reloading them
-            check_name("group", group)
-            check_name("queue", queue)
-            if req.max_pid is not None:
-                check_pid(req.max_pid)
-            self.engine.sweep(txn, self.settings.sweep_batch)
-            return self.engine.plan_lease(txn, group, queue, req, addr)
-
-        res = await self._execute(build)
+        # expired leases first, in their own txn: the sweep changes in-memory queue counters,
+        # so a plan that then fails (a 4xx) must not abort it
+        self.sweep_once()
+        res = await self._execute(
+            lambda txn: self.engine.plan_lease(txn, group, queue, req, addr))
         if res["tasks"]:
             self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in res["tasks"])
             for t in res["tasks"]:
@@ -237,8 +235,12 @@ class Master:
 
     # -- background ----------------------------------------------------------------------
     def sweep_once(self) -> int:
-        with self.index.begin_write() as txn:
-            return self.engine.sweep(txn, self.settings.sweep_batch)
+        try:
+            with self.index.begin_write() as txn:
+                return self.engine.sweep(txn, self.settings.sweep_batch)
+        except BaseException:
+            self.index.reload()  # the txn aborted: in-memory counters must follow
+            raise
 
     def reap_once(self) -> int:
         """Reap one batch of a deleted queue generation. Returns tasks reaped."""
