@@ -1,3 +1,74 @@
-"""squall client library and CLI. (The client library itself arrives with issue 5.)"""
+"""squall's Python client: ``Client`` (blocking) and ``AsyncClient`` (asyncio) over httpx,
+from one sans-I/O implementation of the protocol, and the ``Worker`` runtime.
 
-__all__: list[str] = []
+    from squall.client import Client, Worker
+
+    with Client("http://127.0.0.1:7070") as c:
+        c.put("crawl#fetch", b"https://example.com", pid="0001")
+        for task in c.lease("crawl#fetch", max_tasks=10, lease_secs=60):
+            data = task.payload()            # from a live replica, CRC32C-checked
+            with c.transaction() as tx:      # one atomic update
+                tx.dequeue(task)
+                tx.put("crawl#parse", data.upper())
+
+Errors are the tree of ``squall.common.errors`` (re-exported here); raw httpx errors never
+escape. See ``docs/client.md``.
+"""
+
+from squall.client._async import AsyncClient, AsyncLeasedTask, AsyncTransaction
+from squall.client._effects import ConnectError, Retry
+from squall.client._sync import Client, LeasedTask, Transaction
+from squall.client._tasks import NewTask, fifo_pid
+from squall.client.worker import Worker
+from squall.common.errors import (
+    BadRequest,
+    Conflict,
+    DataCorrupt,
+    Forbidden,
+    InsufficientStorage,
+    LeaseError,
+    LeaseLost,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    ServerError,
+    SquallError,
+    StatusError,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+)
+from squall.common.models import Backoff, Policy, Schedule
+
+__all__ = [
+    "AsyncClient",
+    "AsyncLeasedTask",
+    "AsyncTransaction",
+    "Backoff",
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "ConnectError",
+    "DataCorrupt",
+    "Forbidden",
+    "InsufficientStorage",
+    "LeaseError",
+    "LeaseLost",
+    "LeasedTask",
+    "NewTask",
+    "NotFound",
+    "Overloaded",
+    "PayloadTooLarge",
+    "Policy",
+    "Retry",
+    "Schedule",
+    "ServerError",
+    "SquallError",
+    "StatusError",
+    "Transaction",
+    "TransportError",
+    "Unauthorized",
+    "Unavailable",
+    "Worker",
+    "fifo_pid",
+]

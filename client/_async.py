@@ -1,0 +1,300 @@
+"""``AsyncClient``: the asyncio client, a thin driver of the protocol core over
+``httpx.AsyncClient``; the twin of ``_sync.py`` (the same one-line verbs; a test checks
+that the two public surfaces match). Sync payload iterables are sent as async streams."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeAlias, TypeVar
+
+import httpx
+
+from squall.client import _http
+from squall.client._effects import Call, Close, Emit, Read, Reply, Retry, Sleep
+from squall.client._protocol import Core, default_master
+from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder
+from squall.common.errors import SquallError
+from squall.common.models import (
+    ClusterInfo,
+    ClusterStats,
+    DeleteResponse,
+    EnqueueResult,
+    Policy,
+    QueueCounts,
+    QueueStats,
+    RedriveResponse,
+    ResetResponse,
+    Schedule,
+    ScheduleInfo,
+    TaskInfo,
+    UpdateResponse,
+)
+from squall.common.models import LeasedTask as WireTask
+
+T = TypeVar("T")
+Tasks: TypeAlias = TaskBase | Sequence[TaskBase]
+
+
+def _list(tasks: Tasks) -> list[TaskBase]:
+    return [tasks] if isinstance(tasks, TaskBase) else list(tasks)
+
+
+async def _aiter(parts: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for p in parts:
+        yield p
+
+
+class _AsyncDriver:
+    """Runs protocol generators over an ``httpx.AsyncClient``."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def run(self, gen: Generator[Any, Any, T]) -> T:
+        out: list[T] = []
+        async for _ in self.iterate(gen, out):
+            pass
+        return out[0]
+
+    async def iterate(self, gen: Generator[Any, Any, Any], out: list[Any] | None = None
+                      ) -> AsyncIterator[Any]:
+        streams: list[httpx.Response] = []
+        try:
+            eff = next(gen)
+            while True:
+                if type(eff) is Emit:
+                    yield eff.value
+                    eff = gen.send(None)
+                    continue
+                try:
+                    val = await self._do(eff, streams)
+                except SquallError as e:
+                    eff = gen.throw(e)
+                else:
+                    eff = gen.send(val)
+        except StopIteration as stop:
+            if out is not None:
+                out.append(stop.value)
+        finally:
+            gen.close()
+            for r in streams:
+                await r.aclose()
+
+    async def _do(self, eff: Any, streams: list[httpx.Response]) -> Any:
+        t = type(eff)
+        if t is Call:
+            return await self._call(eff, streams)
+        if t is Sleep:
+            await asyncio.sleep(eff.secs)
+            return None
+        if t is Read:
+            _resp, parts, c = eff.reply.stream
+            try:
+                return await anext(parts, b"")
+            except httpx.HTTPError as e:
+                raise _http.transport_error(e, c, self.http.base_url) from e
+        if t is Close:
+            await eff.reply.stream[0].aclose()
+            return None
+        raise TypeError(f"unknown effect {eff!r}")  # pragma: no cover
+
+    async def _call(self, c: Call, streams: list[httpx.Response]) -> Any:
+        base = self.http.base_url
+        args = _http.request_args(c)
+        content = args.get("content")
+        if content is not None and not isinstance(content, bytes | bytearray):
+            args["content"] = _aiter(content)
+        try:
+            if not c.stream:
+                return _http.result(c, await self.http.request(**args), base)
+            r = await self.http.send(self.http.build_request(**args), stream=True)
+            streams.append(r)
+            if r.status_code >= 400:
+                await r.aread()
+                raise _http.status_error(r, c, base)
+            return Reply(r.status_code, dict(r.headers), stream=(r, r.aiter_bytes(), c))
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
+            raise _http.transport_error(e, c, base) from e
+
+
+class AsyncLeasedTask(TaskBase):
+    """A leased task of an AsyncClient (fields in ``TaskBase``); its verbs are awaitable."""
+
+    __slots__ = ()
+
+    async def payload(self) -> bytes:
+        """The payload's bytes (b"" without one), checksum-verified, from a live replica."""
+        return bytes(await self._client.payload(self))
+
+    def iter_payload(self, chunk_bytes: int = 1 << 20) -> AsyncIterator[bytes]:
+        """The payload in chunks, for payloads too large to hold (verified at the end)."""
+        return self._client.iter_payload(self, chunk_bytes)  # type: ignore[no-any-return]
+
+    async def renew(self, lease_secs: float = 60.0) -> UpdateResponse:
+        return await self._client.renew(self, lease_secs)  # type: ignore[no-any-return]
+
+    async def release(self, *, delay: float | None = None, error: str | None = None
+                      ) -> UpdateResponse:
+        return await self._client.release(  # type: ignore[no-any-return]
+            self, delay=delay, error=error)
+
+    async def done(self) -> UpdateResponse:
+        return await self._client.done(self)  # type: ignore[no-any-return]
+
+
+class AsyncTransaction(TxBuilder):
+    """``async with client.transaction() as tx: ...`` commits one atomic update when the
+    block ends without an exception."""
+
+    def __init__(self, client: AsyncClient, group: str | None) -> None:
+        super().__init__(group)
+        self._client = client
+        self.result: UpdateResponse | None = None
+
+    async def commit(self) -> UpdateResponse:
+        self.result = await self._client.commit(self)
+        return self.result
+
+    async def __aenter__(self) -> AsyncTransaction:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if et is None and self.result is None:
+            await self.commit()
+
+
+class AsyncClient:
+    """An asyncio squall client. ``master`` defaults to ``$SQUALL_MASTER``, else
+    ``http://127.0.0.1:7070``."""
+
+    def __init__(self, master: str | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None, timeout: float = 30.0,
+                 blob_timeout: float = 300.0, retries: int = 4, worker: str | None = None,
+                 max_connections: int = 100) -> None:
+        self.master = (master or default_master()).rstrip("/")
+        self.transport = transport
+        self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
+                        "worker": worker, "max_connections": max_connections}
+        limits = httpx.Limits(max_connections=max_connections,
+                              max_keepalive_connections=max_connections)
+        self._core = Core(Retry(attempts=retries), blob_timeout, worker)
+        self._http = httpx.AsyncClient(base_url=self.master, transport=transport, timeout=timeout,
+                                  limits=limits)
+        self._run = _AsyncDriver(self._http).run
+        self._iter = _AsyncDriver(self._http).iterate
+
+    def _task(self, wire: WireTask, group: str) -> AsyncLeasedTask:
+        return AsyncLeasedTask(self, wire, group)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- tasks ---------------------------------------------------------------------------
+    async def put(self, queue: str, payload: Payload = None, *, pid: str | None = None,
+                  not_before: float | None = None, delay: float | None = None
+                  ) -> EnqueueResult:
+        """Enqueue one task (its payload goes to data nodes first)."""
+        return await self._run(self._core.put(queue, payload, pid, not_before, delay))
+
+    async def put_many(self, queue: str, items: Iterable[Payload | NewTask], *,
+                       batch_size: int = 100,
+                       progress: Callable[[list[EnqueueResult]], Any] | None = None) -> int:
+        """Enqueue many tasks, batch by batch; returns how many were new."""
+        return await self._run(self._core.put_many(queue, items, batch_size, progress))
+
+    async def lease(self, queue: str, max_tasks: int = 1, lease_secs: float | None = None, *,
+                    max_pid: str | None = None) -> list[AsyncLeasedTask]:
+        return await self._run(self._core.lease(queue, max_tasks, lease_secs, max_pid,
+                                                self._task))
+
+    async def renew(self, tasks: Tasks, lease_secs: float = 60.0) -> UpdateResponse:
+        return await self._run(self._core.renew(_list(tasks), lease_secs))
+
+    async def release(self, tasks: Tasks, *, delay: float | None = None,
+                      error: str | None = None) -> UpdateResponse:
+        return await self._run(self._core.release(_list(tasks), delay, error))
+
+    async def done(self, tasks: Tasks) -> UpdateResponse:
+        return await self._run(self._core.done(_list(tasks)))
+
+    async def payload(self, task: TaskBase) -> bytes:
+        return await self._run(self._core.payload(task))
+
+    def iter_payload(self, task: TaskBase, chunk_bytes: int = 1 << 20) -> AsyncIterator[bytes]:
+        return self._iter(self._core.iter_payload(task, chunk_bytes))
+
+    def transaction(self, group: str | None = None) -> AsyncTransaction:
+        return AsyncTransaction(self, group)
+
+    async def commit(self, tx: TxBuilder) -> UpdateResponse:
+        return await self._run(self._core.commit(tx))
+
+    # -- admin ---------------------------------------------------------------------------
+    async def queues(self, regex: str | None = None, *, group: str | None = None,
+                     min_tasks: int = 1, limit: int = 1000) -> list[QueueCounts]:
+        return await self._run(self._core.queues(regex, group, min_tasks, limit))
+
+    async def stats(self, queue: str | None = None) -> QueueStats | ClusterStats:
+        return await self._run(self._core.stats(queue))
+
+    async def task(self, queue: str, pid: str) -> TaskInfo:
+        return await self._run(self._core.task(queue, pid))
+
+    async def tasks(self, queue: str, *, after: str | None = None, limit: int = 100
+                    ) -> list[TaskInfo]:
+        return await self._run(self._core.tasks(queue, after, limit))
+
+    def iter_tasks(self, queue: str, *, after: str | None = None) -> AsyncIterator[TaskInfo]:
+        return self._iter(self._core.iter_tasks(queue, after))
+
+    async def delete(self, queue: str) -> DeleteResponse:
+        return await self._run(self._core.delete(queue))
+
+    async def reset_leases(self, queue: str) -> ResetResponse:
+        return await self._run(self._core.reset_leases(queue))
+
+    async def redrive(self, queue: str, max_tasks: int = 1000) -> RedriveResponse:
+        return await self._run(self._core.redrive(queue, max_tasks))
+
+    async def dead_letter_queue(self, queue: str) -> str:
+        """``group#name`` of the queue's dead-letter queue (policy, else ``name.dead``)."""
+        return await self._run(self._core.dead_letter_queue(queue))
+
+    async def dead_letters(self, queue: str, *, limit: int = 100) -> list[TaskInfo]:
+        return await self._run(self._core.dead_letters(queue, limit))
+
+    async def policy(self, target: str) -> Policy:
+        return await self._run(self._core.policy(target))
+
+    async def set_policy(self, target: str, policy: Policy | None = None, **fields: Any
+                         ) -> Policy:
+        return await self._run(self._core.set_policy(target, policy or Policy(**fields)))
+
+    async def delete_policy(self, target: str) -> Policy:
+        return await self._run(self._core.set_policy(target, None))
+
+    async def schedules(self, group: str) -> list[ScheduleInfo]:
+        return await self._run(self._core.schedules(group))
+
+    async def set_schedule(self, name: str, schedule: Schedule | None = None, **fields: Any
+                           ) -> ScheduleInfo:
+        return await self._run(self._core.set_schedule(name, schedule or Schedule(**fields)))
+
+    async def delete_schedule(self, name: str) -> None:
+        await self._run(self._core.delete_schedule(name))
+
+    async def cluster(self) -> ClusterInfo:
+        return await self._run(self._core.cluster())
+
+    async def ready(self) -> dict[str, Any]:
+        return await self._run(self._core.ready())
+

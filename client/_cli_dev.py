@@ -1,0 +1,194 @@
+"""``squall dev``: one master and N data nodes on 127.0.0.1 as subprocesses, data under one
+folder (``master/``, ``node-1/``, …, logs in ``logs/``). Ports: the master on ``--port``,
+node i on ``--port`` + i, the same on every start so the data nodes keep their addresses
+and a restart keeps the data. The cluster key is the built-in development key unless
+``SQUALL_CLUSTER_KEY`` is set. Ctrl-C (or SIGTERM) stops the nodes, then the master.
+
+The servers are started as ``python -m squall.master`` / ``python -m squall.datanode``:
+this package never imports them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+
+from squall.client._cli_common import err, fail, out
+
+STOP_TIMEOUT_S = 15.0
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class DevCluster:
+    """The processes of a local cluster (also used by the end-to-end tests)."""
+
+    def __init__(self, data_dir: Path, port: int, nodes: int,
+                 replication_factor: int | None = None, heartbeat_interval_s: float = 1.0,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir.resolve()
+        self.port, self.n = port, nodes
+        self.rf = replication_factor or min(2, max(1, nodes))
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.env = {**os.environ, **(extra_env or {})}
+        self.master_proc: subprocess.Popen[bytes] | None = None
+        self.node_procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def master_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def node_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.port + i}"
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{name}.log", "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", *argv], stdout=log,
+                                    stderr=subprocess.STDOUT, env=self.env,
+                                    start_new_session=True)  # Ctrl-C reaches only us
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        busy = [p for p in range(self.port, self.port + self.n + 1) if not _port_free(p)]
+        if busy:
+            raise RuntimeError(f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use "
+                               "(another squall dev?); stop it or pick another --port")
+        hb = str(self.heartbeat_interval_s)
+        self.master_proc = self._spawn("master", [
+            "squall.master", "--data-dir", str(self.data_dir / "master"), "--host",
+            "127.0.0.1", "--port", str(self.port), "--replication-factor", str(self.rf),
+            "--heartbeat-interval-s", hb])
+        self._wait(self.master_url + "/readyz", self.master_proc, "master", timeout_s)
+        for i in range(1, self.n + 1):
+            self.start_node(i)
+        for i in range(1, self.n + 1):
+            self._wait(self.node_url(i) + "/readyz", self.node_procs[i], f"node-{i}", timeout_s)
+        self.wait_alive(self.n, timeout_s)
+
+    def start_node(self, i: int) -> None:
+        self.node_procs[i] = self._spawn(f"node-{i}", [
+            "squall.datanode", "--master", self.master_url, "--data-dir",
+            str(self.data_dir / f"node-{i}"), "--host", "127.0.0.1", "--port",
+            str(self.port + i), "--advertise", self.node_url(i),
+            "--heartbeat-interval-s", str(self.heartbeat_interval_s)])
+
+    def _wait(self, url: str, proc: subprocess.Popen[bytes], name: str, timeout_s: float
+              ) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; see "
+                                   f"{self.data_dir / 'logs' / (name + '.log')}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"{name} did not become ready in {timeout_s:.0f}s")
+
+    def wait_alive(self, n: int, timeout_s: float = 30.0) -> None:
+        """Until the master sees `n` live data nodes (their first heartbeats)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                info = httpx.get(self.master_url + "/v1/cluster", timeout=2.0).json()
+                if sum(1 for x in info["nodes"] if x["state"] == "alive") >= n:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"the master did not see {n} live data nodes in {timeout_s:.0f}s")
+
+    def failed(self) -> str | None:
+        """Name of a server that exited, if any."""
+        if self.master_proc is not None and self.master_proc.poll() is not None:
+            return "master"
+        for i, p in self.node_procs.items():
+            if p.poll() is not None:
+                return f"node-{i}"
+        return None
+
+    def kill_node(self, i: int) -> None:
+        p = self.node_procs[i]
+        if p.poll() is None:
+            p.kill()
+            p.wait(STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """Data nodes first (SIGTERM, then SIGKILL after a timeout), then the master."""
+        procs = list(self.node_procs.values())
+        for group in (procs, [self.master_proc] if self.master_proc else []):
+            for p in group:
+                if p.poll() is None:
+                    p.terminate()
+            for p in group:
+                try:
+                    p.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(STOP_TIMEOUT_S)
+
+
+def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to start")] = 3,
+        data_dir: Annotated[Path, typer.Option(envvar="SQUALL_DEV_DIR",
+                                               help="where all data and logs live")
+                            ] = Path(".squall"),
+        port: Annotated[int, typer.Option(min=1, max=65535 - 17, help="master port; node i "
+                                          "listens on port + i")] = 7070,
+        replication_factor: Annotated[int | None, typer.Option(
+            min=1, max=16, help="payload copies (default: 2, or 1 with one node)")] = None,
+        ) -> None:
+    """Run a local cluster: one master and N data nodes on 127.0.0.1 (Ctrl-C stops it)."""
+    if replication_factor is not None and replication_factor > max(nodes, 1):
+        fail(f"replication factor {replication_factor} needs at least that many nodes", 2)
+    cluster = DevCluster(data_dir, port, nodes, replication_factor)
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            cluster.start()
+        except RuntimeError as e:
+            fail(str(e))
+        out.print(f"squall dev cluster is up (data in {cluster.data_dir})")
+        out.print(f"  master     {cluster.master_url}   (status page /, API docs /docs)")
+        for i in range(1, nodes + 1):
+            out.print(f"  data node  {cluster.node_url(i)}")
+        out.print(f"  logs       {cluster.data_dir / 'logs'}")
+        out.print(f"try: squall put demo#hello 'hi there' --master {cluster.master_url}")
+        out.print("Ctrl-C to stop", style="dim")
+        sys.stdout.flush()
+        while not stopping:
+            if (gone := cluster.failed()) is not None:
+                fail(f"{gone} exited; see {cluster.data_dir / 'logs' / (gone + '.log')}")
+            time.sleep(0.2)
+        err.print("stopping…")
+    finally:
+        cluster.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+    out.print("stopped; start again to continue with the same data")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("dev")(dev)

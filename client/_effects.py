@@ -1,0 +1,137 @@
+"""The effects of the sans-I/O protocol core, and the one retry policy.
+
+Every verb of the client is a generator (see ``_protocol.py``) that *yields* effects and
+receives their results; it never touches a socket or a clock. The two drivers
+(``_sync.py`` over ``httpx.Client``, ``_async.py`` over ``httpx.AsyncClient``) interpret
+them::
+
+    Call(...)   -> the parsed JSON answer, or a Reply (raw=True / stream=True);
+                   a failure is thrown *into* the generator as a squall error
+    Sleep(s)    -> None, after s seconds
+    Read(reply) -> the next chunk of a streamed answer (b"" at its end)
+    Close(reply)-> None (drivers also close every stream a verb left open)
+    Emit(value) -> None; the value goes to the caller of a streaming verb
+                   (``iter_payload``, ``iter_tasks``)
+
+Retries live here too (:func:`call`), as effects: a retryable failure becomes a ``Sleep``
+and the same ``Call`` again, so both clients retry identically.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from squall.common.errors import (
+    Overloaded,
+    SquallError,
+    TransportError,
+    Unavailable,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Call:
+    """One HTTP request. `url` is a path on the master ("/v1/...") or an absolute data
+    node URL. `idempotent`: safe to resend after an ambiguous failure (the request may
+    have been applied). `retries`: override of the policy's attempts (0: never retry)."""
+
+    method: str
+    url: str
+    json: Any = None
+    content: bytes | Iterable[bytes] | None = None
+    params: dict[str, str] | None = None
+    headers: dict[str, str] | None = None
+    timeout: float | None = None
+    idempotent: bool = True
+    raw: bool = False  # answer: Reply with the whole body, not parsed JSON
+    stream: bool = False  # answer: Reply with an open stream (use Read / Close)
+    retries: int | None = None
+    attempt: int = 0  # set by call(): how many times it was resent
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    headers: dict[str, str]
+    content: bytes = b""
+    stream: Any = None  # the driver's handle of an open stream
+
+
+@dataclass(slots=True)
+class Sleep:
+    secs: float
+
+
+@dataclass(slots=True)
+class Read:
+    reply: Reply
+
+
+@dataclass(slots=True)
+class Close:
+    reply: Reply
+
+
+@dataclass(slots=True)
+class Emit:
+    value: Any
+
+
+Effect = Call | Sleep | Read | Close | Emit
+Proto = Generator[Effect, Any, T]
+
+
+class ConnectError(TransportError):
+    """The connection could not be made: the request was never sent (always safe to
+    retry, even when not idempotent)."""
+
+
+@dataclass(slots=True)
+class Retry:
+    """Retries with exponential backoff and full jitter.
+
+    Retried: a connection that could not be made (the request was never sent), 503 and
+    429 (the server refused before applying anything; ``Retry-After`` is honoured), and,
+    for idempotent calls only, any other transport failure (a timeout or a connection
+    lost after sending: the request may or may not have been applied).
+    """
+
+    attempts: int = 4  # resends after the first try
+    base_s: float = 0.05
+    max_s: float = 2.0
+    retry_after_max_s: float = 10.0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def delay(self, err: SquallError, attempt: int, idempotent: bool,
+              attempts: int | None = None) -> float | None:
+        """Seconds to wait before resend number `attempt` + 1, or None: give up."""
+        if attempt >= (self.attempts if attempts is None else attempts):
+            return None
+        if isinstance(err, Unavailable | Overloaded):
+            if err.retry_after:
+                return min(float(err.retry_after), self.retry_after_max_s)
+        elif not (isinstance(err, ConnectError) or (idempotent and isinstance(err,
+                                                                             TransportError))):
+            return None
+        cap = min(self.max_s, self.base_s * (2 ** attempt))
+        return cap / 2 + self.rng.random() * cap / 2
+
+
+def call(c: Call, retry: Retry) -> Proto[Any]:
+    """Send `c`, resending it per `retry`; the answer, or the last error raised."""
+    while True:
+        try:
+            return (yield c)
+        except SquallError as e:
+            if c.content is not None and not isinstance(c.content, bytes | bytearray):
+                raise  # a streamed body is consumed: it cannot be sent again
+            d = retry.delay(e, c.attempt, c.idempotent, c.retries)
+            if d is None:
+                raise
+            c.attempt += 1
+            yield Sleep(d)

@@ -1,0 +1,83 @@
+"""The I/O boundary both drivers share: a :class:`Call` becomes httpx request arguments, an
+httpx answer becomes the call's result, and every httpx failure becomes a squall error.
+This is the one place raw httpx errors are translated (see ``common/errors.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+
+from squall.client._effects import Call, ConnectError, Reply
+from squall.common.errors import ServerError, StatusError, TransportError, from_response
+
+_CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+def request_args(c: Call) -> dict[str, Any]:
+    headers = dict(c.headers) if c.headers else {}
+    content: Any = c.content
+    if c.json is not None:
+        content = orjson.dumps(c.json)
+        headers["Content-Type"] = "application/json"
+    args: dict[str, Any] = {"method": c.method, "url": c.url, "headers": headers}
+    if c.params:
+        args["params"] = c.params
+    if content is not None:
+        args["content"] = content
+    if c.timeout is not None:
+        args["timeout"] = c.timeout
+    return args
+
+
+def where(c: Call, base: httpx.URL | str) -> str:
+    return f"{base}{c.url}" if c.url.startswith("/") else c.url
+
+
+def transport_error(e: Exception, c: Call, base: httpx.URL | str) -> TransportError:
+    """A squall TransportError for an httpx failure (ConnectError: the request was never
+    sent)."""
+    url = where(c, base)
+    if isinstance(e, (_CONNECT, httpx.InvalidURL)):
+        return ConnectError(f"cannot connect to {url}: {_reason(e)}")
+    if isinstance(e, httpx.TimeoutException):
+        return TransportError(f"{c.method} {url} timed out ({type(e).__name__})")
+    return TransportError(f"{c.method} {url} failed: {_reason(e)}")
+
+
+def _reason(e: Exception) -> str:
+    return str(e) or type(e).__name__
+
+
+def status_error(r: httpx.Response, c: Call, base: httpx.URL | str) -> StatusError:
+    ra = r.headers.get("retry-after")
+    retry_after = float(ra) if ra and ra.replace(".", "", 1).isdigit() else None
+    try:
+        body: Any = orjson.loads(r.content)
+    except orjson.JSONDecodeError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return from_response(r.status_code, body, retry_after)
+    # not a squall answer: a wrong URL, a proxy, another server on that port
+    text = r.text[:120].strip().replace("\n", " ")
+    err = from_response(r.status_code, None, retry_after)
+    err.message = (f"HTTP {r.status_code} from {c.method} {where(c, base)}, which does not "
+                   f"look like a squall server: {text!r}")
+    err.args = (err.message,)
+    return err
+
+
+def result(c: Call, r: httpx.Response, base: httpx.URL | str) -> Any:
+    if r.status_code >= 400:
+        raise status_error(r, c, base)
+    if c.raw:
+        return Reply(r.status_code, dict(r.headers), r.content)
+    if not r.content:
+        return {}
+    try:
+        return orjson.loads(r.content)
+    except orjson.JSONDecodeError:
+        raise ServerError(f"{c.method} {where(c, base)} answered with something that is not "
+                          f"JSON ({r.headers.get('content-type')}); is this a squall "
+                          "server?") from None

@@ -1,0 +1,330 @@
+"""The protocol core: every verb of the client as a generator of effects (``_effects.py``).
+
+``Client`` and ``AsyncClient`` run these generators with their own driver; all request
+building, answer parsing, retry decisions, payload placement and failover happen here, once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from squall.client._blobs import Blobs
+from squall.client._effects import Call, Emit, Proto, Retry, call
+from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder, as_source, fifo_pid
+from squall.common.errors import BadRequest, NotFound
+from squall.common.models import (
+    MAX_BATCH,
+    ClusterInfo,
+    ClusterStats,
+    DeleteResponse,
+    EnqueueResult,
+    Policy,
+    QueueCounts,
+    QueueStats,
+    RedriveResponse,
+    ResetResponse,
+    Schedule,
+    ScheduleInfo,
+    TaskInfo,
+    UpdateResponse,
+)
+from squall.common.models import LeasedTask as WireTask
+from squall.common.names import split_queue
+
+T = TypeVar("T", bound=TaskBase)
+DEFAULT_MASTER = "http://127.0.0.1:7070"
+
+
+def default_master() -> str:
+    return os.environ.get("SQUALL_MASTER") or DEFAULT_MASTER
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _qpath(queue: str) -> tuple[str, str, str]:
+    group, name = split_queue(queue)
+    return group, name, f"/v1/groups/{group}/queues/{name}"
+
+
+def _spec(t: NewTask, generated: set[str]) -> dict[str, Any]:
+    """A TaskSpec dict; a task without a pid gets a client-made FIFO pid (so a retried
+    enqueue collapses instead of enqueueing twice)."""
+    pid = t.pid
+    if pid is None:
+        pid = fifo_pid()
+        generated.add(pid)
+    spec: dict[str, Any] = {"pid": pid}
+    if t.not_before is not None:
+        spec["not_before"] = t.not_before
+    if t.delay is not None:
+        spec["delay_secs"] = t.delay
+    return spec
+
+
+def _results(items: list[dict[str, Any]], generated: set[str], group: str
+             ) -> list[EnqueueResult]:
+    # a client-made pid cannot collide: "collapsed" means our own earlier, retried attempt
+    return [EnqueueResult(queue=f"{group}#{r['queue']}", pid=r["pid"],
+                          collapsed=r["collapsed"] and r["pid"] not in generated)
+            for r in items]
+
+
+class Core:
+    """Configuration and shared state of one client, and its verbs as generators."""
+
+    def __init__(self, retry: Retry | None = None, blob_timeout_s: float = 300.0,
+                 worker: str | None = None) -> None:
+        self.retry = retry or Retry()
+        self.blobs = Blobs(self.retry, blob_timeout_s)
+        self.worker = worker if worker is not None else default_worker_id()
+
+    def _call(self, method: str, url: str, json: Any = None, *, idempotent: bool = True,
+              params: dict[str, str] | None = None) -> Proto[Any]:
+        return call(Call(method, url, json=json, params=params, idempotent=idempotent),
+                    self.retry)
+
+    # -- enqueue -------------------------------------------------------------------------
+    def _prepare(self, tasks: list[NewTask], generated: set[str]) -> Proto[list[dict[str, Any]]]:
+        """TaskSpec dicts of `tasks`, their payloads written to data nodes first."""
+        specs = [_spec(t, generated) for t in tasks]
+        sources = [as_source(t.payload) for t in tasks]
+        with_payload = [i for i, s in enumerate(sources) if s is not None]
+        if with_payload:
+            refs = yield from self.blobs.write_all([sources[i] for i in with_payload])
+            for i, ref in zip(with_payload, refs, strict=True):
+                specs[i]["payload"] = ref
+        return specs
+
+    def put(self, queue: str, payload: Payload = None, pid: str | None = None,
+            not_before: float | None = None, delay: float | None = None
+            ) -> Proto[EnqueueResult]:
+        res = yield from self._enqueue(queue, [NewTask(payload, pid, None, not_before, delay)])
+        return res[0]
+
+    def _enqueue(self, queue: str, tasks: list[NewTask]) -> Proto[list[EnqueueResult]]:
+        group, _, path = _qpath(queue)
+        generated: set[str] = set()
+        specs = yield from self._prepare(tasks, generated)
+        ans = yield from self._call("POST", path + "/tasks", {"tasks": specs})
+        return _results(ans["enqueued"], generated, group)
+
+    def put_many(self, queue: str, items: Iterable[Payload | NewTask], batch_size: int,
+                 progress: Callable[[list[EnqueueResult]], Any] | None) -> Proto[int]:
+        """Enqueue `items` (payloads or NewTasks) batch by batch: one allocation, one write
+        per replica set and one enqueue per batch; only one batch is held at a time."""
+        split_queue(queue)
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise BadRequest(f"batch_size must be 1..{MAX_BATCH}")
+        it: Iterator[Payload | NewTask] = iter(items)
+        added = 0
+        while batch := list(islice(it, batch_size)):
+            tasks = [x if isinstance(x, NewTask) else NewTask(x) for x in batch]
+            res = yield from self._enqueue(queue, tasks)
+            added += sum(1 for r in res if not r.collapsed)
+            if progress is not None:
+                progress(res)
+        return added
+
+    # -- lease and the task verbs --------------------------------------------------------
+    def lease(self, queue: str, max_tasks: int, lease_secs: float | None, max_pid: str | None,
+              make: Callable[[WireTask, str], T]) -> Proto[list[T]]:
+        group, _, path = _qpath(queue)
+        body: dict[str, Any] = {"max_tasks": max_tasks, "worker": self.worker}
+        if lease_secs is not None:
+            body["lease_secs"] = lease_secs
+        if max_pid is not None:
+            body["max_pid"] = max_pid
+        ans = yield from self._call("POST", path + "/lease", body, idempotent=False)
+        return [make(WireTask.model_validate(t), group) for t in ans["tasks"]]
+
+    def commit(self, tx: TxBuilder) -> Proto[UpdateResponse]:
+        """Apply a transaction as one atomic update (payloads written first)."""
+        if tx.empty:
+            return UpdateResponse(ticket=0, enqueued=[], dequeued=0, renewed=[], released=0)
+        if tx.group is None:  # pragma: no cover - every op sets the group
+            raise BadRequest("a transaction needs a group")
+        generated: set[str] = set()
+        specs = yield from self._prepare(tx.puts, generated)
+        for spec, t in zip(specs, tx.puts, strict=True):
+            spec["queue"] = t.queue
+        body = {"enqueue": specs, "dequeue": tx.dequeues, "renew": tx.renews,
+                "release": tx.releases}
+        # resending a dequeue or a release that was applied fails (the token is spent)
+        idem = not (tx.dequeues or tx.releases)
+        ans = yield from self._call("POST", f"/v1/groups/{tx.group}/update", body,
+                                    idempotent=idem)
+        tx.committed()
+        ans["enqueued"] = _results(ans["enqueued"], generated, tx.group)
+        return UpdateResponse.model_validate(ans)
+
+    def renew(self, tasks: list[TaskBase], lease_secs: float) -> Proto[UpdateResponse]:
+        res = yield from self._per_group(tasks, lambda tx, t: tx.renew(t, lease_secs))
+        by_key = {(r.queue, r.pid): r.expires_at for r in res.renewed}
+        for t in tasks:
+            t.expires_at = by_key.get((t.queue, t.pid), t.expires_at)
+        return res
+
+    def _per_group(self, tasks: list[TaskBase], add: Callable[[TxBuilder, TaskBase], Any]
+                   ) -> Proto[UpdateResponse]:
+        """One update per group of `tasks` (usually exactly one); their answers merged."""
+        groups: dict[str, TxBuilder] = {}
+        for t in tasks:
+            add(groups.setdefault(t.group, TxBuilder(t.group)), t)
+        out = UpdateResponse(ticket=0, enqueued=[], dequeued=0, renewed=[], released=0)
+        for tx in groups.values():
+            r = yield from self.commit(tx)
+            out.ticket = max(out.ticket, r.ticket)
+            out.dequeued += r.dequeued
+            out.released += r.released
+            out.renewed += [x.model_copy(update={"queue": f"{tx.group}#{x.queue}"})
+                            for x in r.renewed]
+        return out
+
+    def done(self, tasks: list[TaskBase]) -> Proto[UpdateResponse]:
+        return self._per_group(tasks, lambda tx, t: tx.dequeue(t))
+
+    def release(self, tasks: list[TaskBase], delay: float | None, error: str | None
+                ) -> Proto[UpdateResponse]:
+        return self._per_group(tasks, lambda tx, t: tx.release(t, delay, error))
+
+    def payload(self, task: TaskBase) -> Proto[bytes]:
+        if task.payload_ref is None:
+            return b""
+        return (yield from self.blobs.read(task.payload_ref))
+
+    def iter_payload(self, task: TaskBase, chunk_bytes: int) -> Proto[None]:
+        if task.payload_ref is not None:
+            yield from self.blobs.iter_read(task.payload_ref, chunk_bytes)
+
+    # -- admin ---------------------------------------------------------------------------
+    def queues(self, regex: str | None, group: str | None, min_tasks: int, limit: int
+               ) -> Proto[list[QueueCounts]]:
+        out: list[QueueCounts] = []
+        after: str | None = None
+        while len(out) < limit:
+            params = {"min_tasks": str(min_tasks), "limit": str(min(limit - len(out), 10_000))}
+            for k, v in (("regex", regex), ("group", group), ("after", after)):
+                if v is not None:
+                    params[k] = v
+            ans = yield from self._call("GET", "/v1/queues", params=params)
+            out += [QueueCounts.model_validate(q) for q in ans["queues"]]
+            after = ans.get("next")
+            if not after:
+                break
+        return out
+
+    def stats(self, queue: str | None) -> Proto[QueueStats | ClusterStats]:
+        if queue is None:
+            return ClusterStats.model_validate((yield from self._call("GET", "/v1/cluster/stats")))
+        ans = yield from self._call("GET", _qpath(queue)[2])
+        return QueueStats.model_validate(ans)
+
+    def task(self, queue: str, pid: str) -> Proto[TaskInfo]:
+        ans = yield from self._call("GET", f"{_qpath(queue)[2]}/tasks/{quote(pid, safe='')}")
+        return TaskInfo.model_validate(ans)
+
+    def _task_page(self, queue: str, after: str | None, n: int
+                   ) -> Proto[tuple[list[TaskInfo], str | None]]:
+        params = {"limit": str(n)}
+        if after is not None:
+            params["after"] = after
+        ans = yield from self._call("GET", _qpath(queue)[2] + "/tasks", params=params)
+        return [TaskInfo.model_validate(t) for t in ans["tasks"]], ans.get("next")
+
+    def tasks(self, queue: str, after: str | None, limit: int) -> Proto[list[TaskInfo]]:
+        """Up to `limit` of a queue's tasks in pid order, after pid `after`."""
+        out: list[TaskInfo] = []
+        while len(out) < limit:
+            page, after = yield from self._task_page(queue, after, min(1000, limit - len(out)))
+            out += page
+            if not after or not page:
+                break
+        return out
+
+    def iter_tasks(self, queue: str, after: str | None) -> Proto[None]:
+        """Emit every task of a queue in pid order, a page at a time."""
+        while True:
+            page, after = yield from self._task_page(queue, after, 1000)
+            for t in page:
+                yield Emit(t)
+            if not after or not page:
+                return
+
+    def dead_letters(self, queue: str, limit: int) -> Proto[list[TaskInfo]]:
+        dlq = yield from self.dead_letter_queue(queue)
+        try:
+            return (yield from self.tasks(dlq, None, limit))
+        except NotFound:
+            return []
+
+    def delete(self, queue: str) -> Proto[DeleteResponse]:
+        ans = yield from self._call("DELETE", _qpath(queue)[2], idempotent=False)
+        return DeleteResponse.model_validate(ans)
+
+    def reset_leases(self, queue: str) -> Proto[ResetResponse]:
+        ans = yield from self._call("POST", _qpath(queue)[2] + "/reset-leases",
+                                    idempotent=False)
+        return ResetResponse.model_validate(ans)
+
+    def redrive(self, queue: str, max_tasks: int) -> Proto[RedriveResponse]:
+        ans = yield from self._call("POST", _qpath(queue)[2] + "/redrive",
+                                    {"max_tasks": max_tasks}, idempotent=False)
+        return RedriveResponse.model_validate(ans)
+
+    def dead_letter_queue(self, queue: str) -> Proto[str]:
+        """``group#name`` of the queue's dead-letter queue (its policy's, else name.dead)."""
+        group, name, _ = _qpath(queue)
+        pol = yield from self.policy(queue)
+        return f"{group}#{pol.dead_letter_queue or name + '.dead'}"
+
+    def policy(self, target: str) -> Proto[Policy]:
+        """``group#name``: the queue's effective policy; ``group#``: the group default."""
+        return Policy.model_validate((yield from self._call("GET", _policy_path(target))))
+
+    def set_policy(self, target: str, policy: Policy | None) -> Proto[Policy]:
+        if policy is None:
+            ans = yield from self._call("DELETE", _policy_path(target))
+        else:
+            ans = yield from self._call("PUT", _policy_path(target),
+                                        policy.model_dump(exclude_none=True))
+        return Policy.model_validate(ans)
+
+    def schedules(self, group: str) -> Proto[list[ScheduleInfo]]:
+        g = split_queue(f"{group}#x")[0]
+        ans = yield from self._call("GET", f"/v1/groups/{g}/schedules")
+        return [ScheduleInfo.model_validate(s) for s in ans["schedules"]]
+
+    def set_schedule(self, name: str, schedule: Schedule) -> Proto[ScheduleInfo]:
+        """`name` is ``group#schedule``; the schedule's queue is a name in that group."""
+        ans = yield from self._call("PUT", _schedule_path(name),
+                                    schedule.model_dump(exclude_none=True))
+        return ScheduleInfo.model_validate(ans)
+
+    def delete_schedule(self, name: str) -> Proto[None]:
+        yield from self._call("DELETE", _schedule_path(name), idempotent=False)
+
+    def cluster(self) -> Proto[ClusterInfo]:
+        return ClusterInfo.model_validate((yield from self._call("GET", "/v1/cluster")))
+
+    def ready(self) -> Proto[dict[str, Any]]:
+        ans: dict[str, Any] = yield from self._call("GET", "/readyz")
+        return ans
+
+
+def _policy_path(target: str) -> str:
+    if target.endswith("#"):
+        return f"/v1/groups/{split_queue(target + 'x')[0]}/policy"
+    return _qpath(target)[2] + "/policy"
+
+
+
+def _schedule_path(name: str) -> str:
+    group, sname = split_queue(name)
+    return f"/v1/groups/{group}/schedules/{sname}"

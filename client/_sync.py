@@ -1,0 +1,288 @@
+"""``Client``: the blocking client, a thin driver of the protocol core over ``httpx.Client``.
+
+Every verb is one line: build the verb's generator (``_protocol.Core``) and run it. The
+driver below only performs effects (HTTP, sleep, stream reads); ``AsyncClient`` has the
+same driver written with ``await`` and the same one-line verbs (a test checks that the two
+public surfaces match).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import Any, TypeAlias, TypeVar
+
+import httpx
+
+from squall.client import _http
+from squall.client._effects import Call, Close, Emit, Read, Reply, Retry, Sleep
+from squall.client._protocol import Core, default_master
+from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder
+from squall.common.errors import SquallError
+from squall.common.models import (
+    ClusterInfo,
+    ClusterStats,
+    DeleteResponse,
+    EnqueueResult,
+    Policy,
+    QueueCounts,
+    QueueStats,
+    RedriveResponse,
+    ResetResponse,
+    Schedule,
+    ScheduleInfo,
+    TaskInfo,
+    UpdateResponse,
+)
+from squall.common.models import LeasedTask as WireTask
+
+T = TypeVar("T")
+Tasks: TypeAlias = TaskBase | Sequence[TaskBase]
+
+
+def _list(tasks: Tasks) -> list[TaskBase]:
+    return [tasks] if isinstance(tasks, TaskBase) else list(tasks)
+
+
+class _Driver:
+    """Runs protocol generators over an ``httpx.Client``."""
+
+    def __init__(self, http: httpx.Client) -> None:
+        self.http = http
+
+    def run(self, gen: Generator[Any, Any, T]) -> T:
+        out: list[T] = []
+        for _ in self.iterate(gen, out):
+            pass
+        return out[0]
+
+    def iterate(self, gen: Generator[Any, Any, Any], out: list[Any] | None = None
+                ) -> Iterator[Any]:
+        streams: list[httpx.Response] = []
+        try:
+            eff = next(gen)
+            while True:
+                if type(eff) is Emit:
+                    yield eff.value
+                    eff = gen.send(None)
+                    continue
+                try:
+                    val = self._do(eff, streams)
+                except SquallError as e:
+                    eff = gen.throw(e)
+                else:
+                    eff = gen.send(val)
+        except StopIteration as stop:
+            if out is not None:
+                out.append(stop.value)
+        finally:
+            gen.close()
+            for r in streams:
+                r.close()
+
+    def _do(self, eff: Any, streams: list[httpx.Response]) -> Any:
+        t = type(eff)
+        if t is Call:
+            return self._call(eff, streams)
+        if t is Sleep:
+            time.sleep(eff.secs)
+            return None
+        if t is Read:
+            _resp, parts, c = eff.reply.stream
+            try:
+                return next(parts, b"")
+            except httpx.HTTPError as e:
+                raise _http.transport_error(e, c, self.http.base_url) from e
+        if t is Close:
+            eff.reply.stream[0].close()
+            return None
+        raise TypeError(f"unknown effect {eff!r}")  # pragma: no cover
+
+    def _call(self, c: Call, streams: list[httpx.Response]) -> Any:
+        base = self.http.base_url
+        try:
+            if not c.stream:
+                return _http.result(c, self.http.request(**_http.request_args(c)), base)
+            r = self.http.send(self.http.build_request(**_http.request_args(c)), stream=True)
+            streams.append(r)
+            if r.status_code >= 400:
+                r.read()
+                raise _http.status_error(r, c, base)
+            return Reply(r.status_code, dict(r.headers), stream=(r, r.iter_bytes(), c))
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
+            raise _http.transport_error(e, c, base) from e
+
+
+class LeasedTask(TaskBase):
+    """A leased task (see ``TaskBase`` for its fields: queue, pid, token, attempts...)."""
+
+    __slots__ = ()
+
+    def payload(self) -> bytes:
+        """The payload's bytes (b"" without one), checksum-verified, from a live replica."""
+        return bytes(self._client.payload(self))
+
+    def iter_payload(self, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """The payload in chunks, for payloads too large to hold (verified at the end)."""
+        return iter(self._client.iter_payload(self, chunk_bytes))
+
+    def renew(self, lease_secs: float = 60.0) -> UpdateResponse:
+        return self._client.renew(self, lease_secs)  # type: ignore[no-any-return]
+
+    def release(self, *, delay: float | None = None, error: str | None = None
+                ) -> UpdateResponse:
+        return self._client.release(self, delay=delay, error=error)  # type: ignore[no-any-return]
+
+    def done(self) -> UpdateResponse:
+        return self._client.done(self)  # type: ignore[no-any-return]
+
+
+class Transaction(TxBuilder):
+    """``with client.transaction() as tx: tx.dequeue(task); tx.put("g#next", data)`` commits
+    one atomic update when the block ends without an exception."""
+
+    def __init__(self, client: Client, group: str | None) -> None:
+        super().__init__(group)
+        self._client = client
+        self.result: UpdateResponse | None = None
+
+    def commit(self) -> UpdateResponse:
+        self.result = self._client.commit(self)
+        return self.result
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if et is None and self.result is None:
+            self.commit()
+
+
+class Client:
+    """A blocking squall client. ``master`` defaults to ``$SQUALL_MASTER``, else
+    ``http://127.0.0.1:7070``. Thread-safe (one connection pool)."""
+
+    def __init__(self, master: str | None = None, *, transport: httpx.BaseTransport | None = None,
+                 timeout: float = 30.0, blob_timeout: float = 300.0, retries: int = 4,
+                 worker: str | None = None, max_connections: int = 100) -> None:
+        self.master = (master or default_master()).rstrip("/")
+        self.transport = transport
+        self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
+                        "worker": worker, "max_connections": max_connections}
+        limits = httpx.Limits(max_connections=max_connections,
+                              max_keepalive_connections=max_connections)
+        self._core = Core(Retry(attempts=retries), blob_timeout, worker)
+        self._http = httpx.Client(base_url=self.master, transport=transport, timeout=timeout,
+                                  limits=limits)
+        self._run = _Driver(self._http).run
+        self._iter = _Driver(self._http).iterate
+
+    def _task(self, wire: WireTask, group: str) -> LeasedTask:
+        return LeasedTask(self, wire, group)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- tasks ---------------------------------------------------------------------------
+    def put(self, queue: str, payload: Payload = None, *, pid: str | None = None,
+            not_before: float | None = None, delay: float | None = None) -> EnqueueResult:
+        """Enqueue one task (its payload goes to data nodes first)."""
+        return self._run(self._core.put(queue, payload, pid, not_before, delay))
+
+    def put_many(self, queue: str, items: Iterable[Payload | NewTask], *, batch_size: int = 100,
+                 progress: Callable[[list[EnqueueResult]], Any] | None = None) -> int:
+        """Enqueue many tasks, batch by batch; returns how many were new."""
+        return self._run(self._core.put_many(queue, items, batch_size, progress))
+
+    def lease(self, queue: str, max_tasks: int = 1, lease_secs: float | None = None, *,
+              max_pid: str | None = None) -> list[LeasedTask]:
+        return self._run(self._core.lease(queue, max_tasks, lease_secs, max_pid, self._task))
+
+    def renew(self, tasks: Tasks, lease_secs: float = 60.0) -> UpdateResponse:
+        return self._run(self._core.renew(_list(tasks), lease_secs))
+
+    def release(self, tasks: Tasks, *, delay: float | None = None, error: str | None = None
+                ) -> UpdateResponse:
+        return self._run(self._core.release(_list(tasks), delay, error))
+
+    def done(self, tasks: Tasks) -> UpdateResponse:
+        return self._run(self._core.done(_list(tasks)))
+
+    def payload(self, task: TaskBase) -> bytes:
+        return self._run(self._core.payload(task))
+
+    def iter_payload(self, task: TaskBase, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        return self._iter(self._core.iter_payload(task, chunk_bytes))
+
+    def transaction(self, group: str | None = None) -> Transaction:
+        return Transaction(self, group)
+
+    def commit(self, tx: TxBuilder) -> UpdateResponse:
+        return self._run(self._core.commit(tx))
+
+    # -- admin ---------------------------------------------------------------------------
+    def queues(self, regex: str | None = None, *, group: str | None = None, min_tasks: int = 1,
+               limit: int = 1000) -> list[QueueCounts]:
+        return self._run(self._core.queues(regex, group, min_tasks, limit))
+
+    def stats(self, queue: str | None = None) -> QueueStats | ClusterStats:
+        return self._run(self._core.stats(queue))
+
+    def task(self, queue: str, pid: str) -> TaskInfo:
+        return self._run(self._core.task(queue, pid))
+
+    def tasks(self, queue: str, *, after: str | None = None, limit: int = 100
+              ) -> list[TaskInfo]:
+        return self._run(self._core.tasks(queue, after, limit))
+
+    def iter_tasks(self, queue: str, *, after: str | None = None) -> Iterator[TaskInfo]:
+        return self._iter(self._core.iter_tasks(queue, after))
+
+    def delete(self, queue: str) -> DeleteResponse:
+        return self._run(self._core.delete(queue))
+
+    def reset_leases(self, queue: str) -> ResetResponse:
+        return self._run(self._core.reset_leases(queue))
+
+    def redrive(self, queue: str, max_tasks: int = 1000) -> RedriveResponse:
+        return self._run(self._core.redrive(queue, max_tasks))
+
+    def dead_letter_queue(self, queue: str) -> str:
+        """``group#name`` of the queue's dead-letter queue (policy, else ``name.dead``)."""
+        return self._run(self._core.dead_letter_queue(queue))
+
+    def dead_letters(self, queue: str, *, limit: int = 100) -> list[TaskInfo]:
+        return self._run(self._core.dead_letters(queue, limit))
+
+    def policy(self, target: str) -> Policy:
+        return self._run(self._core.policy(target))
+
+    def set_policy(self, target: str, policy: Policy | None = None, **fields: Any) -> Policy:
+        return self._run(self._core.set_policy(target, policy or Policy(**fields)))
+
+    def delete_policy(self, target: str) -> Policy:
+        return self._run(self._core.set_policy(target, None))
+
+    def schedules(self, group: str) -> list[ScheduleInfo]:
+        return self._run(self._core.schedules(group))
+
+    def set_schedule(self, name: str, schedule: Schedule | None = None, **fields: Any
+                     ) -> ScheduleInfo:
+        return self._run(self._core.set_schedule(name, schedule or Schedule(**fields)))
+
+    def delete_schedule(self, name: str) -> None:
+        self._run(self._core.delete_schedule(name))
+
+    def cluster(self) -> ClusterInfo:
+        return self._run(self._core.cluster())
+
+    def ready(self) -> dict[str, Any]:
+        return self._run(self._core.ready())

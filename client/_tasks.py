@@ -1,0 +1,216 @@
+"""Plain data of the client: tasks to enqueue, leased tasks, the transaction builder, payload
+sources and client-made FIFO pids. No I/O here."""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from squall.common.errors import BadRequest
+from squall.common.models import LeasedTask as WireTask
+from squall.common.models import PayloadRef
+from squall.common.names import split_queue
+
+Payload = bytes | bytearray | memoryview | str | Path | IO[bytes] | Iterable[bytes] | None
+SMALL_FILE_BYTES = 1 << 20  # files up to this size are read whole (retries, batch writes)
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass(slots=True)
+class NewTask:
+    """A task to enqueue: in ``put_many`` (queue from the call), as a handler's follow-up
+    (queue required), or with ``Transaction.put``."""
+
+    payload: Payload = None
+    pid: str | None = None
+    queue: str | None = None
+    not_before: float | None = None
+    delay: float | None = None
+
+
+# -- FIFO pids ----------------------------------------------------------------------------
+_fifo_lock = threading.Lock()
+_fifo_last = 0
+
+
+def fifo_pid() -> str:
+    """A time-ordered unique pid for a task enqueued without one: 20 digits of microseconds
+    since the epoch (like the master's own FIFO pids, strictly increasing within this
+    process) and 48 random bits, so a retried enqueue collapses into the first attempt
+    instead of enqueueing twice, and two clients never collide."""
+    global _fifo_last
+    with _fifo_lock:
+        us = max(time.time_ns() // 1000, _fifo_last + 1)
+        _fifo_last = us
+    return f"{us:020d}.{secrets.token_hex(6)}"
+
+
+def is_fifo_pid(pid: str) -> bool:
+    return len(pid) == 33 and pid[20] == "." and pid[:20].isdigit()
+
+
+# -- payload sources ----------------------------------------------------------------------
+@dataclass(slots=True)
+class Stream:
+    """A payload too large to hold: streamed once (no retries), size known or not."""
+
+    parts: Iterable[bytes]
+    size: int | None = None
+
+
+def as_source(payload: Payload) -> bytes | Stream | None:
+    """Normalise a payload: bytes (small, resendable) or a Stream (large)."""
+    if payload is None:
+        return None
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, bytearray | memoryview):
+        return bytes(payload)
+    if isinstance(payload, str):
+        return payload.encode()
+    if isinstance(payload, Path):
+        size = payload.stat().st_size
+        if size <= SMALL_FILE_BYTES:
+            return payload.read_bytes()
+        return Stream(_read_path(payload), size)
+    if hasattr(payload, "read"):
+        f: IO[bytes] = payload  # type: ignore[assignment]
+        left = _remaining(f)
+        if left is not None and left <= SMALL_FILE_BYTES:
+            return f.read()
+        return Stream(_read_file(f), left)
+    if isinstance(payload, Iterable):
+        return Stream(iter(payload))
+    raise BadRequest(f"a payload is bytes, str, a path, a binary file or an iterable of "
+                     f"bytes, not {type(payload).__name__}")
+
+
+def _remaining(f: IO[bytes]) -> int | None:
+    try:
+        return os.fstat(f.fileno()).st_size - f.tell()
+    except (OSError, AttributeError, io.UnsupportedOperation):
+        return None
+
+
+def _read_file(f: IO[bytes]) -> Iterator[bytes]:
+    while part := f.read(CHUNK_BYTES):
+        yield part
+
+
+def _read_path(p: Path) -> Iterator[bytes]:
+    with p.open("rb") as f:
+        yield from _read_file(f)
+
+
+# -- leased tasks -------------------------------------------------------------------------
+class TaskBase:
+    """A leased task's data. ``LeasedTask`` / ``AsyncLeasedTask`` add the verbs."""
+
+    __slots__ = ("_client", "attempts", "enqueued_at", "expires_at", "finished", "group",
+                 "leased_at", "name", "payload_ref", "pid", "token")
+
+    def __init__(self, client: Any, wire: WireTask, group: str) -> None:
+        self._client = client
+        self.group = group
+        self.name = wire.queue
+        self.pid = wire.pid
+        self.token = wire.token
+        self.expires_at = wire.expires_at
+        self.attempts = wire.attempts
+        self.enqueued_at = wire.enqueued_at
+        self.payload_ref: PayloadRef | None = wire.payload
+        self.leased_at = time.monotonic()  # local clock: when to renew
+        self.finished = False  # dequeued or released through this object
+
+    @property
+    def queue(self) -> str:
+        """``group#name``."""
+        return f"{self.group}#{self.name}"
+
+    @property
+    def has_payload(self) -> bool:
+        return self.payload_ref is not None
+
+    @property
+    def size(self) -> int:
+        """Payload size in bytes (0 without a payload)."""
+        return self.payload_ref.size if self.payload_ref else 0
+
+    def ref(self) -> dict[str, Any]:
+        return {"queue": self.name, "pid": self.pid, "token": self.token}
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} {self.queue} pid={self.pid!r} token={self.token} "
+                f"attempts={self.attempts} size={self.size}>")
+
+
+# -- transactions -------------------------------------------------------------------------
+class TxBuilder:
+    """Collects enqueues, dequeues, renewals and releases on queues of one group; they are
+    committed as one atomic update. Queue names are ``group#name`` or bare names (taken to
+    be in the transaction's group)."""
+
+    def __init__(self, group: str | None = None) -> None:
+        self.group = split_queue(f"{group}#x")[0] if group else None
+        self.puts: list[NewTask] = []
+        self.dequeues: list[dict[str, Any]] = []
+        self.renews: list[dict[str, Any]] = []
+        self.releases: list[dict[str, Any]] = []
+        self._tasks: list[TaskBase] = []
+
+    def _in_group(self, group: str, what: str) -> None:
+        if self.group is None:
+            self.group = group
+        elif group != self.group:
+            raise BadRequest(f"{what} is in group {group!r}, but this transaction is on group "
+                             f"{self.group!r}: one update touches one group only")
+
+    def put(self, queue: str, payload: Payload = None, *, pid: str | None = None,
+            not_before: float | None = None, delay: float | None = None) -> TxBuilder:
+        if "#" in queue or self.group is None:
+            group, name = split_queue(queue)
+            self._in_group(group, f"queue {queue}")
+        else:
+            name = split_queue(queue)[1]
+        self.puts.append(NewTask(payload, pid, name, not_before, delay))
+        return self
+
+    def dequeue(self, task: TaskBase) -> TxBuilder:
+        self._in_group(task.group, f"task {task.queue} {task.pid!r}")
+        self.dequeues.append(task.ref())
+        self._tasks.append(task)
+        return self
+
+    done = dequeue
+
+    def renew(self, task: TaskBase, lease_secs: float = 60.0) -> TxBuilder:
+        self._in_group(task.group, f"task {task.queue} {task.pid!r}")
+        self.renews.append({**task.ref(), "lease_secs": lease_secs})
+        return self
+
+    def release(self, task: TaskBase, delay: float | None = None,
+                error: str | None = None) -> TxBuilder:
+        self._in_group(task.group, f"task {task.queue} {task.pid!r}")
+        item: dict[str, Any] = task.ref()
+        if delay is not None:
+            item["delay_secs"] = delay
+        if error is not None:
+            item["error"] = error[:4096]
+        self.releases.append(item)
+        self._tasks.append(task)
+        return self
+
+    @property
+    def empty(self) -> bool:
+        return not (self.puts or self.dequeues or self.renews or self.releases)
+
+    def committed(self) -> None:
+        for t in self._tasks:
+            t.finished = True

@@ -1,0 +1,136 @@
+"""Pieces of the worker runtime (``worker.py``): its counters, the blocking face of the
+async client for sync handlers, the daemon thread pool they run in, and the reading of a
+handler's return value as follow-up tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import queue
+import threading
+import traceback
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from squall.client._tasks import NewTask, TaskBase
+from squall.common.names import split_queue
+
+if TYPE_CHECKING:
+    from squall.client._async import AsyncClient
+
+Handler = Callable[[Any], Any]
+
+
+@dataclass
+class WorkerStats:
+    leased: int = 0
+    done: int = 0  # dequeued after the handler returned
+    failed: int = 0  # handler raised: released with the error
+    lost: int = 0  # lease lost (expired and re-leased, reset): result dropped
+    released: int = 0  # given back unfinished at shutdown
+
+
+class Bridge:
+    """The blocking face of the worker's AsyncClient, for tasks handled in threads."""
+
+    def __init__(self, client: AsyncClient, loop: asyncio.AbstractEventLoop) -> None:
+        self.client, self.loop = client, loop
+
+    def _wait(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def payload(self, task: TaskBase) -> bytes:
+        return bytes(self._wait(self.client.payload(task)))
+
+    def iter_payload(self, task: TaskBase, chunk_bytes: int) -> Iterator[bytes]:
+        agen = self.client.iter_payload(task, chunk_bytes)
+
+        async def nxt() -> bytes | None:
+            return await anext(agen, None)
+
+        try:
+            while (part := self._wait(nxt())) is not None:
+                yield part
+        finally:
+            self._wait(_aclose(agen))
+
+    def renew(self, task: TaskBase, lease_secs: float) -> Any:
+        return self._wait(self.client.renew(task, lease_secs))
+
+    def release(self, task: TaskBase, delay: float | None = None, error: str | None = None
+                ) -> Any:
+        return self._wait(self.client.release(task, delay=delay, error=error))
+
+    def done(self, task: TaskBase) -> Any:
+        return self._wait(self.client.done(task))
+
+
+class DaemonPool(Executor):
+    """A fixed pool of daemon threads for sync handlers: a handler stuck past the grace
+    period (its task already given back) does not keep the process from exiting, as a
+    ThreadPoolExecutor's threads would."""
+
+    def __init__(self, n: int) -> None:
+        self._q: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
+                                   | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"squall-worker-{i}",
+                                          daemon=True) for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        self._q.put((fut, lambda: fn(*args, **kwargs), ()))
+        return fut
+
+    def _work(self) -> None:
+        while (item := self._q.get()) is not None:
+            fut, fn, _ = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:
+                    fut.set_exception(e)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        for _ in self._threads:
+            self._q.put(None)
+
+
+async def _aclose(agen: AsyncIterator[bytes]) -> None:
+    close = getattr(agen, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def is_async(handler: Handler) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None))  # noqa: B004 - callable objects
+
+
+def describe_error(e: BaseException, limit: int = 4000) -> str:
+    text = "".join(traceback.format_exception(e))
+    head = f"{type(e).__name__}: {e}"
+    return (head + "\n" + text[-(limit - len(head) - 1):]) if len(text) > limit else text
+
+
+def followups(task: TaskBase, result: Any) -> list[NewTask]:
+    """A handler's return value as follow-up tasks: None, a NewTask, a (queue, payload)
+    tuple, or a list of those. Queues are in the task's group (atomic with its dequeue)."""
+    if result is None:
+        return []
+    items = [result] if isinstance(result, NewTask | tuple) else list(result)
+    out = []
+    for r in items:
+        if isinstance(r, tuple):
+            r = NewTask(r[1] if len(r) > 1 else None, queue=r[0])
+        if not isinstance(r, NewTask) or not r.queue:
+            raise TypeError("a handler returns None, NewTask(queue=...), (queue, payload) or a "
+                            f"list of those, not {r!r}")
+        if "#" in r.queue and split_queue(r.queue)[0] != task.group:
+            raise ValueError(f"follow-up queue {r.queue} is not in group {task.group!r}: only "
+                             "queues of the task's group can be updated atomically with it")
+        out.append(r)
+    return out

@@ -1,0 +1,400 @@
+"""The worker runtime: lease tasks, run a handler on each with bounded concurrency, keep the
+leases alive, and dequeue or release them.
+
+One implementation, on asyncio: async handlers run on the loop, sync handlers in a thread
+pool of ``concurrency`` threads (their task objects talk to the same client through the
+loop, see :class:`Bridge`). The pieces, each a small coroutine:
+
+- lease loop: up to the free slots, from the queues in priority order (a list) or from
+  every queue matching a regex (rediscovered every ``discover_interval_s``); backs off
+  exponentially while idle;
+- one coroutine per task: run the handler, then hand the outcome to the acker;
+- acker: dequeues finished tasks together with the follow-up tasks their handlers
+  returned, one atomic update per group for everything that finished meanwhile (a batch
+  that fails is retried task by task, so one lost lease never blocks the others);
+- renewer: renews every lease in flight when a third of ``lease_secs`` has passed since
+  its last renewal, so a long task never loses its lease while its worker lives;
+- failures: the task is released with the error; the master applies the queue's retry
+  backoff and moves it to the dead-letter queue after ``max_attempts`` (see policies).
+
+Stopping (SIGTERM / SIGINT, :meth:`Worker.stop`, or a drained queue in ``burst`` mode):
+no new leases; handlers get ``grace_s`` to finish; tasks still running then are released
+(available again at once); a second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from squall.client._tasks import NewTask, TaskBase, TxBuilder
+from squall.client._worker_parts import (
+    Bridge,
+    DaemonPool,
+    Handler,
+    WorkerStats,
+    describe_error,
+    followups,
+    is_async,
+)
+from squall.common.errors import Conflict, LeaseError, NotFound, SquallError
+from squall.common.models import MAX_BATCH
+from squall.common.models import LeasedTask as WireTask
+from squall.common.names import split_queue
+
+if TYPE_CHECKING:
+    from squall.client._async import AsyncClient
+    from squall.client._sync import Client
+
+log = logging.getLogger("squall.worker")
+ACK_BATCH_MAX = 500
+
+
+class Worker:
+    """``Worker(client, ["g#high", "g#low"] or re.compile("g#.*"), handler).run()``."""
+
+    def __init__(self, client: Client | AsyncClient, queues: Sequence[str] | re.Pattern[str],
+                 handler: Handler, *, concurrency: int = 10, lease_secs: float = 60.0,
+                 burst: bool = False, grace_s: float = 30.0, poll_max_s: float = 1.0,
+                 discover_interval_s: float = 5.0, include_dead: bool = False) -> None:
+        if isinstance(queues, str):
+            queues = [queues]
+        if not isinstance(queues, re.Pattern):
+            for q in queues:
+                split_queue(q)
+        self.queues = queues
+        self.handler = handler
+        self.concurrency = max(1, concurrency)
+        self.lease_secs = lease_secs
+        self.burst = burst
+        self.grace_s = grace_s
+        self.poll_max_s = poll_max_s
+        self.discover_interval_s = discover_interval_s
+        self.include_dead = include_dead
+        self.stats = WorkerStats()
+        self._given = client
+        self._client: AsyncClient | None = None
+        self._owns_client = False
+        self._async_handler = is_async(handler)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested = threading.Event()
+        self._wake: asyncio.Event | None = None
+        self._running: dict[int, tuple[TaskBase, asyncio.Task[None]]] = {}
+        self._acks: list[tuple[TaskBase, list[NewTask], asyncio.Future[bool]]] = []
+        self._ack_wake: asyncio.Event | None = None
+        self._lost: set[int] = set()
+        self._discovered: tuple[float, list[str]] = (-1e18, [])
+        self._pool: DaemonPool | None = None
+
+    # -- public --------------------------------------------------------------------------
+    def run(self) -> WorkerStats:
+        """Run until stopped (SIGTERM / SIGINT / :meth:`stop`), or drained in burst mode."""
+        return asyncio.run(self.arun())
+
+    def stop(self) -> None:
+        """Ask the worker to stop gracefully (thread-safe; a second call stops at once)."""
+        first = not self._stop_requested.is_set()
+        self._stop_requested.set()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_stop, first)
+
+    async def arun(self, install_signals: bool = True) -> WorkerStats:
+        from squall.client._async import AsyncClient
+
+        self._loop = asyncio.get_running_loop()
+        self._stop_requested.clear()  # a worker can run again after a stop
+        self._wake, self._ack_wake = asyncio.Event(), asyncio.Event()
+        if isinstance(self._given, AsyncClient):
+            self._client = self._given
+        else:
+            self._client, self._owns_client = self._twin(self._given), True
+        if not self._async_handler:
+            self._pool = DaemonPool(self.concurrency)
+        signals = self._install_signals() if install_signals else []
+        helpers = [asyncio.create_task(self._ack_loop(), name="squall-acker"),
+                   asyncio.create_task(self._renew_loop(), name="squall-renewer")]
+        try:
+            await self._lease_loop()
+            await self._drain()
+        finally:
+            for h in helpers:
+                h.cancel()
+            for h in helpers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await h
+            for s in signals:
+                self._loop.remove_signal_handler(s)
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            if self._owns_client:
+                await self._client.close()
+        return self.stats
+
+    # -- setup ---------------------------------------------------------------------------
+    @staticmethod
+    def _twin(c: Client) -> AsyncClient:
+        from squall.client._async import AsyncClient
+
+        t = c.transport if hasattr(c.transport, "handle_async_request") else None
+        return AsyncClient(c.master, transport=t, **c.options)  # type: ignore[arg-type]
+
+    def _install_signals(self) -> list[int]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        assert self._loop is not None
+        out: list[int] = []
+        for s in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                self._loop.add_signal_handler(s, self.stop)
+                out.append(s)
+        return out
+
+    def _on_stop(self, first: bool) -> None:
+        assert self._wake is not None
+        self._wake.set()
+        if not first:
+            log.warning("second stop request: cancelling %d running task(s)", len(self._running))
+            self.grace_s = 0
+            for _, fut in self._running.values():
+                fut.cancel()
+
+    def _make(self, wire: WireTask, group: str) -> TaskBase:
+        from squall.client._async import AsyncLeasedTask
+        from squall.client._sync import LeasedTask
+
+        assert self._client is not None and self._loop is not None
+        if self._async_handler:
+            return AsyncLeasedTask(self._client, wire, group)
+        return LeasedTask(Bridge(self._client, self._loop), wire, group)
+
+    # -- leasing -------------------------------------------------------------------------
+    async def _queue_names(self, refresh: bool = False) -> list[str]:
+        if not isinstance(self.queues, re.Pattern):
+            return list(self.queues)
+        at, names = self._discovered
+        if refresh or time.monotonic() - at >= self.discover_interval_s:
+            assert self._client is not None
+            found = await self._client.queues(self.queues.pattern, limit=10_000)
+            names = [f"{q.group}#{q.queue}" for q in found
+                     if self.include_dead or not q.queue.endswith(".dead")]
+            self._discovered = (time.monotonic(), names)
+        return names
+
+    async def _lease_round(self) -> int:
+        assert self._client is not None
+        got = 0
+        for q in await self._queue_names():
+            free = self.concurrency - len(self._running)
+            if free <= 0 or self._stop_requested.is_set():
+                break
+            tasks = await self._client._run(self._client._core.lease(
+                q, min(free, MAX_BATCH), self.lease_secs, None, self._make))
+            for t in tasks:
+                fut = asyncio.create_task(self._handle(t), name=f"squall-task-{t.pid}")
+                self._running[id(t)] = (t, fut)
+            got += len(tasks)
+        self.stats.leased += got
+        return got
+
+    async def _lease_loop(self) -> None:
+        assert self._wake is not None
+        idle = 0
+        while not self._stop_requested.is_set():
+            self._wake.clear()
+            if len(self._running) < self.concurrency:
+                try:
+                    got = await self._lease_round()
+                except SquallError as e:
+                    log.warning("leasing failed: %s", e)
+                    got = 0
+                    idle = max(idle, 3)
+                if got:
+                    idle = 0
+                    continue
+                if self.burst and not self._running and await self._drained():
+                    return
+                idle += 1
+            delay = min(self.poll_max_s, 0.005 * 2 ** min(idle, 20))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _drained(self) -> bool:
+        """Burst mode's end: none of the queues holds a task (available, leased or delayed)."""
+        assert self._client is not None
+        try:
+            names = await self._queue_names(refresh=True)
+            if isinstance(self.queues, re.Pattern):
+                return not names
+            for q in names:
+                try:
+                    if (await self._client.stats(q)).total:
+                        return False
+                except NotFound:
+                    continue
+        except SquallError as e:
+            log.warning("checking for remaining tasks failed: %s", e)
+            return False
+        return True
+
+    # -- one task ------------------------------------------------------------------------
+    async def _handle(self, task: TaskBase) -> None:
+        assert self._loop is not None
+        try:
+            if self._async_handler:
+                result = await self.handler(task)
+            else:
+                result = await self._loop.run_in_executor(self._pool, self.handler, task)
+            if task.finished or id(task) in self._lost:
+                return  # the handler dequeued or released it itself, or the lease is gone
+            fut: asyncio.Future[bool] = self._loop.create_future()
+            self._acks.append((task, followups(task, result), fut))
+            assert self._ack_wake is not None
+            self._ack_wake.set()
+            if await fut:
+                self.stats.done += 1
+            else:
+                self.stats.lost += 1
+        except asyncio.CancelledError:
+            await self._give_back(task)
+        except Exception as e:
+            self.stats.failed += 1
+            log.info("task %s %r failed: %s: %s", task.queue, task.pid, type(e).__name__, e)
+            if not task.finished and id(task) not in self._lost:
+                try:
+                    await self._client_release(task, error=describe_error(e))
+                except SquallError as err:
+                    log.warning("releasing %s %r failed: %s", task.queue, task.pid, err)
+        finally:
+            self._running.pop(id(task), None)
+            self._lost.discard(id(task))
+            assert self._wake is not None
+            self._wake.set()
+
+    async def _client_release(self, task: TaskBase, error: str | None = None) -> None:
+        assert self._client is not None
+        await self._client._run(self._client._core.release([task], None, error))
+
+    async def _give_back(self, task: TaskBase) -> None:
+        if task.finished or id(task) in self._lost:
+            return
+        try:
+            await self._client_release(task)
+            self.stats.released += 1
+        except SquallError as e:
+            log.warning("giving back %s %r failed (its lease will expire): %s", task.queue,
+                        task.pid, e)
+
+    # -- acker ---------------------------------------------------------------------------
+    async def _ack_loop(self) -> None:
+        assert self._ack_wake is not None
+        while True:
+            await self._ack_wake.wait()
+            self._ack_wake.clear()
+            while self._acks:
+                batch, n = [], 0
+                while self._acks and n < ACK_BATCH_MAX:
+                    batch.append(self._acks.pop(0))
+                    n += 1 + len(batch[-1][1])
+                await self._ack(batch)
+
+    async def _ack(self, batch: list[tuple[TaskBase, list[NewTask], asyncio.Future[bool]]]
+                   ) -> None:
+        assert self._client is not None
+        groups: dict[str, list[tuple[TaskBase, list[NewTask], asyncio.Future[bool]]]] = {}
+        for item in batch:
+            groups.setdefault(item[0].group, []).append(item)
+        for group, items in groups.items():
+            tx = TxBuilder(group)
+            for task, fus, _ in items:
+                tx.dequeue(task)
+                for f in fus:
+                    tx.put(f.queue or "", f.payload, pid=f.pid, not_before=f.not_before,
+                           delay=f.delay)
+            try:
+                await self._client._run(self._client._core.commit(tx))
+                outcome: list[bool | BaseException] = [True] * len(items)
+            except SquallError as e:
+                if len(items) > 1:  # find the culprit: one task at a time
+                    await self._ack(items[:len(items) // 2])
+                    await self._ack(items[len(items) // 2:])
+                    continue
+                outcome = [self._ack_failed(items[0][0], e)]
+            for (_, _, fut), ok in zip(items, outcome, strict=True):
+                if not fut.done():
+                    if isinstance(ok, BaseException):
+                        fut.set_exception(ok)
+                    else:
+                        fut.set_result(ok)
+
+    @staticmethod
+    def _ack_failed(task: TaskBase, e: SquallError) -> bool | BaseException:
+        if isinstance(e, NotFound):
+            return True  # already gone: our earlier, ambiguous attempt (or another worker)
+        if isinstance(e, LeaseError):
+            log.warning("task %s %r: lease lost before its result was saved (%s); another "
+                        "worker will run it again", task.queue, task.pid, e)
+            return False
+        return e
+
+    # -- renewer -------------------------------------------------------------------------
+    async def _renew_loop(self) -> None:
+        period = max(0.05, self.lease_secs / 6)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            due = [t for t, _ in self._running.values()
+                   if not t.finished and id(t) not in self._lost
+                   and now - t.leased_at >= self.lease_secs / 3]
+            if due:
+                await self._renew(due, now)
+
+    async def _renew(self, tasks: list[TaskBase], now: float) -> None:
+        assert self._client is not None
+        try:
+            await self._client._run(self._client._core.renew(tasks, self.lease_secs))
+        except SquallError as e:
+            if len(tasks) > 1:
+                for t in tasks:
+                    await self._renew([t], now)
+                return
+            t = tasks[0]
+            if isinstance(e, NotFound | Conflict):
+                if not t.finished:
+                    log.warning("task %s %r: lease lost (%s)", t.queue, t.pid, e)
+                    self._lost.add(id(t))
+            else:
+                log.warning("renewing %s %r failed, will retry: %s", t.queue, t.pid, e)
+            return
+        for t in tasks:
+            t.leased_at = now
+
+    # -- shutdown ------------------------------------------------------------------------
+    async def _drain(self) -> None:
+        """Let running handlers finish for `grace_s`, then give their tasks back."""
+        if self._running:
+            log.info("stopping: waiting up to %.0fs for %d running task(s)", self.grace_s,
+                     len(self._running))
+            futs = [f for _, f in self._running.values()]
+            _, pending = await asyncio.wait(futs, timeout=self.grace_s)
+            for task, fut in list(self._running.values()):
+                if fut in pending:
+                    if self._async_handler:
+                        fut.cancel()
+                    else:
+                        await self._give_back(task)
+                        self._lost.add(id(task))
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*(f for f in pending if self._async_handler),
+                                     return_exceptions=True)
+        for _ in range(3000):  # bounded: the acker drains what finished meanwhile
+            if not self._acks:
+                break
+            await asyncio.sleep(0.01)

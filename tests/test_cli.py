@@ -1,0 +1,106 @@
+"""The `squall` user verbs through typer's CliRunner against a real master process, and the
+one-line messages for a master that is not running, a wrong URL and a bad queue name."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from starlette.responses import Response
+from typer.testing import CliRunner
+
+from squall.client import Client
+from squall.client.cli import app
+from tests.helpers import MasterProcess, free_port, running_app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    m = MasterProcess(str(tmp_path_factory.mktemp("cli") / "master")).start()
+    try:
+        yield m.url
+    finally:
+        m.stop()
+
+
+def sq(master: str, *args: str, input: str | None = None, code: int = 0) -> str:
+    r = runner.invoke(app, [*args, "--master", master], input=input)
+    assert r.exit_code == code, (r.output, r.exception)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r.output
+
+
+def test_put_lease_task(master: str) -> None:
+    # "!" sorts before the digits of FIFO pids: this task is served first
+    assert sq(master, "put", "cli#a", "--count", "1", "--pid", "!first").strip() == \
+        "cli#a !first"
+    assert "collapsed" in sq(master, "put", "cli#a", "--count", "1", "--pid", "!first")
+    assert "enqueued 250 task(s) into cli#a" in sq(master, "put", "cli#a", "--count", "250",
+                                                   "--batch", "60")
+    rows = json.loads(sq(master, "lease", "cli#a", "-n", "2", "--lease-secs", "30", "--json"))
+    assert [r["attempts"] for r in rows] == [1, 1] and rows[0]["queue"] == "cli#a"
+    assert rows[0]["pid"] == "!first"
+    out = sq(master, "task", "cli#a", rows[0]["pid"])
+    assert "leased" in out and "attempts" in out
+    info = json.loads(sq(master, "task", "cli#a", rows[0]["pid"], "--json"))
+    assert info["state"] == "leased"
+    assert "reset 2 lease(s)" in sq(master, "reset-leases", "cli#a")
+    popped = sq(master, "lease", "cli#a", "-n", "3", "--done")
+    assert popped.count("dequeued") == 3
+    assert "not in cli#a" in sq(master, "task", "cli#a", "!first", code=1)
+    assert "no task available" in sq(master, "lease", "cli#empty")
+
+
+def test_queues_stats_delete(master: str) -> None:
+    sq(master, "put", "lst#x", "--count", "3")
+    sq(master, "put", "lst#y", "--count", "1")
+    out = sq(master, "queues", "lst#")
+    assert "lst#x" in out and "lst#y" in out
+    rows = json.loads(sq(master, "queues", "--group", "lst", "--json"))
+    assert [(r["queue"], r["total"]) for r in rows] == [("x", 3), ("y", 1)]
+    assert "no queues match" in sq(master, "queues", "nothing-like-this")
+    assert "available" in sq(master, "stats", "lst#x")
+    assert json.loads(sq(master, "stats", "lst#x", "--json"))["total"] == 3
+    assert "busiest queues" in sq(master, "stats")
+    assert "lst#x" in sq(master, "stats", "--watch", "--interval", "0.1", "--times", "1")
+    assert "deleted lst#y (1 task(s))" in sq(master, "delete", "lst#y", "--yes")
+    assert "deleted" not in sq(master, "delete", "lst#x", input="n\n", code=1)
+
+
+def test_dead_letters_and_redrive(master: str) -> None:
+    with Client(master) as c:
+        c.set_policy("dl#q", max_attempts=1)
+        c.put("dl#q", pid="doomed")
+        [t] = c.lease("dl#q")
+        t.release(error="ValueError: bad input\nmore lines")
+    out = sq(master, "dead-letters", "dl#q")
+    assert "doomed" in out and "ValueError" in out and "more lines" not in out
+    assert "moved 1 task(s) from dl#q.dead back into dl#q" in sq(master, "redrive", "dl#q")
+    assert "no dead letters in dl#q.dead" in sq(master, "dead-letters", "dl#q")
+
+
+def test_nodes_without_data_nodes(master: str) -> None:
+    out = sq(master, "nodes")
+    assert "replication factor" in out
+    assert json.loads(sq(master, "nodes", "--json"))["nodes"] == []
+
+
+def test_clear_messages_for_user_errors(master: str) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"
+    r = runner.invoke(app, ["queues", "--master", nobody])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit)
+    assert "cannot reach a squall master at " + nobody in r.output
+    assert "squall dev" in r.output and "Traceback" not in r.output
+    with running_app(Response("<h1>hello</h1>", status_code=404, media_type="text/html")
+                     ) as url:
+        r = runner.invoke(app, ["stats", "--master", url])
+    assert r.exit_code == 1 and "does not look like a squall master" in r.output
+    r = runner.invoke(app, ["put", "no spaces#allowed", "--master", master])
+    assert r.exit_code == 2 and "invalid group name" in r.output
+    r = runner.invoke(app, ["lease", "g#bad/name", "--master", master])
+    assert r.exit_code == 2 and "invalid queue name" in r.output
+    r = runner.invoke(app, ["put", "q", "--count", "1", "--master", "localhost:7070"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
