@@ -44,6 +44,18 @@ def describe_validation(errors: list[Any]) -> str:
     return "; ".join(parts) + more
 
 
+def validation_error(errors: list[Any], refine: ValidationRefiner | None = None
+                     ) -> StatusError:
+    """The error to answer for pydantic validation `errors` (locations start with "body"
+    or "path" as in FastAPI's)."""
+    details = [{"loc": [str(x) for x in e.get("loc", ())], "msg": e.get("msg")}
+               for e in errors[:20]]
+    special = refine(errors, details) if refine else None
+    if special is not None:
+        return special
+    return BadRequest(f"invalid request: {describe_validation(errors)}", details)
+
+
 def install_error_handlers(app: FastAPI, refine: ValidationRefiner | None = None) -> None:
     """Map StatusError, validation errors and Starlette's HTTP errors to JSON error bodies.
     `refine` may turn a set of validation errors into a more specific StatusError."""
@@ -54,14 +66,7 @@ def install_error_handlers(app: FastAPI, refine: ValidationRefiner | None = None
 
     async def on_validation(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        errors = list(exc.errors())
-        details = [{"loc": [str(x) for x in e.get("loc", ())], "msg": e.get("msg")}
-                   for e in errors[:20]]
-        special = refine(errors, details) if refine else None
-        if special is not None:
-            return error_response(special)
-        return error_response(BadRequest(f"invalid request: {describe_validation(errors)}",
-                                         details))
+        return error_response(validation_error(list(exc.errors()), refine))
 
     async def on_http(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)

@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from squall.master.service import Master
 
 
-def _master(request: Request) -> Master:
+async def _master(request: Request) -> Master:  # async: a plain def runs in a thread pool
     m: Master = request.app.state.master
     return m
 

@@ -84,8 +84,9 @@ class View:
         self.auto_pid = engine.index.auto_pid
 
     def queue(self, name: str, create: bool = False) -> QueueRec | None:
-        check_name("queue", name)
-        q = self.e.index.queues.get((self.group, name)) or self.new_queues.get(name)
+        q = self.new_queues.get(name) or self.e.index.queues.get((self.group, name))
+        if q is None:
+            check_name("queue", name)  # known queues' names were checked when created
         if q is None and create:
             qid = self.e.index.next_qid + len(self.new_queues)
             q = QueueRec(self.group, name, qid)

@@ -9,7 +9,13 @@ from typing import Any
 from fastapi import FastAPI
 
 from squall.common.errors import PayloadTooLarge, StatusError
-from squall.common.http import JSON, BodyLimit, describe_validation, error_response
+from squall.common.http import (
+    JSON,
+    BodyLimit,
+    describe_validation,
+    error_response,
+    validation_error,
+)
 from squall.common.http import install_error_handlers as _install_error_handlers
 from squall.common.models import ErrorResponse
 from squall.common.names import PID_MAX_BYTES
@@ -44,3 +50,8 @@ def _refine(errors: list[Any], details: list[dict[str, Any]]) -> StatusError | N
 
 def install_error_handlers(app: FastAPI) -> None:
     _install_error_handlers(app, _refine)
+
+
+def invalid(errors: list[Any]) -> StatusError:
+    """What the master answers for these validation errors."""
+    return validation_error(errors, _refine)

@@ -52,6 +52,30 @@ def reset_leases(index: Index, txn: lmdb.Transaction, q: QueueRec) -> int:
 def apply(index: Index, txn: lmdb.Transaction, ops: Sequence[Op], ticket: int) -> None:
     """Apply `ops` in `txn` and record `ticket` as applied."""
     touched: dict[int, QueueRec] = {}
+    _apply(index, txn, ops, touched)
+    _finish(index, txn, touched, ticket)
+
+
+def replay(index: Index, txn: lmdb.Transaction, records: Sequence[tuple[int, Sequence[Op]]]
+           ) -> None:
+    """Apply many records in one txn, saving queue records and meta once at the end."""
+    touched: dict[int, QueueRec] = {}
+    for _, ops in records:
+        _apply(index, txn, ops, touched)
+    if records:
+        _finish(index, txn, touched, records[-1][0])
+
+
+def _finish(index: Index, txn: lmdb.Transaction, touched: dict[int, QueueRec],
+            ticket: int) -> None:
+    for q in touched.values():
+        index.save_queue(txn, q)
+    index.applied = max(index.applied, ticket)
+    index.save_meta(txn)
+
+
+def _apply(index: Index, txn: lmdb.Transaction, ops: Sequence[Op],
+           touched: dict[int, QueueRec]) -> None:
     for op in ops:
         kind = op[0]
         if kind == "P" or kind == "D" or kind == "R":
@@ -82,7 +106,3 @@ def apply(index: Index, txn: lmdb.Transaction, ops: Sequence[Op], ticket: int) -
             index.set_conf(txn, op[1].encode(), op[2], op[3], op[4])
         else:
             raise ValueError(f"unknown op {kind!r}")
-    for q in touched.values():
-        index.save_queue(txn, q)
-    index.applied = max(index.applied, ticket)
-    index.save_meta(txn)

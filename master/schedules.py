@@ -15,15 +15,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from croniter import croniter
-
 from squall.common.errors import BadRequest
 
 MAX_SLOTS_PER_TICK = 1000
 
 
+def _croniter() -> Any:
+    from croniter import croniter  # imported when first needed: it is slow to import
+
+    return croniter
+
+
 def check_cron(expr: str) -> None:
-    if not croniter.is_valid(expr):
+    if not _croniter().is_valid(expr):
         raise BadRequest(f"invalid cron expression {expr!r}: use five fields, "
                          "e.g. '*/5 * * * *' (minute hour day month weekday, UTC)")
 
@@ -38,7 +42,7 @@ def slot_at_or_before(s: dict[str, Any], now_ms: int) -> int:
     if s.get("interval_secs"):
         step = int(s["interval_secs"] * 1000)
         return now_ms - now_ms % step
-    it = croniter(s["cron"], datetime.fromtimestamp(now_ms / 1000 + 0.001, UTC))
+    it = _croniter()(s["cron"], datetime.fromtimestamp(now_ms / 1000 + 0.001, UTC))
     return int(it.get_prev(float) * 1000)
 
 
@@ -47,7 +51,7 @@ def next_slot(s: dict[str, Any], after_ms: int) -> int:
     if s.get("interval_secs"):
         step = int(s["interval_secs"] * 1000)
         return after_ms - after_ms % step + step
-    it = croniter(s["cron"], datetime.fromtimestamp(after_ms / 1000, UTC))
+    it = _croniter()(s["cron"], datetime.fromtimestamp(after_ms / 1000, UTC))
     return int(it.get_next(float) * 1000)
 
 

@@ -36,13 +36,13 @@ import msgpack
 from squall.common.clock import Clock, SystemClock
 from squall.common.errors import StatusError, Unavailable
 from squall.common.models import LeaseRequest, Policy, Schedule, TaskSpec, UpdateRequest
-from squall.common.names import check_name
+from squall.common.names import check_name, check_pid
 from squall.common.tokens import load_cluster_key
 from squall.master import admin
 from squall.master.cluster import Cluster, ClusterSettings
 from squall.master.engine import Engine, Plan
 from squall.master.index import LEASED, Index, QueueRec
-from squall.master.ops import apply
+from squall.master.ops import apply, replay
 from squall.master.placement import Placement
 from squall.master.stats import Meters
 from squall.master.wal import WAL, Tail, read_records
@@ -106,8 +106,8 @@ class Master:
     def _replay(self, records: list[tuple[int, bytes]]) -> int:
         for i in range(0, len(records), REPLAY_TXN_RECORDS):
             with self.index.begin_write() as txn:
-                for ticket, body in records[i : i + REPLAY_TXN_RECORDS]:
-                    apply(self.index, txn, msgpack.unpackb(body), ticket)
+                replay(self.index, txn, [(t, msgpack.unpackb(body))
+                                         for t, body in records[i : i + REPLAY_TXN_RECORDS]])
         return len(records)
 
     # -- commit path ---------------------------------------------------------------------
@@ -157,8 +157,12 @@ class Master:
         return await self._execute(lambda txn: self.engine.plan_enqueue(txn, group, queue, tasks))
 
     async def lease(self, group: str, queue: str, req: LeaseRequest, addr: str) -> dict[str, Any]:
-        # expired leases first, in their own txn: the sweep changes in-memory queue counters,
-        # so a plan that then fails (a 4xx) must not abort it
+        # a bad request changes nothing, not even the sweep; expired leases are swept in
+        # their own txn, so a plan that then fails cannot abort it under changed counters
+        check_name("group", group)
+        check_name("queue", queue)
+        if req.max_pid is not None:
+            check_pid(req.max_pid)
         self.sweep_once()
         res = await self._execute(
             lambda txn: self.engine.plan_lease(txn, group, queue, req, addr))
