@@ -1,0 +1,528 @@
+"""Model-based test of the master: a Hypothesis state machine drives a real `Master`
+(ManualClock, private event loop) and a small in-memory model side by side.
+
+After every step the master must agree with the model: per-queue counters, the ready
+index in pid order, every task record (state, token, live flag, attempts, due time),
+`task_info`, and the global token / FIFO-pid high-water marks. Crash rules stop the master
+the way kill -9 would (no sync, no close) and reopen it from the same directory; the
+"power loss" variant also rolls the LMDB index back to the copy taken at the last
+checkpoint, so recovery has to replay the WAL onto an older index. Either way the
+recovered state must equal the acknowledged state exactly.
+
+Model semantics (DESIGN.md §1, engine.py): tokens come from one global sequence; attempts
+counts leases; an expired lease keeps its token valid until someone else leases the task;
+release gives the token up; FIFO pids sort after every earlier FIFO pid; an update applies
+dequeue, renew, release, enqueue in that order, all or nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from squall.common.clock import ManualClock
+from squall.common.errors import (
+    BadRequest,
+    LeaseLost,
+    NotFound,
+    PayloadTooLarge,
+    StatusError,
+)
+from squall.common.models import (
+    EnqueueItem,
+    LeaseRequest,
+    ReleaseItem,
+    RenewItem,
+    TaskRef,
+    TaskSpec,
+    UpdateRequest,
+)
+from squall.common.names import PID_MAX_BYTES
+from squall.master.engine import AUTO_PID_DIGITS, ms
+from squall.master.index import AVAILABLE, DELAYED, LEASED, STATE_NAMES, Task, pidkey
+from squall.master.service import Master, MasterSettings
+from tests.crashkit import dump_index, kill9, restore_index, snapshot_index
+
+G = "g"
+QUEUES = ("a", "b")
+LONG1 = "x" * 460 + "1"  # > 448 bytes: stored under a cut + hashed key
+LONG2 = "x" * 460 + "2"
+PIDS = ("a", "ab", "b", "c0", "é", LONG1, LONG2)
+FORGED = 10**9  # added to a token to make one that was never issued
+
+queue_st = st.sampled_from(QUEUES)
+pid_st = st.sampled_from([None, None, *PIDS])  # None: FIFO
+timing_st = st.sampled_from([
+    None, None, None, ("delay", 0.0), ("delay", 0.0004), ("delay", 1.5), ("delay", 10.0),
+    ("nb", -5.0), ("nb", 0.0), ("nb", 20.0), ("both", 5.0),
+])
+lease_secs_st = st.sampled_from([1.0, 10.0, 60.0])
+release_delay_st = st.sampled_from([None, None, 0.0, 0.0004, 2.0, 30.0])
+error_st = st.sampled_from([None, None, "boom"])
+handle_st = st.integers(0, 10**6)
+
+
+def wire_ms(secs: float) -> int:
+    """A wire time (float seconds) back to the integer ms it was made from."""
+    return round(secs * 1000)
+
+
+def key(pid: str) -> bytes:
+    return pidkey(pid.encode())
+
+
+# -- the model ------------------------------------------------------------------------------
+@dataclass
+class MTask:
+    pid: str
+    state: int  # raw state, as stored: LEASED / DELAYED stay so until a sweep runs
+    due: int = 0  # expiry (LEASED) or not_before (DELAYED), ms
+    token: int = 0
+    live: bool = False
+    attempts: int = 0
+    enqueued_ms: int = 0
+    worker: str = ""
+    error: str = ""
+
+
+@dataclass
+class MQueue:
+    tasks: dict[str, MTask] = field(default_factory=dict)
+    completed: int = 0
+    enqueued_total: int = 0
+
+    def counts(self) -> tuple[int, int, int]:
+        states = [t.state for t in self.tasks.values()]
+        return states.count(AVAILABLE), states.count(LEASED), states.count(DELAYED)
+
+
+@dataclass
+class Model:
+    queues: dict[str, MQueue] = field(default_factory=dict)
+    lease_seq: int = 0
+    auto_pid: int = 0
+
+    def sweep(self, now: int) -> None:
+        for q in self.queues.values():
+            for t in q.tasks.values():
+                if t.state != AVAILABLE and t.due <= now:
+                    if t.state == LEASED:
+                        t.error = "lease expired"
+                    t.state, t.due = AVAILABLE, 0
+
+    def held(self, queue: str, pid: str, token: int) -> tuple[MQueue, MTask]:
+        q = self.queues.get(queue)
+        t = q.tasks.get(pid) if q is not None else None
+        if q is None or t is None:
+            raise NotFound("gone")
+        if t.token != token or not t.live:
+            raise LeaseLost("stale")
+        return q, t
+
+    def dequeue(self, queue: str, pid: str, token: int) -> None:
+        q, _ = self.held(queue, pid, token)
+        del q.tasks[pid]
+        q.completed += 1
+
+    def renew(self, queue: str, pid: str, token: int, lease_secs: float, now: int) -> int:
+        _, t = self.held(queue, pid, token)
+        t.state, t.due = LEASED, now + ms(lease_secs)
+        return t.due
+
+    def release(self, queue: str, pid: str, token: int, delay: float | None,
+                error: str | None, now: int) -> None:
+        _, t = self.held(queue, pid, token)
+        t.live = False
+        if error is not None:  # no retry policy here: no backoff, no dead letters
+            t.error = error
+        if delay is not None and ms(delay) > 0:
+            t.state, t.due = DELAYED, now + ms(delay)
+        else:
+            t.state, t.due = AVAILABLE, 0
+
+    def enqueue(self, queue: str, spec: TaskSpec, now: int) -> tuple[str, bool]:
+        q = self.queues.setdefault(queue, MQueue())
+        if spec.pid is None:
+            self.auto_pid = max(now * 1000, self.auto_pid + 1)
+            pid = f"{self.auto_pid:0{AUTO_PID_DIGITS}d}"
+        else:
+            pid = spec.pid
+        if len(pid.encode()) > PID_MAX_BYTES:
+            raise PayloadTooLarge("pid too long")
+        if "\x00" in pid:
+            raise BadRequest("NUL in pid")
+        if spec.not_before is not None and spec.delay_secs is not None:
+            raise BadRequest("both")  # even when the pid would collapse
+        if pid in q.tasks:
+            return pid, True
+        nb = ms(spec.not_before) if spec.not_before is not None else now + ms(spec.delay_secs or 0)
+        delayed = nb > now
+        q.tasks[pid] = MTask(pid, DELAYED if delayed else AVAILABLE, nb if delayed else 0,
+                             enqueued_ms=now)
+        q.enqueued_total += 1
+        return pid, False
+
+    def update(self, req: UpdateRequest, now: int) -> dict[str, Any]:
+        for d in req.dequeue:
+            self.dequeue(d.queue, d.pid, d.token)
+        renewed = [(r.queue, r.pid, self.renew(r.queue, r.pid, r.token, r.lease_secs, now))
+                   for r in req.renew]
+        for r in req.release:
+            self.release(r.queue, r.pid, r.token, r.delay_secs, r.error, now)
+        enqueued = [(e.queue, *self.enqueue(e.queue, e, now)) for e in req.enqueue]
+        return {"enqueued": enqueued, "renewed": renewed, "dequeued": len(req.dequeue),
+                "released": len(req.release)}
+
+    def lease(self, queue: str, req: LeaseRequest, now: int) -> list[tuple[str, int, int, int]]:
+        if req.max_pid is not None and "\x00" in req.max_pid:
+            raise BadRequest("NUL in max_pid")
+        self.sweep(now)
+        q = self.queues.get(queue)
+        if q is None:
+            return []
+        ready = sorted((t for t in q.tasks.values() if t.state == AVAILABLE),
+                       key=lambda t: key(t.pid))
+        if req.max_pid is not None:
+            ready = [t for t in ready if key(t.pid) <= key(req.max_pid)]
+        out = []
+        for t in ready[: req.max_tasks]:
+            self.lease_seq += 1
+            t.state, t.token, t.live = LEASED, self.lease_seq, True
+            t.due, t.attempts, t.worker = now + ms(req.lease_secs), t.attempts + 1, req.worker
+            out.append((t.pid, t.token, t.attempts, t.due))
+        return out
+
+
+# -- the machine ----------------------------------------------------------------------------
+class MasterMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = tempfile.mkdtemp(prefix="squall-model-")
+        # small segments, so checkpoints really drop WAL files
+        self.settings = MasterSettings(data_dir=os.path.join(self.tmp, "data"),
+                                       segment_bytes=1024)
+        self.snapshot: str | None = None  # data.mdb as of the last checkpoint
+        self.clock = ManualClock()
+        self.loop = asyncio.new_event_loop()
+        self.m = Master(self.settings, self.clock)
+        self.model = Model()
+        self.handles: list[tuple[str, str, int]] = []  # every lease ever granted
+        self.auto_pids: list[str] = []
+
+    def teardown(self) -> None:
+        try:
+            if not self.m.wal._closed:  # else a crash rule failed half-way: just clean up
+                self.m.close()
+        finally:
+            self.loop.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def now(self) -> int:
+        return ms(self.clock.now())
+
+    def both(self, model_step: Callable[[Model], Any],
+             master_step: Callable[[], Coroutine[Any, Any, dict[str, Any]]]
+             ) -> tuple[Any, dict[str, Any] | None, bool]:
+        """Run one request on a copy of the model and on the master. The model's error
+        (or success) is what the master must do; the copy replaces the model on success."""
+        trial = copy.deepcopy(self.model)
+        try:
+            expected = model_step(trial)
+        except StatusError as e:
+            event(f"rejected: {type(e).__name__}")
+            try:
+                got = self.loop.run_until_complete(master_step())
+            except StatusError as e2:
+                assert type(e2) is type(e), f"expected {type(e).__name__}, got {e2!r}"
+                assert e2.status == e.status and e2.message
+                return None, None, False
+            raise AssertionError(
+                f"expected {type(e).__name__}, master answered {got}") from None
+        got = self.loop.run_until_complete(master_step())
+        changed = trial != self.model
+        event("accepted, changed" if changed else "accepted, no change")
+        self.model = trial
+        return expected, got, changed
+
+    def handle(self, i: int, forge: bool = False) -> tuple[str, str, int]:
+        queue, pid, token = self.handles[i % len(self.handles)]
+        return queue, pid, token + FORGED if forge else token
+
+    def spec(self, pid: str | None, timing: tuple[str, float] | None) -> dict[str, Any]:
+        if timing is None:
+            return {"pid": pid}
+        kind, v = timing
+        if kind == "delay":
+            return {"pid": pid, "delay_secs": v}
+        if kind == "nb":
+            return {"pid": pid, "not_before": self.clock.now() + v}
+        return {"pid": pid, "delay_secs": v, "not_before": self.clock.now() + v}
+
+    def note_enqueued(self, enqueued: list[dict[str, Any]]) -> None:
+        for e in enqueued:
+            if e["pid"] not in PIDS and not e["collapsed"]:
+                if self.auto_pids:  # FIFO: after every earlier automatic pid
+                    assert e["pid"] > self.auto_pids[-1]
+                self.auto_pids.append(e["pid"])
+
+    # -- rules: requests -------------------------------------------------------------------
+    @rule(queue=queue_st, items=st.lists(st.tuples(pid_st, timing_st), min_size=1, max_size=3))
+    def enqueue(self, queue: str, items: list[tuple[str | None, Any]]) -> None:
+        specs = [TaskSpec(**self.spec(p, t)) for p, t in items]
+        now = self.now()
+        expected, got, changed = self.both(
+            lambda mdl: [mdl.enqueue(queue, s, now) for s in specs],
+            lambda: self.m.enqueue(G, queue, specs))
+        if got is None:
+            return
+        assert [(e["pid"], e["collapsed"]) for e in got["enqueued"]] == expected
+        assert (got["ticket"] > 0) == changed
+        self.note_enqueued(got["enqueued"])
+
+    @rule(queue=queue_st, k=st.integers(1, 4), max_pid=st.sampled_from([None, None, "0", *PIDS]),
+          lease_secs=lease_secs_st, worker=st.sampled_from(["w1", "w2"]))
+    def lease(self, queue: str, k: int, max_pid: str | None, lease_secs: float,
+              worker: str) -> None:
+        now = self.now()
+        q = self.model.queues.get(queue)
+        validly_leased = {p for p, t in (q.tasks.items() if q else ())
+                          if t.state == LEASED and t.due > now}
+        req = LeaseRequest(max_tasks=k, lease_secs=lease_secs, max_pid=max_pid, worker=worker)
+        expected, got, _ = self.both(lambda mdl: mdl.lease(queue, req, now),
+                                     lambda: self.m.lease(G, queue, req, "10.0.0.1"))
+        assert got is not None
+        tasks = got["tasks"]
+        assert [(t["pid"], t["token"], t["attempts"], wire_ms(t["expires_at"])) for t in tasks] \
+            == expected
+        # invariant 3: a task under a valid lease is never leased again
+        assert not validly_leased & {t["pid"] for t in tasks}
+        # smallest pids first, none above max_pid
+        keys = [key(t["pid"]) for t in tasks]
+        assert keys == sorted(keys)
+        if max_pid is not None:
+            assert all(kk <= key(max_pid) for kk in keys)
+        assert (got["ticket"] > 0) == bool(tasks)
+        event(f"leased {min(len(tasks), 2)}+ tasks")
+        self.handles.extend((queue, t["pid"], t["token"]) for t in tasks)
+
+    @rule(queue=queue_st)
+    def lease_with_bad_max_pid(self, queue: str) -> None:
+        """Rejected before anything happens: no sweep, no lease, counters untouched."""
+        req = LeaseRequest(max_pid="a\x00b")
+        now = self.now()
+        _, got, _ = self.both(lambda mdl: mdl.lease(queue, req, now),
+                              lambda: self.m.lease(G, queue, req, ""))
+        assert got is None
+
+    @precondition(lambda self: self.handles)
+    @rule(i=handle_st, lease_secs=lease_secs_st, forge=st.booleans())
+    def renew(self, i: int, lease_secs: float, forge: bool) -> None:
+        queue, pid, token = self.handle(i, forge)
+        now = self.now()
+        req = UpdateRequest(renew=[RenewItem(queue=queue, pid=pid, token=token,
+                                             lease_secs=lease_secs)])
+        expected, got, _ = self.both(lambda mdl: mdl.renew(queue, pid, token, lease_secs, now),
+                                     lambda: self.m.update(G, req))
+        if got is not None:
+            assert [wire_ms(r["expires_at"]) for r in got["renewed"]] == [expected]
+            assert got["ticket"] > 0
+
+    @precondition(lambda self: self.handles)
+    @rule(i=handle_st, delay=release_delay_st, error=error_st, forge=st.booleans())
+    def release(self, i: int, delay: float | None, error: str | None, forge: bool) -> None:
+        queue, pid, token = self.handle(i, forge)
+        now = self.now()
+        req = UpdateRequest(release=[ReleaseItem(queue=queue, pid=pid, token=token,
+                                                 delay_secs=delay, error=error)])
+        _, got, _ = self.both(lambda mdl: mdl.release(queue, pid, token, delay, error, now),
+                              lambda: self.m.update(G, req))
+        if got is not None:
+            assert got["released"] == 1 and got["ticket"] > 0
+
+    @precondition(lambda self: self.handles)
+    @rule(i=handle_st, forge=st.booleans())
+    def dequeue(self, i: int, forge: bool) -> None:
+        queue, pid, token = self.handle(i, forge)
+        req = UpdateRequest(dequeue=[TaskRef(queue=queue, pid=pid, token=token)])
+        _, got, _ = self.both(lambda mdl: mdl.dequeue(queue, pid, token),
+                              lambda: self.m.update(G, req))
+        if got is not None:
+            assert got["dequeued"] == 1 and got["ticket"] > 0
+
+    @precondition(lambda self: self.handles)
+    @rule(i=handle_st, j=handle_st, dst=queue_st, pid=pid_st,
+          bad=st.sampled_from([None, None, "both", "nul", "toolong", "stale", "gone"]))
+    def move(self, i: int, j: int, dst: str, pid: str | None, bad: str | None) -> None:
+        """Stage transition: dequeue from one queue + enqueue into another, atomically.
+        With an invalid item (always last in its list), nothing at all is applied."""
+        src, spid, token = self.handle(i)
+        deq = [TaskRef(queue=src, pid=spid, token=token)]
+        enq = [EnqueueItem(queue=dst, pid=pid)]
+        renew: list[RenewItem] = []
+        now_s = self.clock.now()
+        if bad == "both":
+            enq.append(EnqueueItem(queue=dst, pid="fresh", delay_secs=1, not_before=now_s + 1))
+        elif bad == "nul":
+            enq.append(EnqueueItem(queue=dst, pid="a\x00"))
+        elif bad == "toolong":
+            enq.append(EnqueueItem(queue=dst, pid="é" * 600))  # 1200 bytes > 1 KiB
+        elif bad == "stale":
+            q2, p2, t2 = self.handle(j, forge=True)
+            renew.append(RenewItem(queue=q2, pid=p2, token=t2))
+        elif bad == "gone":
+            deq.append(TaskRef(queue=src, pid="never-enqueued", token=1))
+        self._update(UpdateRequest(dequeue=deq, enqueue=enq, renew=renew))
+
+    @rule(data=st.data())
+    def update_mix(self, data: st.DataObject) -> None:
+        """Any mix of the four item kinds, drawn from every lease ever granted."""
+        refs = st.tuples(handle_st, st.sampled_from([False, False, False, True]))
+
+        def pick(n: int) -> list[tuple[str, str, int]]:
+            if not self.handles:
+                return []
+            return [self.handle(i, f) for i, f in data.draw(st.lists(refs, max_size=n))]
+
+        deq = [TaskRef(queue=q, pid=p, token=t) for q, p, t in pick(2)]
+        ren = [RenewItem(queue=q, pid=p, token=t, lease_secs=data.draw(lease_secs_st))
+               for q, p, t in pick(2)]
+        rel = [ReleaseItem(queue=q, pid=p, token=t, delay_secs=data.draw(release_delay_st),
+                           error=data.draw(error_st))
+               for q, p, t in pick(2)]
+        enq = [EnqueueItem(queue=q, **self.spec(p, tm)) for q, p, tm in data.draw(
+            st.lists(st.tuples(queue_st, pid_st, timing_st), max_size=2))]
+        self._update(UpdateRequest(dequeue=deq, renew=ren, release=rel, enqueue=enq))
+
+    def _update(self, req: UpdateRequest) -> None:
+        now = self.now()
+        expected, got, changed = self.both(lambda mdl: mdl.update(req, now),
+                                           lambda: self.m.update(G, req))
+        if got is None:
+            return
+        assert [(e["queue"], e["pid"], e["collapsed"]) for e in got["enqueued"]] \
+            == expected["enqueued"]
+        assert [(r["queue"], r["pid"], wire_ms(r["expires_at"])) for r in got["renewed"]] \
+            == expected["renewed"]
+        assert got["dequeued"] == expected["dequeued"]
+        assert got["released"] == expected["released"]
+        # logged iff anything was written (a renew to the same expiry still is)
+        wrote = bool(req.dequeue or req.renew or req.release) or any(
+            not collapsed for _, _, collapsed in expected["enqueued"])
+        assert (got["ticket"] > 0) == wrote
+        assert wrote or not changed
+        self.note_enqueued(got["enqueued"])
+
+    # -- rules: time, background work, crashes ---------------------------------------------
+    @rule(secs=st.sampled_from([0.001, 0.5, 1.0, 2.0, 5.0, 11.0, 31.0, 61.0]))
+    def advance_clock(self, secs: float) -> None:
+        self.clock.advance(secs)
+
+    @rule()
+    def sweep(self) -> None:
+        self.m.sweep_once()
+        self.model.sweep(self.now())
+
+    @rule()
+    def checkpoint(self) -> None:
+        self.m.checkpoint()
+        # what the disk holds for sure after a power loss: the index as of this sync
+        self.snapshot = os.path.join(self.tmp, "snapshot.mdb")
+        snapshot_index(self.settings.data_dir, self.snapshot)
+
+    @rule()
+    def crash_and_replay(self) -> None:
+        before = dump_index(self.m)
+        kill9(self.m)
+        self.m = Master(self.settings, self.clock)
+        assert self.m.replayed == 0  # LMDB survived the process: nothing to redo
+        assert dump_index(self.m) == before
+
+    @rule()
+    def power_loss_and_replay(self) -> None:
+        """The index on disk rolls back to the last checkpoint; the WAL must bring it back."""
+        # sweeps are derived from time and not logged: compare swept states
+        self.m.sweep_once()
+        self.model.sweep(self.now())
+        before = dump_index(self.m)
+        kill9(self.m)
+        restore_index(self.settings.data_dir, self.snapshot)
+        self.m = Master(self.settings, self.clock)
+        event(f"power loss: replayed {'some' if self.m.replayed else 'no'} records")
+        self.m.sweep_once()
+        assert dump_index(self.m) == before
+
+    # -- invariants ------------------------------------------------------------------------
+    @invariant()
+    def master_agrees_with_model(self) -> None:
+        m, now = self.m, self.now()
+        assert m.index.lease_seq == self.model.lease_seq
+        assert m.index.auto_pid == self.model.auto_pid
+        with m.index.env.begin() as txn:
+            not_ready = 0
+            for name in QUEUES:
+                mq = self.model.queues.get(name)
+                q = m.queue(G, name)
+                if mq is None:
+                    assert q is None
+                    continue
+                assert q is not None
+                assert (q.available, q.leased, q.delayed) == mq.counts()
+                assert (q.completed, q.enqueued_total) == (mq.completed, mq.enqueued_total)
+                not_ready += q.leased + q.delayed
+                # the ready index: exactly the available tasks, in pid order
+                assert list(m.index.iter_ready(txn, q, None, 10**6)) == sorted(
+                    key(p) for p, t in mq.tasks.items() if t.state == AVAILABLE)
+                stored = {t.pid: t for t in m.index.iter_tasks(txn, q, limit=10**6)}
+                assert set(stored) == set(mq.tasks)
+                for pid, mt in mq.tasks.items():
+                    self._check_record(stored[pid], mt)
+            assert txn.stat(m.index.timers)["entries"] == not_ready
+        for name in QUEUES:
+            mq = self.model.queues.get(name) or MQueue()
+            for pid in {*PIDS, *self.auto_pids, *mq.tasks}:
+                self._check_info(name, pid, mq.tasks.get(pid), now)
+
+    @staticmethod
+    def _check_record(t: Task, mt: MTask) -> None:
+        assert (t.state, t.token, t.live, t.attempts, t.enqueued_ms) == (
+            mt.state, mt.token, mt.live, mt.attempts, mt.enqueued_ms), (t, mt)
+        expiry, nb = (mt.due, 0) if mt.state == LEASED else (0, mt.due)
+        assert (t.expiry_ms, t.not_before_ms) == (expiry, nb), (t, mt)
+        assert t.worker == mt.worker
+        assert t.error == mt.error
+        assert t.payload is None
+
+    def _check_info(self, queue: str, pid: str, mt: MTask | None, now: int) -> None:
+        try:
+            info = self.m.task_info(G, queue, pid)
+        except NotFound as e:
+            assert mt is None, f"{queue}/{pid[:20]} lost: {e}"
+            return
+        assert mt is not None, f"{queue}/{pid[:20]} should not exist: {info}"
+        state = AVAILABLE if mt.state != AVAILABLE and mt.due <= now else mt.state
+        assert info["state"] == STATE_NAMES[state]
+        assert info["attempts"] == mt.attempts
+        assert info["enqueued_at"] == mt.enqueued_ms / 1000
+        assert info["expires_at"] == (mt.due / 1000 if state == LEASED else None)
+        assert info["not_before"] == (mt.due / 1000 if state == DELAYED else None)
+        assert info["worker"] == (mt.worker if state == LEASED else None)
+        assert info["error"] == (mt.error or None)
+
+
+MasterMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestMasterModel = MasterMachine.TestCase
+
