@@ -52,6 +52,10 @@ def register(app: typer.Typer) -> None:
         orphan_grace_s: float = typer.Option(
             600.0, envvar="SQUALL_ORPHAN_GRACE_S",
             help="how long a written but uncommitted payload is kept before collection"),
+        index_sync: bool = typer.Option(
+            False, envvar="SQUALL_INDEX_SYNC",
+            help="also fsync the LMDB index on every commit: the index survives a power "
+                 "loss or kernel crash intact, at the cost of one more fsync per request"),
         cluster_key_file: Path | None = typer.Option(
             None, "--cluster-key-file", envvar="SQUALL_CLUSTER_KEY_FILE",
             help="file with the cluster's HMAC key (else SQUALL_CLUSTER_KEY, else a dev key)"),
@@ -63,5 +67,6 @@ def register(app: typer.Typer) -> None:
             max_copies_per_node=max_copies_per_node, orphan_grace_s=orphan_grace_s)
         settings = MasterSettings(
             data_dir=str(data_dir), fsync=fsync, checkpoint_interval_s=checkpoint_interval_s,
+            index_sync=index_sync,
             cluster=cluster, cluster_key_file=str(cluster_key_file) if cluster_key_file else None)
         serve(settings, host, port)

@@ -160,8 +160,11 @@ def gname(group: str, name: str) -> bytes:
 class Index:
     """The LMDB environment and its databases. One per data directory per process."""
 
-    def __init__(self, path: str, map_size: int = 1 << 38) -> None:
-        self.env = lmdb.open(path, map_size=map_size, max_dbs=16, sync=False, metasync=False,
+    def __init__(self, path: str, map_size: int = 1 << 38, sync: bool = False) -> None:
+        # sync=False: the WAL makes changes durable, checkpoints sync LMDB. sync=True
+        # (--index-sync) also fsyncs every LMDB commit, so a power loss cannot leave a
+        # half-flushed B-tree behind (see docs/master.md, "Known limits").
+        self.env = lmdb.open(path, map_size=map_size, max_dbs=16, sync=sync, metasync=False,
                              writemap=False, readahead=False, max_readers=256)
         db = self.env.open_db
         self.meta, self.queues_db, self.qids_db = db(b"meta"), db(b"queues"), db(b"qids")

@@ -68,6 +68,7 @@ class MasterSettings:
     cluster_key: bytes | None = None  # else --cluster-key-file / SQUALL_CLUSTER_KEY / dev key
     cluster_key_file: str | None = None
     require_receipts: bool = True  # payload refs need a write quorum of data-node receipts
+    index_sync: bool = False  # also fsync every LMDB commit (power-loss safe index)
 
 
 class Master:
@@ -78,7 +79,8 @@ class Master:
         self.wal_dir = os.path.join(settings.data_dir, "wal")
         os.makedirs(self.wal_dir, exist_ok=True)
         t0 = time.monotonic()
-        self.index = Index(os.path.join(settings.data_dir, "index"), settings.map_size)
+        self.index = Index(os.path.join(settings.data_dir, "index"), settings.map_size,
+                           sync=settings.index_sync)
         self.key = settings.cluster_key or load_cluster_key(settings.cluster_key_file)
         self.cluster = Cluster(self.clock, settings.cluster, self.key, self.referenced)
         self.placement = Placement(self.cluster, self.key, settings.require_receipts)
