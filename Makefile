@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-dev-spark
 
 .PHONY: run test lint typecheck bench soak clean
 
@@ -10,13 +10,16 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 
+# dev tools and the spark extra (PySpark, run on Java 17+): the suite runs real SparkSessions
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,spark]'
 	touch $(STAMP)
 
-## run: start a local master on 127.0.0.1:7070 (data in .squall/)
+## run: the example pipeline on Spark: `squall dev` (a master and 3 data nodes, data in
+##      .squall/example), index the Python standard library in three stages, then keep the
+##      cluster running until Ctrl-C. `make run ARGS=--once` stops it at the end.
 run: $(STAMP)
-	$(BIN)/squall master --data-dir .squall/master --port 7070
+	$(BIN)/python examples/stdlib_index.py $(ARGS)
 
 ## test: lint, then the whole test suite (real servers on 127.0.0.1)
 test: $(STAMP) lint
@@ -28,9 +31,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy master common client datanode
 
-## bench: the benchmarks; results in bench/results/
+## bench: every benchmark; results in bench/results/ (takes a while: run on a quiet machine)
 bench: $(STAMP)
 	$(BIN)/python -m bench.master_bench
+	$(BIN)/python -m bench.admin_bench
+	$(BIN)/python -m bench.datanode_bench
+	$(BIN)/python -m bench.spark_bench
 
 ## soak: long-running tests excluded from `make test`
 soak: $(STAMP)

@@ -81,6 +81,9 @@ class BatchPutResult(_Lenient):
 
 class BatchGetRequest(_M):
     blob_ids: Annotated[list[BlobId], Field(min_length=1, max_length=1000)]
+    tokens: Annotated[list[Annotated[str, Field(max_length=4096)]] | None, Field(
+        None, max_length=1000, description="one read token per blob id (e.g. those of a "
+        "lease answer), instead of an Authorization header covering them all")]
 
 
 # -- heartbeat -----------------------------------------------------------------------------

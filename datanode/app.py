@@ -15,6 +15,7 @@ from squall.common.clock import Clock
 from squall.common.errors import BadRequest
 from squall.common.http import BodyLimit, error_response, install_error_handlers
 from squall.datanode.config import DataNodeSettings
+from squall.datanode.fastpath import FastPath
 from squall.datanode.routes import batch, blobs, health, replicate
 from squall.datanode.service import DataNode
 
@@ -60,5 +61,6 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
     app.include_router(batch.router)
     app.include_router(replicate.router)
     app.include_router(health.router)
+    app.add_middleware(FastPath)  # inside BodyLimit: the last added is the outermost
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, skip=_streams)
     return app

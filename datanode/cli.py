@@ -46,6 +46,8 @@ def register(app: typer.Typer) -> None:
                                                 help="scrubber read rate (0: off)"),
         scrub_interval_s: float = typer.Option(3600.0, envvar="SQUALL_SCRUB_INTERVAL_S",
                                                help="pause between scrub passes"),
+        copies_max: int = typer.Option(4, envvar="SQUALL_COPIES_MAX", min=1,
+                                       help="re-replication copies this node sends at once"),
     ) -> None:
         """Run a data node: LMDB blob store, replication, heartbeats to the master."""
         from squall.common.tokens import load_cluster_key
@@ -58,5 +60,6 @@ def register(app: typer.Typer) -> None:
             cluster_key=load_cluster_key(cluster_key_file or None),
             heartbeat_interval_s=heartbeat_interval_s, full_report_every=full_report_every,
             map_size=min(1 << 30, map_size_max), map_size_max=map_size_max,
-            scrub_bytes_per_s=scrub_bytes_per_s, scrub_interval_s=scrub_interval_s)
+            scrub_bytes_per_s=scrub_bytes_per_s, scrub_interval_s=scrub_interval_s,
+            copies_max=copies_max)
         serve(settings, host, port)

@@ -30,7 +30,7 @@ class DataNodeSettings:
     peer_connect_timeout_s: float = 5.0
     peer_timeout_s: float = 60.0  # per read/write on node-to-node streams
     copies_max: int = 4  # replicate commands run at once
-    forward_queue_chunks: int = 16  # parts buffered per peer while forwarding
+    forward_queue_chunks: int = 4  # chunks buffered per peer while forwarding
 
     def resolve_node_id(self) -> str:
         """The configured id, else the one stored in ``data_dir/node_id`` (created once)."""

@@ -10,7 +10,7 @@ from squall.common.cluster import BLOB_ID_PATTERN
 from squall.datanode.service import DataNode
 
 
-def _node(request: Request) -> DataNode:
+async def _node(request: Request) -> DataNode:  # async: a plain def runs in a thread pool
     n: DataNode = request.app.state.node
     return n
 

@@ -12,7 +12,8 @@ A failed beat (master down, slow, 5xx, bad answer) never stops the node: it is l
 next beat is a full report (so no delta is lost), corrupt and replication reports are kept
 for it, and the interval backs off (doubling, at most 4x) until the master answers again.
 
-Commands in the answer run here: ``delete`` at once, ``replicate`` as background copies
+Commands in the answer run here: ``delete`` at once (all of an answer's deletes together,
+one transaction and one sync per 1000 ids), ``replicate`` as background copies
 (at most ``copies_max`` at a time, one per blob and target) whose outcome goes into the
 next beats.
 """
@@ -63,10 +64,15 @@ class Heartbeat:
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0))
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             ok = await self.beat()
             backoff = 2 ** min(self.consecutive_failures, 2)
-            await asyncio.sleep(self.interval_s * (1 if ok else backoff))
+            # a fixed rate, not a fixed pause: a slow beat (a busy master) must not stretch
+            # the period past what the master counts as a missed beat
+            took = loop.time() - started
+            await asyncio.sleep(max(0.0, self.interval_s * (1 if ok else backoff) - took))
 
     async def stop(self) -> None:
         for t in self._copies.values():
@@ -127,6 +133,7 @@ class Heartbeat:
                 self.consecutive_failures, self.last_error)
 
     async def execute(self, commands: list[Any]) -> None:
+        doomed: list[str] = []  # every delete of this answer: one transaction per 1000 ids
         for raw in commands if isinstance(commands, list) else []:
             try:
                 cmd = _COMMAND.validate_python(raw)
@@ -136,9 +143,11 @@ class Heartbeat:
                 continue
             self.commands_run += 1
             if isinstance(cmd, DeleteCommand):
-                await self._delete(cmd.blob_ids)
+                doomed += cmd.blob_ids
             elif isinstance(cmd, ReplicateCommand):
                 self._start_copy(cmd)
+        if doomed:
+            await self._delete(list(dict.fromkeys(doomed)))
 
     async def _delete(self, ids: list[str]) -> None:
         for i in range(0, len(ids), DELETE_TXN_IDS):

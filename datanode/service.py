@@ -10,11 +10,10 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import httpx
-
 from squall.common.clock import Clock, SystemClock
 from squall.common.tokens import TokenClaims, bearer, sign, sign_receipt, verify
 from squall.datanode.config import DataNodeSettings
+from squall.datanode.peers import Peers
 from squall.datanode.store import BlobMeta, BlobStore
 
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ class DataNode:
         self.store = BlobStore(os.path.join(settings.data_dir, "blobs"),
                                chunk_bytes=settings.chunk_bytes, txn_bytes=settings.txn_bytes,
                                map_size=settings.map_size, map_size_max=settings.map_size_max)
-        self.peers: httpx.AsyncClient | None = None
+        self.peers: Peers | None = None
         self.puts = self.gets = self.forwarded = self.peer_errors = 0
         self._tasks: list[asyncio.Task[None]] = []
         # set by start(): the heartbeat and scrubber (imported late: they import this module)
@@ -64,9 +63,7 @@ class DataNode:
         from squall.datanode.scrubber import Scrubber
 
         s = self.settings
-        self.peers = httpx.AsyncClient(
-            timeout=httpx.Timeout(s.peer_timeout_s, connect=s.peer_connect_timeout_s),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        self.peers = Peers(connect_timeout=s.peer_connect_timeout_s, timeout=s.peer_timeout_s)
         hb = self.heartbeat = Heartbeat(self)
         sc = self.scrubber = Scrubber(self)
         if not background:

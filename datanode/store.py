@@ -3,7 +3,7 @@
 Layout (named databases of one environment, see ``lmdbenv.py``; integers big-endian so
 keys sort numerically)::
 
-    meta     b"next_upload" -> u64   last upload id handed out
+    meta     b"next_upload" -> u64   highest upload id used so far
              b"count"       -> u64   committed blobs
              b"bytes"       -> u64   payload bytes of committed blobs
     blobs    blob id (ASCII) -> msgpack [upload, size, crc32c, nchunks, chunk_bytes,
@@ -17,16 +17,22 @@ fresh id, so a failed or concurrent upload of the same blob never touches commit
 chunks, and committing is one small record. States: *uploading* (a ``pending`` record and
 some chunks) → *committed* (a ``blobs`` record, ``pending`` gone) → deleted (all gone).
 
-Write path: a payload up to ``txn_bytes`` is one write op (chunks + ``blobs`` record) that
-the writer thread group-commits with its neighbours. A larger one is streamed in: every
-``txn_bytes`` of chunks are committed under a ``pending`` record (bounded memory), and the
-last op writes the remaining chunks and the ``blobs`` record; only after that op is synced
-is the blob acknowledged. An upload that fails or is cut off deletes its chunks; uploads
-left pending by a crash are deleted when the store opens. Writing a blob id that already
-exists is a no-op success when size and checksum match, else :class:`Conflict`.
+Write path (``upload.py``): each byte of the body is copied once, into its chunk record,
+which goes to LMDB as it is. A payload up to ``txn_bytes`` is one write op (chunks +
+``blobs`` record) that the writer thread group-commits with its neighbours. A larger one is
+streamed in: every ``txn_bytes`` of chunks are committed under a ``pending`` record (bounded
+memory; the next part streams in meanwhile), and the last op writes the remaining chunks and
+the ``blobs`` record; only after that op is synced is the blob acknowledged. Upload ids are
+handed out in memory from ``next_upload`` (each op that uses one raises the stored value to
+it), so a streamed upload never waits for the writer to learn its id. An upload that fails
+or is cut off deletes its chunks; uploads left pending by a crash are deleted when the store
+opens. Writing a blob id that already exists is a no-op success when size and checksum
+match, else :class:`Conflict`.
 
-Read path: every chunk is checked against its CRC32C (and its expected length) when read;
-a full read also checks the blob's CRC32C before its last chunk leaves. A mismatch raises
+Read path: chunks are read in groups (one read transaction and one thread hop for up to
+``read_bytes``; the first group is one chunk, so the first bytes leave early), copied once
+out of the map, and each is checked against its CRC32C (and its expected length); a full
+read also checks the blob's CRC32C before its last chunk leaves. A mismatch raises
 :class:`DataCorrupt` and drops the replica (it is reported in the next heartbeat), so a
 read never returns wrong bytes.
 """
@@ -36,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import struct
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,44 +53,24 @@ import lmdb
 import msgpack
 
 from squall.common.checksum import crc32c
-from squall.common.errors import BadRequest, Conflict, DataCorrupt, InsufficientStorage, NotFound
+from squall.common.errors import (
+    BadRequest,
+    Conflict,
+    DataCorrupt,
+    InsufficientStorage,
+    StatusError,
+)
+from squall.datanode import reads
 from squall.datanode.journal import Journal
+from squall.datanode.layout import U32, U64, BlobMeta, chunk_key
 from squall.datanode.lmdbenv import Env
-from squall.datanode.upload import Upload
+from squall.datanode.upload import Upload, records_of
+
+__all__ = ["BlobMeta", "BlobStore", "Space", "Upload"]
 
 T = TypeVar("T")
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_CHUNK = struct.Struct(">QI")
+_U32, _U64 = U32, U64
 DBS = (b"meta", b"blobs", b"chunks", b"pending")
-
-
-@dataclass(frozen=True, slots=True)
-class BlobMeta:
-    blob_id: str
-    upload: int
-    size: int
-    crc32c: int
-    nchunks: int
-    chunk_bytes: int
-    committed_ms: int
-
-    def pack(self) -> bytes:
-        body = msgpack.packb([self.upload, self.size, self.crc32c, self.nchunks,
-                              self.chunk_bytes, self.committed_ms])
-        return body + _U32.pack(crc32c(body))
-
-    @classmethod
-    def unpack(cls, blob_id: str, raw: bytes | memoryview) -> BlobMeta:
-        raw = bytes(raw)
-        body, check = raw[:-4], raw[-4:]
-        if len(raw) < 5 or _U32.pack(crc32c(body)) != check:
-            raise DataCorrupt(f"blob {blob_id}: its metadata record fails its checksum")
-        return cls(blob_id, *msgpack.unpackb(body))
-
-    def chunk_len(self, index: int) -> int:
-        return self.chunk_bytes if index < self.nchunks - 1 else (
-            self.size - self.chunk_bytes * (self.nchunks - 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,17 +81,13 @@ class Space:
     blob_count: int
 
 
-def _ck(upload: int, index: int) -> bytes:
-    return _CHUNK.pack(upload, index)
-
-
 class BlobStore:
     def __init__(self, path: str, chunk_bytes: int = 1 << 20, txn_bytes: int = 8 << 20,
                  map_size: int = 1 << 30, map_size_max: int = 1 << 40,
-                 read_threads: int = 8) -> None:
+                 read_threads: int = 8, read_bytes: int = 4 << 20) -> None:
         if chunk_bytes < 4096 or txn_bytes < chunk_bytes:
             raise ValueError("need chunk_bytes >= 4096 and txn_bytes >= chunk_bytes")
-        self.chunk_bytes, self.txn_bytes = chunk_bytes, txn_bytes
+        self.chunk_bytes, self.txn_bytes, self.read_bytes = chunk_bytes, txn_bytes, read_bytes
         self.env = Env(path, DBS, map_size, map_size_max)
         self.db = self.env.dbs
         self.journal = Journal()
@@ -115,8 +97,13 @@ class BlobStore:
         self._leaked: set[int] = set()
         with self.env.read() as txn:
             stale = [_U64.unpack(k)[0] for k, _ in txn.cursor(db=self.db[b"pending"])]
+            last = _get_u64(txn, self.db[b"meta"], b"next_upload")
+        self._upload_ids = itertools.count(last + 1)
         for upload in stale:
             self.env.submit(functools.partial(self._op_abort, upload), durable=False).result()
+
+    def new_upload_id(self) -> int:
+        return next(self._upload_ids)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -136,55 +123,17 @@ class BlobStore:
             self.quarantine_submit(BlobMeta(blob_id, 0, 0, 0, 0, 0, 0)).result()
             raise
 
-    def read_chunk(self, meta: BlobMeta, index: int) -> bytes:
-        """Chunk `index` of the blob, verified, or DataCorrupt / NotFound (deleted meanwhile)."""
-        with self.env.read() as txn:
-            raw = txn.get(_ck(meta.upload, index), db=self.db[b"chunks"])
-            cur = None if raw is not None else txn.get(meta.blob_id.encode(),
-                                                       db=self.db[b"blobs"])
-        if raw is None:
-            if cur is None or BlobMeta.unpack(meta.blob_id, cur).upload != meta.upload:
-                raise NotFound(f"blob {meta.blob_id} was deleted while being read")
-            raise DataCorrupt(f"blob {meta.blob_id}: chunk {index} is missing")
-        data = raw[4:]
-        if len(data) != meta.chunk_len(index) or _U32.pack(crc32c(data)) != raw[:4]:
-            raise DataCorrupt(f"blob {meta.blob_id}: chunk {index} fails its CRC32C check; "
-                              "this replica is dropped, read another")
-        self.bytes_read += len(data)
-        return data
+    def read_chunks(self, meta: BlobMeta, first: int, count: int
+                    ) -> tuple[list[bytes], StatusError | None]:
+        return reads.read_chunks(self, meta, first, count)
 
-    async def stream(self, meta: BlobMeta, start: int = 0, end: int | None = None
-                     ) -> AsyncIterator[bytes]:
-        """The verified bytes [start, end) of a blob, chunk by chunk (one read ahead). On
-        corruption the replica is dropped and DataCorrupt raised, before any wrong byte."""
-        end = meta.size if end is None else end
-        if start >= end:
-            return
-        cb = meta.chunk_bytes
-        first, last = start // cb, (end - 1) // cb
-        whole = start == 0 and end == meta.size
-        crc = 0
-        loop = asyncio.get_running_loop()
-        nxt = loop.run_in_executor(self.pool, self.read_chunk, meta, first)
-        try:
-            for i in range(first, last + 1):
-                data = await nxt
-                if i < last:
-                    nxt = loop.run_in_executor(self.pool, self.read_chunk, meta, i + 1)
-                if whole:
-                    crc = crc32c(data, crc)
-                    if i == last and crc != meta.crc32c:
-                        raise DataCorrupt(f"blob {meta.blob_id} fails its CRC32C check; "
-                                          "this replica is dropped, read another")
-                lo = start - i * cb if i == first else 0
-                hi = end - i * cb if i == last else len(data)
-                yield data if (lo, hi) == (0, len(data)) else data[lo:hi]
-        except DataCorrupt:
-            await self.quarantine(meta)
-            raise
-        finally:
-            if not nxt.done():
-                nxt.cancel()
+    def stream(self, meta: BlobMeta, start: int = 0, end: int | None = None
+               ) -> AsyncIterator[bytes]:
+        return reads.stream(self, meta, start, end)
+
+    def read_small(self, blob_ids: list[str], limit: int, budget: int = 16 << 20
+                   ) -> list[reads.Small]:
+        return reads.read_small(self, blob_ids, limit, budget)
 
     def ids_after(self, after: str | None, limit: int) -> list[str]:
         out: list[str] = []
@@ -206,7 +155,9 @@ class BlobStore:
             used = _get_u64(txn, self.db[b"meta"], b"bytes")
         reusable = self.env.free_pages_bytes()
         file_bytes = self.env.file_bytes()
-        free = max(0, min(self.env.map_size_max - file_bytes, self.env.disk_free()) + reusable)
+        room = min(self.env.map_size_max - file_bytes,
+                   self.env.disk_free() + self.env.prealloc_tail())
+        free = max(0, room + reusable)
         return Space(used + free, used, free, count)
 
     def check_space(self, nbytes: int) -> None:
@@ -237,16 +188,18 @@ class BlobStore:
                         ) -> list[tuple[BlobMeta, bool]]:
         """Store small payloads all or nothing, in one transaction and one sync."""
         prepared = []
+        cb = self.chunk_bytes
         for blob_id, data, declared in items:
-            crc = crc32c(data)
+            records = records_of(data, cb)
+            crc = _U32.unpack_from(records[0])[0] if len(records) == 1 else crc32c(data)
             if declared is not None and declared != crc:
                 raise BadRequest(f"blob {blob_id}: CRC32C of the bytes received is {crc}, "
                                  f"the declared one {declared}; nothing was stored")
-            prepared.append((blob_id, self._split(data), len(data), crc))
+            prepared.append((blob_id, self.new_upload_id(), records, len(data), crc))
 
         def op(txn: lmdb.Transaction) -> list[tuple[BlobMeta, bool]]:
-            return [self._op_commit(b, 0, 0, ch, size, crc, txn)
-                    for b, ch, size, crc in prepared]
+            return [self._op_commit(b, up, False, 0, recs, size, crc, txn)
+                    for b, up, recs, size, crc in prepared]
 
         out = await self._submit(op, True, sum(len(d) for _, d, _ in items))
         self._note_written(out)
@@ -280,10 +233,6 @@ class BlobStore:
                 self.env.submit(functools.partial(self._op_abort, upload), False).result()
                 self._leaked.discard(upload)
 
-    def _split(self, data: bytes) -> list[bytes]:
-        cb = self.chunk_bytes
-        return [data[i:i + cb] for i in range(0, len(data), cb)]
-
     def _note_written(self, results: list[tuple[BlobMeta, bool]]) -> None:
         created = [m.blob_id for m, c in results if c]
         self.bytes_written += sum(m.size for m, c in results if c)
@@ -291,27 +240,27 @@ class BlobStore:
 
     # -- write ops: run by the writer thread inside a (nested) write transaction -------------
     def _put_chunks(self, txn: lmdb.Transaction, upload: int, start: int,
-                    chunks: list[bytes]) -> None:
+                    records: list[bytes | bytearray] | list[bytearray]) -> None:
         db = self.db[b"chunks"]
-        for i, c in enumerate(chunks, start):
-            txn.put(_ck(upload, i), _U32.pack(crc32c(c)) + c, db=db)
+        for i, rec in enumerate(records, start):
+            txn.put(chunk_key(upload, i), rec, db=db)
 
-    def _new_upload(self, txn: lmdb.Transaction) -> int:
-        upload = _get_u64(txn, self.db[b"meta"], b"next_upload") + 1
-        txn.put(b"next_upload", _U64.pack(upload), db=self.db[b"meta"])
-        return upload
+    def _note_upload(self, txn: lmdb.Transaction, upload: int) -> None:
+        """Ids handed out in memory are recorded as used with the op that uses them."""
+        if upload > _get_u64(txn, self.db[b"meta"], b"next_upload"):
+            txn.put(b"next_upload", _U64.pack(upload), db=self.db[b"meta"])
 
-    def _op_flush(self, upload: int, blob_id: str, start: int, chunks: list[bytes],
-                  txn: lmdb.Transaction) -> int:
-        if not upload:
-            upload = self._new_upload(txn)
+    def _op_flush(self, upload: int, blob_id: str, start: int, records: list[bytearray],
+                  first: bool, txn: lmdb.Transaction) -> None:
+        if first:
+            self._note_upload(txn, upload)
             txn.put(_U64.pack(upload), msgpack.packb([blob_id, int(time.time() * 1000)]),
                     db=self.db[b"pending"])
-        self._put_chunks(txn, upload, start, chunks)
-        return upload
+        self._put_chunks(txn, upload, start, records)
 
-    def _op_commit(self, blob_id: str, upload: int, start: int, chunks: list[bytes],
-                   size: int, crc: int, txn: lmdb.Transaction) -> tuple[BlobMeta, bool]:
+    def _op_commit(self, blob_id: str, upload: int, flushed: bool, start: int,
+                   records: list[bytes | bytearray] | list[bytearray], size: int, crc: int,
+                   txn: lmdb.Transaction) -> tuple[BlobMeta, bool]:
         key = blob_id.encode()
         old = txn.get(key, db=self.db[b"blobs"])
         if old is not None:
@@ -319,15 +268,15 @@ class BlobStore:
             if (m.size, m.crc32c) != (size, crc):
                 raise Conflict(f"blob {blob_id} already exists with other content "
                                f"({m.size} bytes, crc32c {m.crc32c})")
-            if upload:
+            if flushed:
                 self._op_abort(upload, txn)
             return m, False
-        if upload:
+        if flushed:
             if not txn.delete(_U64.pack(upload), db=self.db[b"pending"]):
                 raise Conflict(f"upload of blob {blob_id} was cleaned up before its commit")
         else:
-            upload = self._new_upload(txn)
-        self._put_chunks(txn, upload, start, chunks)
+            self._note_upload(txn, upload)
+        self._put_chunks(txn, upload, start, records)
         nchunks = -(-size // self.chunk_bytes)
         meta = BlobMeta(blob_id, upload, size, crc, nchunks, self.chunk_bytes,
                         int(time.time() * 1000))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
@@ -18,11 +19,9 @@ from squall.common.cluster import (
     BatchGetRequest,
     BatchPutResult,
     PeerError,
-    PutResult,
-    StoredReplica,
     check_blob_id,
 )
-from squall.common.errors import BadRequest, DataCorrupt, Forbidden, NotFound, Unavailable
+from squall.common.errors import BadRequest, DataCorrupt, Forbidden, Unavailable
 from squall.common.http import JSON
 from squall.common.models import MAX_BATCH
 from squall.common.payload import (
@@ -41,6 +40,7 @@ from squall.datanode.service import DataNode
 from squall.datanode.store import BlobMeta
 
 router = APIRouter(tags=["blobs"])
+BATCH_READ_BYTES = 8 << 20  # a batch-get reads (and holds) about this much at a time
 
 
 def parse_batch(body: bytes) -> list[Frame]:
@@ -95,19 +95,22 @@ async def batch_put(request: Request, node: NodeDep, authorization: AuthH = None
     errors = [r for r in remote if isinstance(r, PeerError)]
     node.peer_errors += len(errors)
     good = [r for r in remote if not isinstance(r, PeerError)]
-    out = []
-    for m in local:
-        stored = [StoredReplica(node_id=node.node_id, address=node.address,
-                                receipt=node.receipt(m))]
-        stored += [g[m.blob_id] for g in good]
-        out.append(PutResult(blob_id=m.blob_id, size=m.size, crc32c=m.crc32c, stored=stored,
-                             errors=errors))
-    res = BatchPutResult(blobs=out)
+    res = {"blobs": answers(node, local, good, [e.model_dump() for e in errors])}
     if 1 + len(good) < q:
         raise Unavailable(quorum_message(f"a batch of {len(frames)} blobs", 1 + len(good),
                                          1 + len(peers), q, errors),
-                          details=res.model_dump(), retry_after=1)
-    return JSON(res.model_dump())
+                          details=res, retry_after=1)
+    return JSON(res)
+
+
+def answers(node: DataNode, metas: list[BlobMeta], peers: list[dict[str, dict[str, str]]],
+            errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``PutResult`` of each blob as plain JSON (a batch answers for many blobs): this
+    node's receipt, then each peer's."""
+    me = {"node_id": node.node_id, "address": node.address}
+    return [{"blob_id": m.blob_id, "size": m.size, "crc32c": m.crc32c,
+             "stored": [{**me, "receipt": node.receipt(m)}, *(p[m.blob_id] for p in peers)],
+             "errors": errors} for m in metas]
 
 
 @router.post("/v1/blobs:batch-get", responses={200: RAW_ANSWER, **ERRORS})
@@ -115,26 +118,44 @@ async def batch_get(req: BatchGetRequest, node: NodeDep,
                     authorization: AuthH = None) -> StreamingResponse:
     """Fetch many small blobs in one answer: a body of frames in request order; a missing,
     corrupt or too-large blob is a frame with that status and no data."""
-    node.authorize(authorization, "read", req.blob_ids)
+    if req.tokens is None:
+        node.authorize(authorization, "read", req.blob_ids)
+    else:
+        if len(req.tokens) != len(req.blob_ids):
+            raise BadRequest(f"{len(req.tokens)} tokens for {len(req.blob_ids)} blob ids: "
+                             "send one per blob id")
+        claims: dict[str, Any] = {}  # a token covering several of the ids is checked once
+        for blob_id, token in zip(req.blob_ids, req.tokens, strict=True):
+            c = claims.get(token) or node.authorize(f"Bearer {token}", "read", [])
+            claims[token] = c
+            if not c.covers(blob_id):
+                raise Forbidden(f"token does not cover blob {blob_id!r}")
     limit = node.settings.batch_blob_bytes_max
+    store = node.store
 
-    async def one(blob_id: str) -> bytes:
-        try:
-            meta = await node.store.run(node.store.stat, blob_id)
-            if meta is None:
-                return encode_frame(blob_id, b"", MISSING, 0)
-            if meta.size > limit:
-                return encode_frame(blob_id, b"", TOO_LARGE, meta.crc32c)
-            data = b"".join([p async for p in node.store.stream(meta)])
-        except DataCorrupt:
-            return encode_frame(blob_id, b"", CORRUPT, 0)
-        except NotFound:
-            return encode_frame(blob_id, b"", MISSING, 0)
-        node.gets += 1
-        return encode_frame(blob_id, data, OK, meta.crc32c)
+    def frames(ids: list[str]) -> tuple[bytes, int]:
+        """Frames for the first ids (about BATCH_READ_BYTES of data); how many ids."""
+        out = []
+        got = store.read_small(ids, limit, BATCH_READ_BYTES)
+        for r in got:
+            if r.too_large:
+                assert r.meta is not None
+                out.append(encode_frame(r.blob_id, b"", TOO_LARGE, r.meta.crc32c))
+            elif r.error is None and r.meta is not None:
+                out.append(encode_frame(r.blob_id, r.data, OK, r.meta.crc32c))
+                node.gets += 1
+            elif isinstance(r.error, DataCorrupt):
+                out.append(encode_frame(r.blob_id, b"", CORRUPT, 0))
+            else:  # not here, or deleted while being read
+                out.append(encode_frame(r.blob_id, b"", MISSING, 0))
+        return b"".join(out), len(got)
 
     async def body() -> AsyncIterator[bytes]:
-        for blob_id in req.blob_ids:
-            yield await one(blob_id)
+        # one read transaction and one thread hop per group of about BATCH_READ_BYTES
+        ids = req.blob_ids
+        while ids:
+            data, n = await store.run(frames, ids)
+            ids = ids[n:]
+            yield data
 
     return StreamingResponse(body(), media_type="application/octet-stream")

@@ -12,11 +12,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from squall.common.checksum import parse_crc
-from squall.common.cluster import BatchPutResult, PutResult, StoredReplica
+from squall.common.cluster import BatchPutResult, PutResult
 from squall.common.http import JSON
 from squall.datanode.deps import AuthH, BlobIdP, NodeDep
 from squall.datanode.replication import store_and_forward
-from squall.datanode.routes.batch import check_scope, parse_batch, store_batch
+from squall.datanode.routes.batch import answers, check_scope, parse_batch, store_batch
 from squall.datanode.routes.blobs import ERRORS, RAW_BODY, CrcH, LengthH
 
 router = APIRouter(tags=["replication"])
@@ -45,9 +45,4 @@ async def replicate_batch(request: Request, node: NodeDep, authorization: AuthH 
     frames = parse_batch(await request.body())
     check_scope(claims.covers, frames)
     metas = await store_batch(node, frames)
-    res = BatchPutResult(blobs=[
-        PutResult(blob_id=m.blob_id, size=m.size, crc32c=m.crc32c,
-                  stored=[StoredReplica(node_id=node.node_id, address=node.address,
-                                        receipt=node.receipt(m))])
-        for m in metas])
-    return JSON(res.model_dump())
+    return JSON({"blobs": answers(node, metas, [], [])})

@@ -1,0 +1,157 @@
+"""The hot blob routes served without the framework's machinery: ``PUT /v1/blobs/{id}``,
+``PUT /v1/replicate/{id}`` and ``GET /v1/blobs/{id}``.
+
+Every payload write and read goes through one of these, and FastAPI's routing, dependency
+resolution (headers, query, path) and response classes cost a data node about as much CPU
+as the write of a small blob itself. This thin ASGI layer (as the master's
+``fastpath.py``) matches the paths, reads the same headers and query parameters with the
+same checks, calls the same code (``routes/blobs.py`` helpers, ``store_and_forward``,
+the store's verified stream) and maps errors the same way. The FastAPI routes stay the
+documented contract (OpenAPI) and serve every other path and method, and any request this
+layer does not recognise (e.g. a blob id that is not valid: FastAPI answers it).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from squall.common.checksum import CRC_HEADER, parse_crc
+from squall.common.errors import BadRequest, StatusError
+from squall.common.http import JSON, error_response
+from squall.datanode.replication import store_and_forward
+from squall.datanode.routes.blobs import (
+    MAX_REPLICAS,
+    StreamAborted,
+    _headers,
+    _meta,
+    parse_range,
+    peers_of,
+)
+from squall.datanode.service import DataNode
+
+log = logging.getLogger("squall.datanode.blobs")
+_ROUTE = re.compile(r"^/v1/(blobs|replicate)/([A-Za-z0-9][A-Za-z0-9_.\-]{0,127})$")
+_SERVED = {("PUT", "blobs"), ("PUT", "replicate"), ("GET", "blobs")}
+
+
+class FastPath:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        m = _ROUTE.match(scope["path"]) if scope["type"] == "http" else None
+        if m is None or (scope["method"], m[1]) not in _SERVED:
+            await self.app(scope, receive, send)
+            return
+        node: DataNode = scope["app"].state.node
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            if scope["method"] == "GET":
+                answer = await _get(node, m[2], headers, send)
+                if answer is None:
+                    return  # streamed
+                resp = answer
+            else:
+                resp = JSON(await _put(node, m[1], m[2], headers, scope, receive))
+        except StatusError as e:
+            resp = error_response(e)
+        except ClientDisconnect:  # the upload was aborted (nothing stored); nobody listens
+            log.info("PUT %s: client disconnected mid-body; nothing stored", scope["path"])
+            return
+        await resp(scope, receive, send)
+
+
+async def _body(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        body = msg.get("body", b"")
+        if body:
+            yield body
+        if not msg.get("more_body", False):
+            return
+
+
+def _query(scope: Scope) -> tuple[str, int | None]:
+    """`replicas` and `quorum`, checked as the FastAPI route declares them."""
+    q = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"),
+                       keep_blank_values=True))
+    replicas = q.get("replicas", "")
+    if len(replicas) > 8192:
+        raise BadRequest("invalid request: replicas: String should have at most 8192 "
+                         "characters")
+    quorum = q.get("quorum")
+    if quorum is None:
+        return replicas, None
+    if not quorum.strip().isdigit() or not 1 <= int(quorum) <= MAX_REPLICAS:
+        raise BadRequest(f"invalid request: quorum: should be an integer from 1 to "
+                         f"{MAX_REPLICAS}")
+    return replicas, int(quorum)
+
+
+async def _put(node: DataNode, kind: str, blob_id: str, headers: dict[str, str],
+               scope: Scope, receive: Receive) -> dict[str, Any]:
+    auth = headers.get("authorization")
+    if kind == "blobs":
+        replicas, quorum = _query(scope)
+        claims = node.authorize(auth, "write", blob_id)
+        peers, q = peers_of(node, claims, replicas, quorum)
+    else:  # node to node: never forwards
+        node.authorize(auth, "replicate", blob_id)
+        peers, q = [], 1
+    declared = parse_crc(headers.get(CRC_HEADER))
+    length: int | None = None
+    if "content-length" in headers:
+        text = headers["content-length"].strip()
+        if not text.isdigit():
+            raise BadRequest("invalid request: Content-Length: should be a non-negative "
+                             "integer")
+        length = int(text)
+        await node.store.run(node.store.check_space, length)
+    res = await store_and_forward(node, blob_id, _body(receive), peers, q, declared, length)
+    return res.model_dump()
+
+
+async def _get(node: DataNode, blob_id: str, headers: dict[str, str], send: Send
+               ) -> JSON | None:
+    """Send the blob's bytes as the FastAPI route does (200 / 206, the same headers), or
+    return the answer to send instead (416). Errors before the first byte are raised (a
+    clean error answer), after it the connection is cut (StreamAborted)."""
+    node.authorize(headers.get("authorization"), "read", blob_id)
+    meta = await _meta(node, blob_id)
+    range_ = headers.get("range")
+    try:
+        rng = parse_range(range_, meta.size)
+    except ValueError:
+        return JSON({"error": {"code": "range_not_satisfiable",
+                               "message": f"range {range_!r} is outside the blob's "
+                                          f"{meta.size} bytes"}},
+                    status_code=416, headers={"Content-Range": f"bytes */{meta.size}"})
+    start, end = rng if rng else (0, meta.size)
+    out = _headers(meta, end - start)
+    if rng:
+        out["Content-Range"] = f"bytes {start}-{end - 1}/{meta.size}"
+    out["Content-Type"] = "application/octet-stream"
+    stream = node.store.stream(meta, start, end)
+    part = await anext(stream, None)  # a corrupt first chunk is still a clean error answer
+    node.gets += 1
+    await send({"type": "http.response.start", "status": 206 if rng else 200,
+                "headers": [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                            for k, v in out.items()]})
+    try:
+        async for nxt in stream:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+            part = nxt
+    except StatusError as e:  # headers are gone: the only honest answer is a cut
+        log.error("aborting the download of %s mid-stream: %s", blob_id, e.message)
+        raise StreamAborted(f"{blob_id}: {e.message}") from None
+    await send({"type": "http.response.body", "body": part or b"", "more_body": False})
+    return None

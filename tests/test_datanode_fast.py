@@ -1,0 +1,148 @@
+"""The data node's fast paths: the node-to-node client (keep-alive, chunked and streamed
+bodies, early error answers), the stdlib blob reader of common/payload.py, batch-gets with
+one token per blob, preallocation of the data file, and CRC32C of writable buffers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import AsyncIterator, Iterator
+
+import google_crc32c
+import httpx
+import pytest
+
+from squall.common import payload
+from squall.common.checksum import crc32c
+from squall.common.errors import Forbidden, NotFound, Unauthorized
+from squall.datanode.peers import Peers, PeerUnreachable
+from squall.datanode.store import BlobStore
+from tests.dn_kit import ENV, tok
+from tests.helpers import DataNodeProcess, free_port, start_all
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory) -> Iterator[list[DataNodeProcess]]:  # type: ignore[no-untyped-def]
+    base = tmp_path_factory.mktemp("dnfast")
+    ps = [DataNodeProcess(str(base / f"n{i}"), env=ENV, extra=["--scrub-bytes-per-s", "0"])
+          for i in range(2)]
+    try:
+        start_all(ps)
+        yield ps
+    finally:
+        for p in ps:
+            p.stop()
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=120) as c:
+        yield c
+
+
+def test_crc32c_of_any_buffer() -> None:
+    rng = random.Random(3)
+    for n in (0, 1, 7, 4096, 1 << 20):
+        data = rng.randbytes(n)
+        want = google_crc32c.value(data)
+        ba = bytearray(data)
+        assert crc32c(data) == crc32c(ba) == crc32c(memoryview(ba)) == want
+        assert crc32c(memoryview(data)) == want  # read-only: copied, same answer
+        if n > 3:
+            assert crc32c(memoryview(ba)[3:], 5) == google_crc32c.extend(5, data[3:])
+
+
+async def _parts(data: bytes, step: int) -> AsyncIterator[memoryview]:
+    view = memoryview(data)
+    for i in range(0, len(data), step):
+        yield view[i:i + step]
+
+
+async def test_peer_client_streams_reuses_and_hears_errors(nodes: list[DataNodeProcess]
+                                                           ) -> None:
+    url = nodes[1].url
+    peers = Peers(timeout=30)
+    try:
+        data = os.urandom(3 << 20)
+        for i, length in enumerate((None, len(data))):  # chunked, then with a length
+            blob = f"peer-{i}"
+            headers = {"Authorization": "Bearer " + tok("replicate", blob)}
+            if length is not None:
+                headers["Content-Length"] = str(length)
+            r = await peers.put(f"{url}/v1/replicate/{blob}", _parts(data, 300_000), headers)
+            assert r.status_code == 200, r.text
+            assert r.json()["size"] == len(data)
+        small = [await peers.put(f"{url}/v1/replicate/peer-s{i}", b"x" * i, {
+            "Authorization": "Bearer " + tok("replicate", f"peer-s{i}")}) for i in range(20)]
+        assert all(r.status_code == 200 for r in small)
+        assert peers.connects < peers.requests  # keep-alive: connections were reused
+        # an early error answer (bad token) while a large body is still being sent
+        r = await peers.put(f"{url}/v1/replicate/peer-bad", _parts(os.urandom(8 << 20), 1 << 20),
+                            {"Authorization": "Bearer " + tok("replicate", "other")})
+        assert r.status_code == 403
+        with pytest.raises(PeerUnreachable):
+            await peers.put(f"http://127.0.0.1:{free_port()}/v1/replicate/x", b"x")
+    finally:
+        await peers.aclose()
+
+
+def test_downloads_reads_ranges_errors_and_reconnects(nodes: list[DataNodeProcess],
+                                                      client: httpx.Client) -> None:
+    url = nodes[0].url
+    with payload.Downloads(idle_s=0.2) as d:
+        for size in (0, 1, 1000, (1 << 20) + 5):
+            data, blob = os.urandom(size), f"dl-{size}"
+            payload.put_blob(client, url, blob, data, tok("write", blob))
+            assert payload.get_blob(d, url, blob, tok("read", blob)) == data
+            assert b"".join(payload.iter_blob(d, url, blob, tok("read", blob),
+                                              chunk_bytes=100_000)) == data
+            if size > 10:
+                assert payload.get_blob(d, url, blob, tok("read", blob), 3, size - 2) \
+                    == data[3:size - 2]
+        with pytest.raises(NotFound):
+            payload.get_blob(d, url, "dl-none", tok("read", "dl-none"))
+        with pytest.raises(Unauthorized):
+            payload.get_blob(d, url, "dl-1", "sqt1.forged.token")
+        with pytest.raises(Forbidden):
+            payload.get_blob(d, url, "dl-1", tok("read", "dl-0"))
+        assert payload.get_blob(d, url, "dl-1", tok("read", "dl-1"))  # after errors: fine
+
+
+def test_batch_get_with_one_token_per_blob(nodes: list[DataNodeProcess],
+                                           client: httpx.Client) -> None:
+    url = nodes[0].url
+    items = [(f"bt-{i}", os.urandom(100 + i)) for i in range(30)]
+    ids = [b for b, _ in items]
+    payload.put_batch(client, url, items, tok("write", ids))
+    got = payload.get_batch(client, url, [*ids, "bt-missing"],
+                            [tok("read", b) for b in ids] + [tok("read", "bt-missing")])
+    assert [got[b].data for b in ids] == [d for _, d in items]
+    assert got["bt-missing"].status == payload.MISSING
+    with pytest.raises(Forbidden):  # a token for another blob
+        payload.get_batch(client, url, ids[:2], [tok("read", ids[0]), tok("read", ids[0])])
+    r = client.post(f"{url}/v1/blobs:batch-get", json={"blob_ids": ids[:2],
+                                                       "tokens": [tok("read", ids[0])]})
+    assert r.status_code == 400
+
+
+async def test_data_file_is_preallocated_and_counted_free(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    s = BlobStore(str(tmp_path / "blobs"), map_size=256 << 20, map_size_max=1 << 30)
+    try:
+        free0 = s.space().free_bytes
+        await s.put("a", os.urandom(3 << 20))
+        st = os.stat(os.path.join(s.env.path, "data.mdb"))
+        if s.env.preallocs == 0:
+            pytest.skip("no room to preallocate on this filesystem")
+        assert st.st_size > s.env.extent_bytes() + (3 << 20)  # room beyond LMDB's pages
+        assert s.env.file_bytes() <= s.env.extent_bytes()
+        free1 = s.space().free_bytes  # the preallocated tail is free space, not used
+        assert free0 - free1 < 8 << 20
+        for i in range(20):
+            await s.put(f"b{i}", os.urandom(1 << 20))
+        assert len(await asyncio.gather(*(s.run(s.stat, f"b{i}") for i in range(20)))) == 20
+        meta = s.stat("b7")
+        assert meta is not None
+        assert len(b"".join([p async for p in s.stream(meta)])) == 1 << 20
+    finally:
+        s.close()
