@@ -39,6 +39,7 @@ from squall.common.cluster import (
 from squall.common.tokens import sign
 
 CHECK_BATCH = 20_000
+DELETE_BATCH = 1000
 COPY_TIMEOUT_S = 300.0
 
 
@@ -252,7 +253,12 @@ class Cluster:
 
     def _delete(self, b: str, nodes: list[Node]) -> None:
         for n in nodes:
-            self._send(n.node_id, DeleteCommand(op="delete", blob_ids=[b]))
+            pending = self.commands.setdefault(n.node_id, [])
+            last = pending[-1] if pending else None
+            if isinstance(last, DeleteCommand) and len(last.blob_ids) < DELETE_BATCH:
+                last.blob_ids.append(b)  # one command deletes many blobs
+            else:
+                pending.append(DeleteCommand(op="delete", blob_ids=[b]))
             self._drop(b, n.node_id)
             self.deleted += 1
         self.check.discard(b)

@@ -48,6 +48,8 @@ class MasterCollector:
                                   value=m.wal.records)
         yield CounterMetricFamily("squall_wal_syncs", "WAL fdatasync calls", value=m.wal.syncs)
         yield CounterMetricFamily("squall_checkpoints", "checkpoints", value=m.checkpoints)
+        yield CounterMetricFamily("squall_tasks_reaped", "tasks of deleted queues reaped "
+                                  "since start", value=m.reaped)
         yield GaugeMetricFamily("squall_wal_ticket", "last WAL ticket", value=m.wal.last_ticket)
 
 
