@@ -41,6 +41,7 @@ from squall.common.errors import (
 from squall.common.models import (
     EnqueueItem,
     LeaseRequest,
+    Policy,
     ReleaseItem,
     RenewItem,
     TaskRef,
@@ -55,6 +56,9 @@ from tests.crashkit import dump_index, kill9, restore_index, snapshot_index
 
 G = "g"
 QUEUES = ("a", "b")
+MAX_ATTEMPTS = 2  # the policy of queue "a": dead letters after 2 leases, into "a.dead"
+DLQ = "a.dead"
+CHECKED = (*QUEUES, DLQ)
 LONG1 = "x" * 460 + "1"  # > 448 bytes: stored under a cut + hashed key
 LONG2 = "x" * 460 + "2"
 PIDS = ("a", "ab", "b", "c0", "é", LONG1, LONG2)
@@ -139,12 +143,25 @@ class Model:
         t.state, t.due = LEASED, now + ms(lease_secs)
         return t.due
 
+    def dead_letter(self, queue: str, t: MTask, reason: str) -> None:
+        del self.queues[queue].tasks[t.pid]
+        dlq = self.queues.setdefault(DLQ, MQueue())
+        if t.pid not in dlq.tasks:
+            dlq.enqueued_total += 1
+        dlq.tasks[t.pid] = MTask(t.pid, AVAILABLE, 0, t.token, False, t.attempts,
+                                 t.enqueued_ms, t.worker, reason)
+
     def release(self, queue: str, pid: str, token: int, delay: float | None,
                 error: str | None, now: int) -> None:
         _, t = self.held(queue, pid, token)
         t.live = False
-        if error is not None:  # no retry policy here: no backoff, no dead letters
+        if error is not None:  # queue "a" dead-letters; no backoff policy anywhere
             t.error = error
+            if queue == "a" and t.attempts >= MAX_ATTEMPTS:
+                t.state, t.due = AVAILABLE, 0
+                self.dead_letter(queue, t, f"failed {t.attempts} times (max_attempts "
+                                           f"{MAX_ATTEMPTS}); last error: {error}")
+                return
         if delay is not None and ms(delay) > 0:
             t.state, t.due = DELAYED, now + ms(delay)
         else:
@@ -194,13 +211,37 @@ class Model:
                        key=lambda t: key(t.pid))
         if req.max_pid is not None:
             ready = [t for t in ready if key(t.pid) <= key(req.max_pid)]
-        out = []
-        for t in ready[: req.max_tasks]:
+        out: list[tuple[str, int, int, int]] = []
+        scan = req.max_tasks * (4 if queue == "a" else 1)
+        for t in ready[:scan]:
+            if len(out) >= req.max_tasks:
+                break
+            if queue == "a" and t.attempts >= MAX_ATTEMPTS:
+                self.dead_letter(queue, t, f"leased {t.attempts} times without being dequeued "
+                                           f"(max_attempts {MAX_ATTEMPTS}); last error: "
+                                           f"{t.error or 'none'}")
+                continue
             self.lease_seq += 1
             t.state, t.token, t.live = LEASED, self.lease_seq, True
             t.due, t.attempts, t.worker = now + ms(req.lease_secs), t.attempts + 1, req.worker
             out.append((t.pid, t.token, t.attempts, t.due))
         return out
+
+    def delete(self, queue: str) -> int:
+        if queue not in self.queues:
+            raise NotFound("no such queue")
+        n = len(self.queues[queue].tasks)
+        self.queues[queue] = MQueue()  # a new generation: empty, counters from zero
+        return n
+
+    def reset(self, queue: str) -> None:
+        if queue not in self.queues:
+            raise NotFound("no such queue")
+        for t in self.queues[queue].tasks.values():
+            if t.live or t.state == LEASED:
+                if t.state == LEASED:
+                    t.state, t.due = AVAILABLE, 0
+                t.live = False
 
 
 # -- the machine ----------------------------------------------------------------------------
@@ -215,6 +256,8 @@ class MasterMachine(RuleBasedStateMachine):
         self.clock = ManualClock()
         self.loop = asyncio.new_event_loop()
         self.m = Master(self.settings, self.clock)
+        self.loop.run_until_complete(
+            self.m.set_policy(G, "a", Policy(max_attempts=MAX_ATTEMPTS)))
         self.model = Model()
         self.handles: list[tuple[str, str, int]] = []  # every lease ever granted
         self.auto_pids: list[str] = []
@@ -424,6 +467,24 @@ class MasterMachine(RuleBasedStateMachine):
         self.note_enqueued(got["enqueued"])
 
     # -- rules: time, background work, crashes ---------------------------------------------
+    @rule(queue=st.sampled_from(CHECKED))
+    def delete_queue(self, queue: str) -> None:
+        expected, got, _ = self.both(lambda mdl: mdl.delete(queue),
+                                     lambda: self.m.delete_queue(G, queue))
+        if got is not None:
+            assert got["deleted"] == expected
+
+    @rule(queue=st.sampled_from(CHECKED))
+    def reset_leases(self, queue: str) -> None:
+        _, got, _ = self.both(lambda mdl: mdl.reset(queue),
+                              lambda: self.m.reset_leases(G, queue))
+        if got is not None:
+            assert got["ticket"] > 0
+
+    @rule()
+    def reap(self) -> None:
+        self.m.reap_once()  # background cleanup of deleted generations: invisible
+
     @rule(secs=st.sampled_from([0.001, 0.5, 1.0, 2.0, 5.0, 11.0, 31.0, 61.0]))
     def advance_clock(self, secs: float) -> None:
         self.clock.advance(secs)
@@ -451,15 +512,19 @@ class MasterMachine(RuleBasedStateMachine):
     @rule()
     def power_loss_and_replay(self) -> None:
         """The index on disk rolls back to the last checkpoint; the WAL must bring it back."""
-        # sweeps are derived from time and not logged: compare swept states
+        # sweeps and reaps are derived state and not logged: compare swept, reaped states
         self.m.sweep_once()
         self.model.sweep(self.now())
+        while self.m.reap_once():
+            pass
         before = dump_index(self.m)
         kill9(self.m)
         restore_index(self.settings.data_dir, self.snapshot)
         self.m = Master(self.settings, self.clock)
         event(f"power loss: replayed {'some' if self.m.replayed else 'no'} records")
         self.m.sweep_once()
+        while self.m.reap_once():
+            pass
         assert dump_index(self.m) == before
 
     # -- invariants ------------------------------------------------------------------------
@@ -470,7 +535,7 @@ class MasterMachine(RuleBasedStateMachine):
         assert m.index.auto_pid == self.model.auto_pid
         with m.index.env.begin() as txn:
             not_ready = 0
-            for name in QUEUES:
+            for name in CHECKED:
                 mq = self.model.queues.get(name)
                 q = m.queue(G, name)
                 if mq is None:
@@ -487,8 +552,13 @@ class MasterMachine(RuleBasedStateMachine):
                 assert set(stored) == set(mq.tasks)
                 for pid, mt in mq.tasks.items():
                     self._check_record(stored[pid], mt)
-            assert txn.stat(m.index.timers)["entries"] == not_ready
-        for name in QUEUES:
+            # timers of deleted generations linger until due (the sweeper drops them)
+            gens = {q.qid: q.gen for q in m.index.queues.values()}
+            live_timers = sum(1 for k in txn.cursor(db=m.index.timers).iternext(values=False)
+                              if gens.get(int.from_bytes(k[8:12], "big"))
+                              == int.from_bytes(k[12:16], "big"))
+            assert live_timers == not_ready
+        for name in CHECKED:
             mq = self.model.queues.get(name) or MQueue()
             for pid in {*PIDS, *self.auto_pids, *mq.tasks}:
                 self._check_info(name, pid, mq.tasks.get(pid), now)

@@ -1,0 +1,131 @@
+"""Workload R of the data node benchmark: re-replication after kill -9 of a data node, and
+foreground put latency during the repair (see bench/README.md)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import httpx
+
+from bench.dn_cluster import ClusterSpec, CpuMeter, Payloads, running_cluster
+from bench.dn_rows import Ctx, Row, ms
+from bench.harness import pct
+
+
+class Foreground:
+    """Paced foreground puts (allocate → PUT → enqueue) in a thread, latencies kept."""
+
+    def __init__(self, url: str, size: int, interval_s: float) -> None:
+        self.cli = Payloads(url, "fg")
+        self.data = os.urandom(size)
+        self.interval_s = interval_s
+        self.lats: list[tuple[float, float]] = []  # (start, latency)
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._th = threading.Thread(target=self._run, daemon=True)
+        self._i = 0
+
+    def _run(self) -> None:
+        nxt = time.perf_counter()
+        while not self._stop.is_set() and len(self.lats) < 100_000:
+            s = time.perf_counter()
+            try:
+                self.cli.put(f"fg{self._i:07d}", self.data)
+                self.lats.append((s, time.perf_counter() - s))
+            except Exception as e:  # noted, not fatal: the node may be dying under it
+                self.errors.append(repr(e)[:200])
+            self._i += 1
+            nxt += self.interval_s
+            self._stop.wait(max(0.0, nxt - time.perf_counter()))
+
+    def start(self) -> Foreground:
+        self._th.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._th.join(60)
+        self.cli.close()
+
+    def p99(self, t0: float, t1: float) -> tuple[float | None, int]:
+        xs = [lat for s, lat in self.lats if t0 <= s <= t1]
+        return pct(xs, 99), len(xs)
+
+
+def workload_r(ctx: Ctx) -> list[Row]:
+    z = ctx.sizes
+    ctx.say(f"R: {z.r_blobs} x {z.r_bytes >> 20} MiB at RF 2, kill -9 a holder, "
+            f"--max-copies-per-node {z.copies_per_node}")
+    spec = ClusterSpec(rf=2, copies_per_node=z.copies_per_node, beat_s=0.5)
+    rows: list[Row] = []
+    with running_cluster(spec, ctx.fresh("r")) as cl, httpx.Client(timeout=10) as mc:
+        cli = Payloads(cl.url, "r")
+        data = os.urandom(z.r_bytes)
+        holders: dict[str, int] = {}
+        deadline = time.monotonic() + z.loop_limit_s
+        for i in range(z.r_blobs):
+            res = cli.put(f"r{i:05d}", data)
+            for s in res.stored:
+                holders[s.address] = holders.get(s.address, 0) + 1
+            if time.monotonic() > deadline:
+                break
+        cli.close()
+        victim_url = max(holders, key=lambda u: holders[u])
+        lost = holders[victim_url]
+        victim = cl.node_by_url(victim_url)
+        fg = Foreground(cl.url, z.fg_bytes, z.fg_interval_s).start()
+        time.sleep(z.fg_idle_s)
+        t_idle1 = time.perf_counter()
+        fg.stop()
+        idle_p99, idle_n = fg.p99(0, t_idle1)
+        idle_p50 = pct([lat for _, lat in fg.lats], 50)
+        ctx.say(f"R: killing {victim.name} ({lost} blobs); idle fg p99 {ms(idle_p99)} ms")
+        victim.kill9()
+        t_kill = time.perf_counter()
+        t_notice = t_done = 0.0
+        seen_work = False
+        fg2: Foreground | None = None
+        cpu = CpuMeter(cl.pids())
+        with cpu.measure(), ctx.prof.record("R.copy", cl.nodes[0].pid
+                                            if cl.nodes[0] is not victim else cl.nodes[1].pid):
+            while time.perf_counter() - t_kill < z.loop_limit_s:
+                info = cl.info(mc)
+                now = time.perf_counter()
+                if not t_notice and any(n["address"] == victim_url and n["state"] == "dead"
+                                        for n in info["nodes"]):
+                    t_notice = now
+                    fg2 = Foreground(cl.url, z.fg_bytes, z.fg_interval_s).start()
+                if t_notice:
+                    busy = info["under_replicated"] or info["copies_in_flight"]
+                    seen_work = seen_work or bool(busy)
+                    if not busy and (seen_work or now - t_notice > 5.0):
+                        t_done = now
+                        break
+                time.sleep(0.01)
+        if fg2 is not None:
+            fg2.stop()
+        truncated = not t_done
+        el = (t_done or time.perf_counter()) - (t_notice or t_kill)
+        rep_p99, rep_n = fg2.p99(t_notice, t_done or 1e18) if fg2 else (None, 0)
+        nbytes = lost * z.r_bytes
+        rows.append(Row("R.copy", "re-replication after kill -9 (master noticed → "
+                        "under_replicated 0, no copies in flight)",
+                        round(nbytes / el / 1e6, 1) if el > 0 else 0.0, "MB/s", lost,
+                        round(el, 2), cpu_s=cpu.used, truncated=truncated,
+                        note=f"{lost} blobs ({nbytes / 1e6:.0f} MB) to copy; noticed "
+                             f"{t_notice - t_kill:.2f}s after the kill; "
+                             f"--max-copies-per-node {z.copies_per_node}").judge())
+        fg_errs = fg.errors + (fg2.errors if fg2 else [])
+        ratio = (rep_p99 / idle_p99) if rep_p99 and idle_p99 else 0.0
+        rows.append(Row("R.fg_p99_ratio", f"foreground put ({z.fg_bytes >> 10} KiB, "
+                        f"{1 / z.fg_interval_s:.0f}/s) p99 during repair / idle",
+                        round(ratio, 2), "x", rep_n, round(el, 2), ms(idle_p50),
+                        ms(rep_p99), errors=len(fg_errs), truncated=truncated,
+                        note=f"idle p99 {ms(idle_p99)} ms over {idle_n} puts; repair p99 "
+                             f"{ms(rep_p99)} ms over {rep_n} puts"
+                             + (f"; errors: {fg_errs[:2]}" if fg_errs else "")).judge())
+    return rows
+
+
