@@ -29,9 +29,7 @@ from squall.datanode.replication import store_and_forward
 from squall.datanode.routes.blobs import (
     MAX_REPLICAS,
     StreamAborted,
-    _headers,
-    _meta,
-    parse_range,
+    open_read,
     peers_of,
 )
 from squall.datanode.service import DataNode
@@ -125,25 +123,12 @@ async def _get(node: DataNode, blob_id: str, headers: dict[str, str], send: Send
     """Send the blob's bytes as the FastAPI route does (200 / 206, the same headers), or
     return the answer to send instead (416). Errors before the first byte are raised (a
     clean error answer), after it the connection is cut (StreamAborted)."""
-    node.authorize(headers.get("authorization"), "read", blob_id)
-    meta = await _meta(node, blob_id)
-    range_ = headers.get("range")
-    try:
-        rng = parse_range(range_, meta.size)
-    except ValueError:
-        return JSON({"error": {"code": "range_not_satisfiable",
-                               "message": f"range {range_!r} is outside the blob's "
-                                          f"{meta.size} bytes"}},
-                    status_code=416, headers={"Content-Range": f"bytes */{meta.size}"})
-    start, end = rng if rng else (0, meta.size)
-    out = _headers(meta, end - start)
-    if rng:
-        out["Content-Range"] = f"bytes {start}-{end - 1}/{meta.size}"
+    opened = await open_read(node, blob_id, headers.get("authorization"), headers.get("range"))
+    if isinstance(opened, JSON):
+        return opened
+    status, out, stream, part = opened
     out["Content-Type"] = "application/octet-stream"
-    stream = node.store.stream(meta, start, end)
-    part = await anext(stream, None)  # a corrupt first chunk is still a clean error answer
-    node.gets += 1
-    await send({"type": "http.response.start", "status": 206 if rng else 200,
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(k.lower().encode("latin-1"), v.encode("latin-1"))
                             for k, v in out.items()]})
     try:

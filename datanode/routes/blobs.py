@@ -138,6 +138,33 @@ async def get_blob(blob_id: BlobIdP, node: NodeDep, authorization: AuthH = None,
                    range_: Annotated[str | None, Header(alias="Range")] = None) -> Response:
     """The blob's bytes, streamed; a single ``Range: bytes=...`` gives 206 (416 if it is
     past the end)."""
+    opened = await open_read(node, blob_id, authorization, range_)
+    if isinstance(opened, JSON):
+        return opened
+    status, headers, stream, first = opened
+
+    async def body() -> AsyncIterator[bytes]:
+        if first is not None:
+            yield first
+        try:
+            async for part in stream:
+                yield part
+        except StatusError as e:  # headers are gone: the only honest answer is a cut
+            log.error("aborting the download of %s mid-stream: %s", blob_id, e.message)
+            raise StreamAborted(f"{blob_id}: {e.message}") from None
+
+    return StreamingResponse(body(), status_code=status, headers=headers,
+                             media_type="application/octet-stream")
+
+
+Opened = tuple[int, dict[str, str], AsyncIterator[bytes], bytes | None]
+
+
+async def open_read(node: DataNode, blob_id: str, authorization: str | None,
+                    range_: str | None) -> JSON | Opened:
+    """Check the token, find the blob, resolve a Range: a 416 answer, or (status, headers,
+    the byte stream, its first part — read already, so a corrupt first chunk is still a
+    clean error answer). Shared by this route and the fast path."""
     node.authorize(authorization, "read", blob_id)
     meta = await _meta(node, blob_id)
     try:
@@ -152,21 +179,9 @@ async def get_blob(blob_id: BlobIdP, node: NodeDep, authorization: AuthH = None,
     if rng:
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{meta.size}"
     stream = node.store.stream(meta, start, end)
-    first = await anext(stream, None)  # a corrupt first chunk is still a clean error answer
+    first = await anext(stream, None)
     node.gets += 1
-
-    async def body() -> AsyncIterator[bytes]:
-        if first is not None:
-            yield first
-        try:
-            async for part in stream:
-                yield part
-        except StatusError as e:  # headers are gone: the only honest answer is a cut
-            log.error("aborting the download of %s mid-stream: %s", blob_id, e.message)
-            raise StreamAborted(f"{blob_id}: {e.message}") from None
-
-    return StreamingResponse(body(), status_code=206 if rng else 200, headers=headers,
-                             media_type="application/octet-stream")
+    return (206 if rng else 200), headers, stream, first
 
 
 @router.head("/v1/blobs/{blob_id}", responses=ERRORS)
