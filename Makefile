@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.admin_bench
 	$(BIN)/python -m bench.datanode_bench
 	$(BIN)/python -m bench.spark_bench
+	$(BIN)/python -m bench.client_bench
 
 ## soak: long-running tests excluded from `make test`
 soak: $(STAMP)
