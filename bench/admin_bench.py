@@ -55,6 +55,7 @@ from bench.harness import (
     Run,
     Server,
     Targets,
+    exit_code,
     fdatasync_latency,
     get_json,
     load1,
@@ -386,12 +387,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit 1 when a request failed or a loop was cut short (--strict: also a missed target)."""
-    strict = "--strict" in (sys.argv[1:] if argv is None else argv)
-    doc = run(argv)
-    failed = any(r.get("errors") or r.get("truncated") for r in doc["rows"])
-    missed = any(r.get("passed") is False for r in doc["rows"])
-    return 1 if failed or (strict and missed) else 0
+    return exit_code(run(argv), argv)
 
 
 if __name__ == "__main__":

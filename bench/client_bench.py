@@ -33,6 +33,7 @@ from bench.dn_cluster import Cluster, ClusterSpec, running_cluster
 from bench.harness import (
     DEFAULT_OUT,
     Row,
+    exit_code,
     fdatasync_latency,
     load1,
     machine_info,
@@ -392,8 +393,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    doc = run(argv)
-    return 1 if any(r.get("errors") or r.get("truncated") for r in doc["rows"]) else 0
+    return exit_code(run(argv), argv)
 
 
 if __name__ == "__main__":

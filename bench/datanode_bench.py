@@ -48,7 +48,7 @@ from bench.dn_rows import (
     timed_loop,
     write_results,
 )
-from bench.harness import fdatasync_latency, load1, machine_info, pct
+from bench.harness import exit_code, fdatasync_latency, load1, machine_info, pct
 from bench.profiling import Profiler
 
 
@@ -298,8 +298,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    doc = run(argv)
-    return 1 if any(r.get("errors") or r.get("truncated") for r in doc["rows"]) else 0
+    return exit_code(run(argv), argv)
 
 
 if __name__ == "__main__":

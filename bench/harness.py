@@ -424,3 +424,11 @@ def write_results(out: Path, stem: str, doc: dict[str, Any], merge: bool, *, tit
     jpath.write_text(json.dumps(doc, indent=2) + "\n")
     (out / f"{stem}.md").write_text(render_md(doc, title, targets, columns))
 
+
+
+def exit_code(doc: dict[str, Any], argv: list[str] | None) -> int:
+    """1 when a request failed or a loop was cut short (with --strict: also a missed target)."""
+    strict = "--strict" in (sys.argv[1:] if argv is None else argv)
+    failed = any(r.get("errors") or r.get("truncated") for r in doc["rows"])
+    missed = any(r.get("passed") is False for r in doc["rows"])
+    return 1 if failed or (strict and missed) else 0

@@ -46,6 +46,7 @@ from bench.harness import (
     Server,
     Targets,
     baseline_server,
+    exit_code,
     fdatasync_latency,
     free_port,
     get_json,
@@ -394,12 +395,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit 1 when a request failed or data was lost (with --strict: also a missed target)."""
-    strict = "--strict" in (sys.argv[1:] if argv is None else argv)
-    doc = run(argv)
-    failed = any(r.get("errors") or r.get("truncated") for r in doc["rows"])
-    missed = any(r.get("passed") is False for r in doc["rows"])
-    return 1 if failed or (strict and missed) else 0
+    return exit_code(run(argv), argv)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@ and byte surgery on a node's LMDB file."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +19,7 @@ from starlette.responses import JSONResponse
 from squall.common import tokens
 from squall.common.cluster import HeartbeatRequest
 from squall.common.errors import StatusError
+from tests.helpers import DataNodeProcess, start_all
 
 KEY = b"squall-test-cluster-key-0123456789"
 ENV = {"SQUALL_CLUSTER_KEY": KEY.decode()}
@@ -111,3 +114,16 @@ def chunks(total: int, part: int = 1 << 20, seed: bytes = b"") -> Iterator[bytes
         k = min(part, total - n)
         yield os.urandom(k) if not seed else (seed * (k // len(seed) + 1))[:k]
         n += k
+
+
+@contextlib.contextmanager
+def node_processes(base: Path, n: int) -> Iterator[list[DataNodeProcess]]:
+    """`n` data nodes without a master (scrubber off), started in parallel, stopped after."""
+    ps = [DataNodeProcess(str(base / f"n{i}"), env=ENV, extra=["--scrub-bytes-per-s", "0"])
+          for i in range(n)]
+    try:
+        start_all(ps)
+        yield ps
+    finally:
+        for p in ps:
+            p.stop()

@@ -18,21 +18,14 @@ from squall.common.checksum import crc32c
 from squall.common.errors import Forbidden, NotFound, Unauthorized
 from squall.datanode.peers import Peers, PeerUnreachable
 from squall.datanode.store import BlobStore
-from tests.dn_kit import ENV, tok
-from tests.helpers import DataNodeProcess, free_port, start_all
+from tests.dn_kit import node_processes, tok
+from tests.helpers import DataNodeProcess, free_port
 
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory) -> Iterator[list[DataNodeProcess]]:  # type: ignore[no-untyped-def]
-    base = tmp_path_factory.mktemp("dnfast")
-    ps = [DataNodeProcess(str(base / f"n{i}"), env=ENV, extra=["--scrub-bytes-per-s", "0"])
-          for i in range(2)]
-    try:
-        start_all(ps)
+    with node_processes(tmp_path_factory.mktemp("dnfast"), 2) as ps:
         yield ps
-    finally:
-        for p in ps:
-            p.stop()
 
 
 @pytest.fixture(scope="module")

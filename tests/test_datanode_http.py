@@ -15,22 +15,15 @@ import pytest
 from squall.common import payload, tokens
 from squall.common.checksum import CRC_HEADER, Crc32c, crc32c
 from squall.common.errors import BadRequest, NotFound
-from tests.dn_kit import ENV, KEY, auth, chunks, tok
-from tests.helpers import DataNodeProcess, start_all
+from tests.dn_kit import KEY, auth, chunks, node_processes, tok
+from tests.helpers import DataNodeProcess
 from tests.test_datanode_tokens import mutations
 
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory) -> Iterator[list[DataNodeProcess]]:  # type: ignore[no-untyped-def]
-    base = tmp_path_factory.mktemp("dn")
-    ps = [DataNodeProcess(str(base / f"n{i}"), env=ENV, extra=["--scrub-bytes-per-s", "0"])
-          for i in range(2)]
-    try:
-        start_all(ps)
+    with node_processes(tmp_path_factory.mktemp("dn"), 2) as ps:
         yield ps
-    finally:
-        for p in ps:
-            p.stop()
 
 
 @pytest.fixture(scope="module")

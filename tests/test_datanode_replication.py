@@ -12,21 +12,22 @@ import pytest
 from squall.common import payload, tokens
 from squall.common.checksum import crc32c
 from squall.common.errors import DataCorrupt, NotFound, TransportError, Unavailable
-from tests.dn_kit import ENV, KEY, auth, data_file, flip_bytes_in_file, node_id_of, tok
-from tests.helpers import DataNodeProcess, free_port, start_all, wait_for
+from tests.dn_kit import (
+    KEY,
+    auth,
+    data_file,
+    flip_bytes_in_file,
+    node_id_of,
+    node_processes,
+    tok,
+)
+from tests.helpers import DataNodeProcess, free_port, wait_for
 
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory) -> Iterator[list[DataNodeProcess]]:  # type: ignore[no-untyped-def]
-    base = tmp_path_factory.mktemp("dnr")
-    ps = [DataNodeProcess(str(base / f"n{i}"), env=ENV, extra=["--scrub-bytes-per-s", "0"])
-          for i in range(3)]
-    try:
-        start_all(ps)
+    with node_processes(tmp_path_factory.mktemp("dnr"), 3) as ps:
         yield ps
-    finally:
-        for p in ps:
-            p.stop()
 
 
 @pytest.fixture(scope="module")
