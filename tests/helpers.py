@@ -24,6 +24,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(n: int) -> int:
+    """A base port with `n` free ports from it, below the kernel's ephemeral range, so no
+    outgoing connection can take one between this check and the servers' bind (a server
+    group like `squall dev` listens on base, base+1, ... base+n-1)."""
+    import random
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10_000, low - n)
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no block of {n} free ports below {low}")
+
+
 def wait_for(cond: Callable[[], T], timeout: float = 20.0, interval: float = 0.02,
              what: str = "condition") -> T:
     """Poll `cond` until it returns a truthy value; fail after `timeout` seconds."""

@@ -20,12 +20,12 @@ import pytest
 import squall.client as sc
 from squall.client import AsyncClient, Client, NewTask, Worker
 from squall.client._cli_dev import DevCluster
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port_block, wait_for
 
 
 def start_cluster(data_dir: Path, nodes: int, **kw: object) -> DevCluster:
     for _ in range(5):
-        c = DevCluster(data_dir, free_port(), nodes, heartbeat_interval_s=0.5, **kw)  # type: ignore[arg-type]
+        c = DevCluster(data_dir, free_port_block(nodes + 1), nodes, heartbeat_interval_s=0.5, **kw)  # type: ignore[arg-type]
         try:
             c.start()
             return c
@@ -140,7 +140,7 @@ def test_reads_fail_over_when_a_data_node_dies(tmp_path: Path) -> None:
 
 def test_squall_dev_subprocess_restart_keeps_data(tmp_path: Path) -> None:
     squall = [sys.executable, "-c", "from squall.client.cli import main; main()"]
-    port = free_port()
+    port = free_port_block(3)
     data = tmp_path / "dev"
     env = {**os.environ, "SQUALL_MASTER": f"http://127.0.0.1:{port}"}
 
