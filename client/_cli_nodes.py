@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from squall.client._cli_common import JsonOpt, MasterOpt, connect, err, fail, out, print_json, table
 from squall.client._sync import Client
-from squall.common.errors import Conflict, StatusError, TransportError
+from squall.common.errors import Conflict, NotFound, StatusError, TransportError
 from squall.common.models import NodeStatus
 
 app = typer.Typer(help="Data nodes: list them, decommission one, forget one.",
@@ -48,17 +48,23 @@ def decommission(
                                            "seconds (exit code 1); 0: no limit")] = 0,
     interval: Annotated[float, typer.Option(min=0.05, help="seconds between polls")] = 1.0,
     cancel: Annotated[bool, typer.Option("--cancel", help="cancel a decommission: the node "
-                                         "takes new blobs again")] = False,
+                                         "takes new blobs again (a node the master does not "
+                                         "know: nothing to do, exit code 0)")] = False,
     as_json: JsonOpt = False,
     master: MasterOpt = DEFAULT,
 ) -> None:
     """Take a data node out of service without dropping any blob below its replication
     factor: it gets no new blobs and its blobs are copied to other nodes."""
     with connect(master) as c:
-        n = c.decommission(node, cancel=cancel)
         if cancel:
-            out.print(f"{node}: decommission cancelled, now {n.state}")
+            try:
+                n = c.decommission(node, cancel=True)
+            except NotFound:  # a node the master never heard of has nothing to cancel
+                out.print(f"{node}: not known to the master, nothing to cancel")
+                return
+            out.print(f"{node}: not decommissioning, now {n.state}")
             return
+        n = c.decommission(node)
         if wait and n.state != "decommissioned":
             n = _wait(c, node, n, timeout, interval)
     if as_json:
