@@ -99,6 +99,17 @@ def check_known(c: Cluster, node_id: str) -> None:
                        "(`squall nodes` lists them)")
 
 
+def check_room(c: Cluster, node_id: str) -> None:
+    """Refuse a decommission that could never finish: the other nodes that take blobs must
+    be able to hold the replication factor."""
+    rf = c.s.replication_factor
+    others = [n for n in c.live(strict=True) if n.node_id != node_id]
+    if len(others) < rf:
+        raise Conflict(f"cannot decommission data node {node_id!r}: {len(others)} other data "
+                       f"node(s) alive and in service, the replication factor is {rf}; add a "
+                       "data node first")
+
+
 def start(c: Cluster, node_id: str, since: float) -> None:
     """The node is marked draining: every blob it holds is examined again."""
     c.draining[node_id] = since

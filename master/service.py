@@ -202,6 +202,7 @@ class Master:
         """Mark a data node draining (idempotent); its blobs move to other nodes."""
         drain.check_known(self.cluster, node_id)
         if node_id not in self.cluster.draining:
+            drain.check_room(self.cluster, node_id)
             since = self.clock.now()
             await self._mark_node(node_id, {"mark": drain.DRAINING, "since": since})
             drain.start(self.cluster, node_id, since)

@@ -160,6 +160,13 @@ async def test_forget_refuses_a_live_node_and_takes_a_dead_one(env) -> None:  # 
     err = r.json()["error"]
     assert err["code"] == "conflict" and "decommission it first" in err["message"]
     assert (await c.delete("/v1/nodes/nope")).status_code == 404
+    # RF 2 over n1..n4: decommissioning three would leave one node to hold two copies
+    for n in ("n1", "n3"):
+        assert (await c.post(f"/v1/nodes/{n}/decommission")).status_code == 200
+    r = await c.post("/v1/nodes/n4/decommission")
+    assert r.status_code == 409 and "add a data node first" in r.json()["error"]["message"]
+    for n in ("n1", "n3"):
+        assert (await c.delete(f"/v1/nodes/{n}/decommission")).json()["state"] == "alive"
     assert (await c.post("/v1/nodes/nope/decommission")).status_code == 404
 
     clock.advance(10 * m.settings.cluster.heartbeat_interval_s)  # n2 stops beating

@@ -6,6 +6,7 @@ with zero blobs remaining, it is stopped and forgotten, and nothing was lost."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -36,11 +37,11 @@ class Fleet:
     def __init__(self, tmp: Path) -> None:
         self.master = MasterProcess(str(tmp / "master"), env=ENV, extra=[
             *BEAT, "--replication-factor", "2", "--max-copies-per-node", "16"])
-        self.master.start()
+        self.master.start(timeout=90)
         self.nodes = [DataNodeProcess(str(tmp / f"dn{i}"), env=ENV, extra=[
             "--master", self.master.url, *BEAT, "--node-id", f"dn{i}",
             "--full-report-every", "5", "--copies-max", "16"]) for i in range(4)]
-        start_all(self.nodes)
+        start_all(self.nodes, timeout=90)  # four at once on a busy machine
         self.http = httpx.Client(base_url=self.master.url, timeout=30)
         wait_for(lambda: sum(n["state"] == "alive" for n in self.info()["nodes"]) == 4,
                  what="4 data nodes alive")
@@ -83,12 +84,16 @@ def blob_ids(http: httpx.Client, queue: str) -> dict[str, str]:
             return out
 
 
+@functools.cache
+def read_token(blob_id: str) -> str:
+    return tokens.sign(KEY.encode(), "read", [blob_id], time.time() + 600)
+
+
 def copies_on_nodes(http: httpx.Client, nodes: list[DataNodeProcess], blobs: dict[str, str]
                     ) -> dict[str, int]:
     """How many of `nodes` hold each blob with exactly the bytes written."""
     ids = sorted(blobs)
-    exp = time.time() + 300
-    toks = [tokens.sign(KEY.encode(), "read", [b], exp) for b in ids]
+    toks = [read_token(b) for b in ids]
     count = dict.fromkeys(ids, 0)
     for n in nodes:
         for i in range(0, len(ids), 1000):
@@ -167,7 +172,7 @@ def watch_drain(fleet: Fleet, node_id: str, keep: dict[str, str], load: Load
             return state
         assert state["state"] == "draining", state
         assert time.monotonic() < deadline, f"not decommissioned in time: {state}"
-        time.sleep(0.2)
+        time.sleep(0.3)
 
 
 def test_decommission_under_load(fleet: Fleet) -> None:

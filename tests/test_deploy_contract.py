@@ -274,7 +274,7 @@ def start_pod(d: Deployment, p: Pod) -> None:
         assert r.returncode == 0, r
 
 
-def probe_until(d: Deployment, p: Pod, kind: str, timeout: float = 60.0) -> None:
+def probe_until(d: Deployment, p: Pod, kind: str, timeout: float = 120.0) -> None:
     """Probe like the kubelet until it succeeds; fail at once if the container exited."""
     deadline = time.monotonic() + timeout
     while not d.probe(p, kind):

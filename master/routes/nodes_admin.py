@@ -28,7 +28,8 @@ async def decommission(node_id: NodeP, m: MasterDep) -> JSON:
     """Start decommissioning a node (idempotent): it gets no new blobs and the master copies
     every blob it holds to other nodes while it keeps serving reads. Poll `GET
     /v1/nodes/{node_id}` until `state` is `decommissioned`; then stop it and forget it.
-    The request survives a master restart."""
+    The request survives a master restart. 409 if the other nodes in service could not hold
+    the replication factor."""
     return JSON(await m.decommission(node_id))
 
 
