@@ -21,6 +21,8 @@ from squall.common.models import (
     ClusterStats,
     DeleteResponse,
     EnqueueResult,
+    ForgetResponse,
+    NodeStatus,
     Policy,
     QueueCounts,
     QueueStats,
@@ -294,6 +296,18 @@ class AsyncClient:
 
     async def cluster(self) -> ClusterInfo:
         return await self._run(self._core.cluster())
+
+    async def node(self, node_id: str) -> NodeStatus:
+        """One data node: health, usage and decommission progress."""
+        return await self._run(self._core.node(node_id))
+
+    async def decommission(self, node_id: str, *, cancel: bool = False) -> NodeStatus:
+        """Start decommissioning a data node (or cancel it); poll :meth:`node` for progress."""
+        return await self._run(self._core.decommission(node_id, cancel))
+
+    async def forget(self, node_id: str) -> ForgetResponse:
+        """Remove a dead or decommissioned node from the master's table."""
+        return await self._run(self._core.forget(node_id))
 
     async def ready(self) -> dict[str, Any]:
         return await self._run(self._core.ready())

@@ -1,5 +1,6 @@
 """The ``squall`` user verbs: put, lease, queues, stats, task, delete, reset-leases,
-dead-letters, redrive, nodes. Every verb takes ``--master`` (or ``SQUALL_MASTER``)."""
+dead-letters, redrive (``nodes`` is in ``_cli_nodes.py``). Every verb takes ``--master``
+(or ``SQUALL_MASTER``)."""
 
 from __future__ import annotations
 
@@ -306,32 +307,6 @@ def redrive(queue: QueueArg,
     out.print(f"moved {r.moved} task(s) from {r.source} back into {queue}")
 
 
-def nodes(as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
-    """Data nodes: health, usage, and the cluster's under-replicated blob count."""
-    with connect(master) as c:
-        info = c.cluster()
-    if as_json:
-        print_json(info)
-        return
-    rows = [[n.node_id, n.address, n.state, f"{n.last_beat_secs_ago:.1f}s",
-             _size(n.used_bytes), _size(n.free_bytes), n.blob_count] for n in info.nodes]
-    out.print(table("data nodes", ["node", "address", "state", "last beat", "used", "free",
-                                   "blobs"], rows))
-    out.print(f"replication factor {info.replication_factor}, write quorum "
-              f"{info.write_quorum}, {info.blobs} blob(s), {info.under_replicated} "
-              f"under-replicated, {info.lost} lost, {info.copies_in_flight} copies in flight")
-
-
-def _size(n: int) -> str:
-    f = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if f < 1024 or unit == "TiB":
-            return f"{f:.0f} {unit}" if unit == "B" else f"{f:.1f} {unit}"
-        f /= 1024
-    return str(n)  # pragma: no cover
-
-
 def register(app: typer.Typer) -> None:
-    for fn in (put, lease, queues, stats, task, delete, reset_leases, dead_letters, redrive,
-               nodes):
+    for fn in (put, lease, queues, stats, task, delete, reset_leases, dead_letters, redrive):
         app.command(fn.__name__.replace("_", "-"))(fn)

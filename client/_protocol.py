@@ -23,6 +23,8 @@ from squall.common.models import (
     ClusterStats,
     DeleteResponse,
     EnqueueResult,
+    ForgetResponse,
+    NodeStatus,
     Policy,
     QueueCounts,
     QueueStats,
@@ -313,9 +315,28 @@ class Core:
     def cluster(self) -> Proto[ClusterInfo]:
         return ClusterInfo.model_validate((yield from self._call("GET", "/v1/cluster")))
 
+    def node(self, node_id: str) -> Proto[NodeStatus]:
+        return NodeStatus.model_validate((yield from self._call("GET", _node_path(node_id))))
+
+    def decommission(self, node_id: str, cancel: bool = False) -> Proto[NodeStatus]:
+        ans = yield from self._call("DELETE" if cancel else "POST",
+                                    _node_path(node_id) + "/decommission")
+        return NodeStatus.model_validate(ans)
+
+    def forget(self, node_id: str) -> Proto[ForgetResponse]:
+        # not retried: a retry of a forget that went through would answer 404
+        ans = yield from self._call("DELETE", _node_path(node_id), idempotent=False)
+        return ForgetResponse.model_validate(ans)
+
     def ready(self) -> Proto[dict[str, Any]]:
         ans: dict[str, Any] = yield from self._call("GET", "/readyz")
         return ans
+
+
+def _node_path(node_id: str) -> str:
+    if not node_id or len(node_id) > 128:
+        raise BadRequest("a data node id is 1 to 128 characters (`squall nodes` lists them)")
+    return "/v1/nodes/" + quote(node_id, safe="")
 
 
 def _policy_path(target: str) -> str:

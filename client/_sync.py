@@ -25,6 +25,8 @@ from squall.common.models import (
     ClusterStats,
     DeleteResponse,
     EnqueueResult,
+    ForgetResponse,
+    NodeStatus,
     Policy,
     QueueCounts,
     QueueStats,
@@ -283,6 +285,18 @@ class Client:
 
     def cluster(self) -> ClusterInfo:
         return self._run(self._core.cluster())
+
+    def node(self, node_id: str) -> NodeStatus:
+        """One data node: health, usage and decommission progress."""
+        return self._run(self._core.node(node_id))
+
+    def decommission(self, node_id: str, *, cancel: bool = False) -> NodeStatus:
+        """Start decommissioning a data node (or cancel it); poll :meth:`node` for progress."""
+        return self._run(self._core.decommission(node_id, cancel))
+
+    def forget(self, node_id: str) -> ForgetResponse:
+        """Remove a dead or decommissioned node from the master's table."""
+        return self._run(self._core.forget(node_id))
 
     def ready(self) -> dict[str, Any]:
         return self._run(self._core.ready())

@@ -1,11 +1,12 @@
 """The `squall` command line.
 
 User verbs (``put``, ``lease``, ``queues``, ``stats``, ``task``, ``delete``, ``reset-leases``,
-``dead-letters``, ``redrive``, ``nodes``) live in ``_cli_verbs.py``, the local cluster
-(``squall dev``) in ``_cli_dev.py``. Server commands (``squall master``, ``squall datanode``)
-are plugins found through the ``squall.cli`` entry-point group, so this package never
-imports the server packages; a plugin that cannot load (e.g. a client-only install) is
-skipped with a note instead of breaking the user verbs.
+``dead-letters``, ``redrive``) live in ``_cli_verbs.py``, ``nodes`` (list, decommission,
+forget) in ``_cli_nodes.py``, the local cluster (``squall dev``) in ``_cli_dev.py``.
+Server commands (``squall master``, ``squall datanode``) are plugins found through the
+``squall.cli`` entry-point group, so this package never imports the server packages; a
+plugin that cannot load (e.g. a client-only install) is skipped with a note instead of
+breaking the user verbs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from importlib.metadata import entry_points
 
 import typer
 
-from squall.client import _cli_dev, _cli_verbs
+from squall.client import _cli_dev, _cli_nodes, _cli_verbs
 
 app = typer.Typer(help="squall: a distributed, durable, priority task queue.",
                   no_args_is_help=True, add_completion=False,
@@ -28,6 +29,7 @@ def _root() -> None:
 
 
 _cli_verbs.register(app)
+app.add_typer(_cli_nodes.app, name="nodes")
 _cli_dev.register(app)
 _plugins_loaded = False
 

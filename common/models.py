@@ -304,15 +304,33 @@ class AllocateResponse(_M):
     write_quorum: int = Field(description="receipts the master needs on enqueue")
 
 
+class DecommissionProgress(_M):
+    requested_at: float = Field(description="when decommissioning was asked (epoch seconds)")
+    blobs_remaining: int | None = Field(
+        description="blobs it holds that do not have the replication factor on other nodes "
+                    "yet (null until the node's next full block report)")
+
+
 class NodeStatus(_M):
     node_id: str
     address: str
-    state: str = Field(description="alive | suspect | dead")
-    last_beat_secs_ago: float
+    state: str = Field(description="alive | suspect | dead | draining (being decommissioned: "
+                       "no new blobs, its blobs are copied elsewhere) | decommissioned (every "
+                       "blob it holds has the replication factor elsewhere: safe to stop "
+                       "and forget)")
+    health: str = Field("alive", description="from heartbeats: alive | suspect | dead "
+                        "(unknown: marked, but not heard from since the master started)")
+    last_beat_secs_ago: float | None
     capacity_bytes: int
     used_bytes: int
     free_bytes: int
     blob_count: int
+    decommission: DecommissionProgress | None = Field(
+        None, description="set while the node is draining or decommissioned")
+
+
+class ForgetResponse(_M):
+    forgotten: str = Field(description="the node id removed from the master's node table")
 
 
 class ClusterInfo(_M):

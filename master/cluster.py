@@ -6,6 +6,11 @@ beats failed, or that the master does not know, sends its full inventory):
 - **Node table**: a node is *alive* while it beats, *suspect* after missing one beat
   (no new blobs go there), *dead* after ``dead_after_beats`` missed beats. A dead node that
   beats again is re-admitted; whatever it holds that is no longer needed is deleted.
+- **Decommissioning** (HDFS's model; the bookkeeping is in ``master/drain.py``): a node in
+  ``draining`` (persisted in the index, so it survives a master restart) gets no new blobs
+  and its copies do not count toward the replication factor, so repair copies every blob
+  it holds to other nodes while it keeps serving reads; once all of them have their
+  replication factor elsewhere it is ``decommissioned`` and can be stopped and forgotten.
 - **Block map**: blob id → nodes that reported holding it (full or incremental reports,
   write receipts, finished copies).
 - **Repair**: blobs to re-examine (a holder died or reported corruption, a new report came
@@ -37,10 +42,12 @@ from squall.common.cluster import (
     ReplicateCommand,
 )
 from squall.common.tokens import sign
+from squall.master import drain
 
 CHECK_BATCH = 20_000
 DELETE_BATCH = 1000
 COPY_TIMEOUT_S = 300.0
+DRAIN_CHECK_S = 0.5  # how often draining nodes' progress is recounted
 
 
 @dataclass
@@ -69,6 +76,8 @@ class Node:
     blob_count: int = 0
     dead: bool = False
     blobs: set[str] = field(default_factory=set)
+    reported_full: bool = False  # a full block report arrived since it (re)joined
+    drain_remaining: int = -1  # draining: blobs still short of RF elsewhere (-1: not known)
 
 
 class Cluster:
@@ -87,6 +96,9 @@ class Cluster:
         self.lost: set[str] = set()
         self.copies_done = 0
         self.deleted = 0
+        # node id -> time decommissioning was asked (persisted by the master; master/drain.py)
+        self.draining: dict[str, float] = {}
+        self.drain_checked_at = 0.0
 
     # -- node states ---------------------------------------------------------------------
     def state(self, n: Node, now: float) -> str:
@@ -99,7 +111,8 @@ class Cluster:
         """Nodes not dead (strict: only alive ones, for new placements)."""
         now = self.clock.now() if now is None else now
         ok = ("alive",) if strict else ("alive", "suspect")
-        return [n for n in self.nodes.values() if self.state(n, now) in ok]
+        return [n for n in self.nodes.values() if self.state(n, now) in ok
+                and not (strict and n.node_id in self.draining)]
 
     def live_holders(self, blob_id: str, now: float | None = None) -> list[Node]:
         now = self.clock.now() if now is None else now
@@ -113,6 +126,8 @@ class Cluster:
         fresh = n is None or n.started_at != req.started_at or n.dead
         if n is None:
             n = self.nodes[req.node_id] = Node(req.node_id, req.address, req.started_at, now)
+        if fresh:
+            n.reported_full = False
         n.address, n.started_at, n.last_beat, n.dead = req.address, req.started_at, now, False
         n.capacity_bytes, n.used_bytes = req.capacity_bytes, req.used_bytes
         n.free_bytes, n.blob_count = req.free_bytes, req.blob_count
@@ -120,6 +135,7 @@ class Cluster:
             for b in n.blobs - set(req.blob_ids):
                 self._drop(b, n.node_id)
             self._add(req.blob_ids, n)
+            n.reported_full = True
         else:
             self._add(req.added, n)
             for b in req.deleted:
@@ -177,6 +193,10 @@ class Cluster:
         now = self.clock.now()
         self._declare_dead(now)
         self._expire_copies(now)
+        if self.draining and now - self.drain_checked_at >= max(
+                DRAIN_CHECK_S, self.s.heartbeat_interval_s):
+            self.drain_checked_at = now
+            drain.update(self, now)
         self._free(freed, now)
         for b, t in list(self.allocated.items()):
             if now - t > self.s.orphan_grace_s:
@@ -229,13 +249,16 @@ class Cluster:
         self.unreferenced_since.pop(b, None)
         self.lost.discard(b)
         self.under.discard(b)
+        # a draining node's copy is a source for copies, but does not count toward RF
+        counting = [n for n in live if n.node_id not in self.draining]
         if not live:
             self.lost.add(b)
-        elif len(live) < rf:
-            self.under.add(b)
-            needy.append((len(live), b, live))
-        elif len(live) > rf and not self.inflight.get(b):
-            for extra in sorted(live, key=lambda x: -x.used_bytes)[:len(live) - rf]:
+        elif len(counting) < rf:
+            if len(live) < rf:
+                self.under.add(b)  # a draining node's copy still exists: not under RF
+            needy.append((len(counting), b, live))
+        elif len(counting) > rf and not self.inflight.get(b):
+            for extra in sorted(counting, key=lambda x: -x.used_bytes)[:len(counting) - rf]:
                 self._delete(b, [extra])
 
     def _maybe_orphan(self, b: str, live: list[Node], now: float) -> None:
@@ -274,6 +297,7 @@ class Cluster:
         candidates = sorted(self.live(now, strict=True), key=lambda n: n.used_bytes)
         for count, b, live in needy:
             want = self.s.replication_factor - count - len(self.inflight.get(b, {}))
+            live = sorted(live, key=lambda n: n.node_id in self.draining)  # others first
             holding = {n.node_id for n in live} | set(self.inflight.get(b, {}))
             for _ in range(max(0, want)):
                 src = min((n for n in live if busy.get(n.node_id, 0) < cap),
@@ -294,12 +318,18 @@ class Cluster:
                 planned += 1
         return planned
 
+    def describe(self, n: Node, now: float) -> dict[str, Any]:
+        health = self.state(n, now)
+        return {"node_id": n.node_id, "address": n.address,
+                "state": drain.state_of(self, n, health), "health": health,
+                "last_beat_secs_ago": round(now - n.last_beat, 3),
+                "capacity_bytes": n.capacity_bytes, "used_bytes": n.used_bytes,
+                "free_bytes": n.free_bytes, "blob_count": n.blob_count,
+                "decommission": drain.progress(self, n)}
+
     def info(self) -> dict[str, Any]:
         now = self.clock.now()
-        nodes = [{"node_id": n.node_id, "address": n.address, "state": self.state(n, now),
-                  "last_beat_secs_ago": round(now - n.last_beat, 3),
-                  "capacity_bytes": n.capacity_bytes, "used_bytes": n.used_bytes,
-                  "free_bytes": n.free_bytes, "blob_count": n.blob_count}
+        nodes = [self.describe(n, now)
                  for n in sorted(self.nodes.values(), key=lambda n: n.node_id)]
         return {"nodes": nodes, "replication_factor": self.s.replication_factor,
                 "write_quorum": self.s.quorum, "under_replicated": len(self.under),

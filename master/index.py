@@ -21,6 +21,8 @@ Layout (named databases in one environment; integers big-endian so keys sort num
                                                   delayed tasks (due = not_before)
     conf    b"P" group \\0 name -> msgpack policy  (name "" = the group's default)
             b"S" group \\0 name -> msgpack schedule (with its last enqueued slot)
+            b"N" \\0 node_id  -> msgpack {"mark": "draining", "since": secs}: a data
+                                 node being decommissioned (see master/cluster.py)
     reap    qid(u32) gen(u32) -> b""              deleted generations not yet reaped
     blobs   blob id -> u32 references               payloads referenced by tasks and schedules:
                                                   what data nodes keep, at full replication
@@ -185,6 +187,7 @@ class Index:
         self.by_qid: dict[int, QueueRec] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.schedules: dict[tuple[str, str], dict[str, Any]] = {}
+        self.node_marks: dict[tuple[str, str], dict[str, Any]] = {}  # ("", node_id) -> mark
         # (state, due_ms, enq_ms, blob), or None for absent, of task keys read while planning the
         # current write txn, so applying the plan need not read and decode them again.
         # Valid within one write txn only: begin_write() clears it.
@@ -208,11 +211,10 @@ class Index:
             for k, v in txn.cursor(db=self.queues_db):
                 group, name = bytes(k).decode().split("\x00", 1)
                 queues[(group, name)] = QueueRec(group, name, *msgpack.unpackb(v))
-            self.policies, self.schedules = {}, {}
+            self.policies, self.schedules, self.node_marks = {}, {}, {}
             for k, v in txn.cursor(db=self.conf):
                 group, name = bytes(k[1:]).decode().split("\x00", 1)
-                target = self.policies if k[:1] == b"P" else self.schedules
-                target[(group, name)] = msgpack.unpackb(v)
+                self._conf(bytes(k[:1]))[(group, name)] = msgpack.unpackb(v)
         self.queues = queues
         self.by_qid = {q.qid: q for q in queues.values()}
 
@@ -368,7 +370,7 @@ class Index:
 
     def set_conf(self, txn: lmdb.Transaction, kind: bytes, group: str, name: str,
                  value: dict[str, Any] | None) -> None:
-        target = self.policies if kind == b"P" else self.schedules
+        target = self._conf(kind)
         key = kind + gname(group, name)
         old_blob = (target.get((group, name)) or {}).get("payload") or {}
         new_blob = (value or {}).get("payload") or {}
@@ -383,6 +385,9 @@ class Index:
         else:
             txn.put(key, msgpack.packb(value), db=self.conf)
             target[(group, name)] = value
+
+    def _conf(self, kind: bytes) -> dict[tuple[str, str], dict[str, Any]]:
+        return {b"P": self.policies, b"N": self.node_marks}.get(kind, self.schedules)
 
     def ref_blob(self, txn: lmdb.Transaction, blob_id: str, delta: int) -> None:
         """Count a reference to a payload up or down; at zero it is freed for blob GC."""

@@ -10,8 +10,10 @@ same :func:`apply` runs live (inside the request's LMDB transaction) and on repl
     ("M", lease_seq, auto_pid)             raise the token / auto-pid high-water marks
     ("G", qid, new_gen, now_ms)            delete a queue: new generation, old one reaped
     ("R", qid, gen)                        reset leases: every lease of the queue revoked
-    ("C", kind, group, name, value|None)   set or clear a policy (kind "P") or a schedule
-                                           (kind "S"; holds its last enqueued slot)
+    ("C", kind, group, name, value|None)   set or clear a policy (kind "P"), a schedule
+                                           (kind "S"; holds its last enqueued slot) or a
+                                           data node's decommission mark (kind "N",
+                                           group "", name = node id)
 
 An op naming a generation that is no longer current does nothing, so a record that raced
 with a queue deletion replays the same way it applied.

@@ -36,8 +36,10 @@ class Placement:
         alive = c.live(now, strict=True)
         quorum = c.s.quorum
         if len(alive) < quorum:
+            draining = f" ({len(c.draining)} decommissioning)" if c.draining else ""
             raise Unavailable(
-                f"{len(alive)} data node(s) alive, a write needs {quorum}: start data nodes "
+                f"{len(alive)} data node(s) alive and in service{draining}, a write needs "
+                f"{quorum}: start data nodes "
                 "(`squall datanode --master URL ...`) or wait for them to heartbeat",
                 retry_after=c.s.heartbeat_interval_s)
         room = [n for n in alive if n.free_bytes >= size_bytes * count] or alive

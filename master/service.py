@@ -39,7 +39,7 @@ from squall.common.errors import Unavailable
 from squall.common.models import LeaseRequest, Policy, Schedule, TaskSpec, UpdateRequest
 from squall.common.names import check_name, check_pid
 from squall.common.tokens import load_cluster_key
-from squall.master import admin
+from squall.master import admin, drain
 from squall.master.cluster import Cluster, ClusterSettings
 from squall.master.commit import GroupCommit
 from squall.master.engine import Engine, Plan
@@ -92,6 +92,8 @@ class Master:
         self.meters = Meters()
         records, tail = read_records(self.wal_dir, after=self.index.applied)
         self.replayed = self._replay(records)
+        for (_, node_id), mark in self.index.node_marks.items():  # decommissions resume
+            drain.start(self.cluster, node_id, float(mark.get("since", 0.0)))
         if self.index.applied > tail.last_ticket:
             # LMDB holds commits whose WAL frames were lost (kill -9 before the write).
             # New records will build on them: make them durable first, or a power loss
@@ -191,6 +193,36 @@ class Master:
 
     async def set_schedule(self, group: str, name: str, s: Schedule | None) -> dict[str, Any]:
         return await self._execute(lambda txn: admin.plan_schedule(self.engine, group, name, s))
+
+    # -- data nodes: decommission (master/drain.py) ------------------------------------
+    async def _mark_node(self, node_id: str, mark: dict[str, Any] | None) -> None:
+        await self._execute(lambda txn: Plan([("C", "N", "", node_id, mark)]))
+
+    async def decommission(self, node_id: str) -> dict[str, Any]:
+        """Mark a data node draining (idempotent); its blobs move to other nodes."""
+        drain.check_known(self.cluster, node_id)
+        if node_id not in self.cluster.draining:
+            drain.check_room(self.cluster, node_id)
+            since = self.clock.now()
+            await self._mark_node(node_id, {"mark": drain.DRAINING, "since": since})
+            drain.start(self.cluster, node_id, since)
+        return drain.describe(self.cluster, node_id)
+
+    async def recommission(self, node_id: str) -> dict[str, Any]:
+        """Cancel a decommission (idempotent): the node takes new blobs again."""
+        drain.check_known(self.cluster, node_id)
+        if node_id in self.cluster.draining:
+            await self._mark_node(node_id, None)
+            drain.cancel(self.cluster, node_id)
+        return drain.describe(self.cluster, node_id)
+
+    async def forget_node(self, node_id: str) -> dict[str, Any]:
+        """Remove a dead or decommissioned node from the table (409 otherwise)."""
+        drain.check_forget(self.cluster, node_id)
+        if node_id in self.cluster.draining:
+            await self._mark_node(node_id, None)
+        drain.forget(self.cluster, node_id)
+        return {"forgotten": node_id}
 
     # -- reads ---------------------------------------------------------------------------
     def task_info(self, group: str, queue: str, pid: str) -> dict[str, Any]:
