@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,61 +22,15 @@ pytest.importorskip("pyarrow")
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from squall.client import Backoff, Client, LeasedTask, NewTask, NotFound
-from squall.client.spark import derived_pid, local_session, outputs, run_stage
+from squall.client import Backoff, LeasedTask, NewTask
+from squall.client.spark import derived_pid, outputs, run_stage
 from squall.client.spark._fetch import _groups
 from squall.common.models import PayloadRef, QueueStats
-from tests.helpers import DataNodeProcess, MasterProcess, start_all, wait_for
+from tests.helpers import wait_for
+from tests.spark_kit import Cluster, cluster, expected, lease_all, spark, total
 
-KEY = "test-spark-key-0123456789abcdef01"
-ENV = {"SQUALL_CLUSTER_KEY": KEY}
-BEAT = ["--heartbeat-interval-s", "0.2"]
+__all__ = ["cluster", "spark"]  # module fixtures
 
-
-class Cluster:
-    def __init__(self, tmp: Path, nodes: int = 3) -> None:
-        self.master = MasterProcess(str(tmp / "master"), env=ENV, extra=[
-            *BEAT, "--dead-after-beats", "3", "--replication-factor", "2"]).start()
-        self.nodes = [DataNodeProcess(str(tmp / f"dn{i}"), env=ENV,
-                                      extra=["--master", self.master.url, *BEAT])
-                      for i in range(nodes)]
-        start_all(self.nodes)
-        self.client = Client(self.master.url)
-        wait_for(lambda: self.alive() == nodes, what="data nodes alive")
-
-    @property
-    def url(self) -> str:
-        return self.master.url
-
-    def alive(self) -> int:
-        return sum(n.state == "alive" for n in self.client.cluster().nodes)
-
-    def close(self) -> None:
-        self.client.close()
-        for p in [*self.nodes, self.master]:
-            p.stop()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("spark-cluster"))
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    s = local_session("squall-tests", "local[2,2]")
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-def expected(i: int, reps: int) -> bytes:
-    return (hashlib.sha256(str(i).encode()).hexdigest() * reps).encode()
 
 
 def rows_df(spark: SparkSession, n: int, size: int, partitions: int = 2) -> DataFrame:
@@ -93,24 +46,6 @@ def write(df: DataFrame, url: str, queue: str, **opts: str) -> None:
     for k, v in opts.items():
         w = w.option(k, v)
     w.mode("append").save()
-
-
-def total(c: Client, queue: str) -> int:
-    try:
-        st = c.stats(queue)
-    except NotFound:
-        return 0
-    assert isinstance(st, QueueStats)
-    return st.total
-
-
-def lease_all(c: Client, queue: str, n: int) -> list[LeasedTask]:
-    out: list[LeasedTask] = []
-    while len(out) < n:
-        got = c.lease(queue, max_tasks=1000, lease_secs=300)
-        assert got, f"only {len(out)} of {n} tasks leasable"
-        out += got
-    return out
 
 
 # -- the data source -----------------------------------------------------------------------

@@ -149,6 +149,23 @@ def _describe(e: BaseException, limit: int = 3000) -> str:
 Outcome = tuple[LeasedTask, list[NewTask] | BaseException]
 
 
+class _Renewer:
+    """Renews every lease of a batch each ``lease_secs / 3`` (counted from the lease) while
+    the caller waits for work on that batch."""
+
+    def __init__(self, loop: StageLoop, tasks: list[LeasedTask]) -> None:
+        self.loop, self.tasks = loop, tasks
+        self.period = loop.spec.lease_secs / 3
+        self.due = time.monotonic() + self.period
+
+    def wait(self, pending: set[Future[Any]]) -> None:
+        while pending:
+            _, pending = wait(pending, timeout=max(0.0, self.due - time.monotonic()))
+            if pending and time.monotonic() >= self.due:
+                self.loop._renew(self.tasks)
+                self.due = time.monotonic() + self.period
+
+
 class StageLoop:
     """One Spark task's worker loop (no Spark needed: tests drive it directly)."""
 
@@ -168,16 +185,20 @@ class StageLoop:
         return outputs(task.pid, out, self.spec.sink, self.group)
 
     def _run_batch(self, pool: ThreadPoolExecutor, tasks: list[LeasedTask]) -> list[Outcome]:
-        datas = fetch_many(self.http, [t.payload_ref for t in tasks],
-                           lambda i: tasks[i].payload(), pool)
+        """Fetch the batch's payloads and run its handlers, renewing the leases of the
+        WHOLE batch (finished results included: they are committed only with the batch)
+        every ``lease_secs / 3`` from the moment of the lease until the last handler ends."""
+        renewer = _Renewer(self, tasks)
+        with ThreadPoolExecutor(1, thread_name_prefix="squall-fetch") as fetcher:
+            # its own thread: fetch_many uses `pool` for its reads (threads=1 must not wait
+            # on itself)
+            fetching = fetcher.submit(fetch_many, self.http, [t.payload_ref for t in tasks],
+                                      lambda i: tasks[i].payload(), pool)
+            renewer.wait({fetching})
+            datas = fetching.result()
         futs: list[Future[list[NewTask]]] = [pool.submit(self._process, t, d)
                                               for t, d in zip(tasks, datas, strict=True)]
-        period = self.spec.lease_secs / 3
-        pending: set[Future[list[NewTask]]] = set(futs)
-        while pending:
-            _, pending = wait(pending, timeout=period)
-            if pending:
-                self._renew([t for t, f in zip(tasks, futs, strict=True) if f in pending])
+        renewer.wait(set(futs))
         return [(t, f.exception() or f.result()) for t, f in zip(tasks, futs, strict=True)]
 
     def _renew(self, tasks: list[LeasedTask]) -> None:
