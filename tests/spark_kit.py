@@ -20,18 +20,19 @@ from tests.helpers import DataNodeProcess, MasterProcess, start_all, wait_for
 KEY = "test-spark-key-0123456789abcdef01"
 ENV = {"SQUALL_CLUSTER_KEY": KEY}
 BEAT = ["--heartbeat-interval-s", "0.2"]
+START_S = 120.0  # a server's start-up on a loaded two-core machine (a Spark JVM is starting)
 
 
 class Cluster:
     def __init__(self, tmp: Path, nodes: int = 3) -> None:
         self.master = MasterProcess(str(tmp / "master"), env=ENV, extra=[
-            *BEAT, "--dead-after-beats", "3", "--replication-factor", "2"]).start()
+            *BEAT, "--dead-after-beats", "3", "--replication-factor", "2"]).start(START_S)
         self.nodes = [DataNodeProcess(str(tmp / f"dn{i}"), env=ENV,
                                       extra=["--master", self.master.url, *BEAT])
                       for i in range(nodes)]
-        start_all(self.nodes)
+        start_all(self.nodes, START_S)
         self.client = Client(self.master.url)
-        wait_for(lambda: self.alive() == nodes, what="data nodes alive")
+        wait_for(lambda: self.alive() == nodes, START_S, what="data nodes alive")
 
     @property
     def url(self) -> str:

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from squall.client import Backoff, LeasedTask, NewTask
-from squall.client.spark import derived_pid, outputs, run_stage
+from squall.client.spark import derived_pid, outputs, run_stage, save
 from squall.client.spark._fetch import _groups
 from squall.common.models import PayloadRef, QueueStats
 from tests.helpers import wait_for
@@ -79,14 +79,14 @@ def test_reader_lists_tasks_and_payloads_without_leasing(spark: SparkSession,
     n, size, q = 1500, 1024, "ds#read"
     write(rows_df(spark, n, size), cluster.url, q, pid="pid")
     base = spark.read.format("squall").option("master", cluster.url).option("queue", q)
-    meta = base.option("partition_size", "400").load()
+    meta = base.option("partition_size", "400").load()  # 1500 tasks
     assert meta.rdd.getNumPartitions() == 4
     agg = meta.agg(F.count("*"), F.countDistinct("pid"), F.sum("size"), F.max("attempts"),
                    F.min("state"), F.max("state")).collect()[0]
     assert tuple(agg) == (n, n, n * size, 0, "available", "available")
     assert "payload" not in meta.columns
 
-    full = base.option("payload", "true").load()
+    full = base.option("with_payload", "true").load()
     got = {r.pid: r.h for r in full.select("pid", F.sha2("payload", 256).alias("h")).collect()}
     assert got == {f"k{i:05d}": hashlib.sha256(expected(i, size // 64)).hexdigest()
                    for i in range(n)}
@@ -138,8 +138,26 @@ def test_bad_options_fail_at_save(spark: SparkSession, cluster: Cluster) -> None
         df.write.format("squall").option("master", cluster.url).mode("append").save()
     with pytest.raises(Exception, match="string column"):
         write(df, cluster.url, "ds#x", pid="nope")
+    with pytest.raises(Exception, match="numeric column"):
+        write(df, cluster.url, "ds#x", pid="pid", delay="pid")
+    # an unreachable master fails on the driver, before any payload is uploaded
+    with pytest.raises(Exception, match="does not answer"):
+        write(df, "http://127.0.0.1:9", "ds#x", pid="pid")
 
 
+def test_save_reports_new_and_collapsed_and_honours_delay(spark: SparkSession,
+                                                          cluster: Cluster) -> None:
+    c, q = cluster.client, "ds#sum"
+    df = rows_df(spark, 40, 64).withColumn(
+        "wait", F.when(F.col("pid") < "k00010", F.lit(3600.0)))
+    first = save(df.limit(30), q, master=cluster.url, pid="pid", delay="wait")
+    assert (first.rows, first.added, first.collapsed) == (30, 30, 0)
+    again = save(df, q, master=cluster.url, pid="pid", delay="wait", batch_rows=7)
+    assert (again.rows, again.added, again.collapsed, again.payload_bytes) == (
+        40, 10, 30, 40 * 64)
+    st = c.stats(q)
+    assert isinstance(st, QueueStats)
+    assert (st.total, st.delayed, st.available) == (40, 10, 30)
 # -- run_stage -----------------------------------------------------------------------------
 def test_stage_moves_tasks_once_and_dead_letters_failures(spark: SparkSession,
                                                           cluster: Cluster) -> None:
@@ -274,17 +292,27 @@ def test_importing_the_client_does_not_import_pyspark() -> None:
 
 
 def test_partition_rows_from_arrow_batches_and_rows() -> None:
+    import datetime as dt
+
     import pyarrow as pa
     from pyspark.sql import Row
 
     from squall.client.spark._write import WriteOptions, partition_rows
 
-    named = WriteOptions(None, "g#q", "k", "v", "job")
-    batch = pa.record_batch({"k": ["a", "b"], "v": [b"1", None]})
-    assert list(partition_rows([batch, Row(k="c", v=b"3")], named, 7)) == [
-        ("a", b"1"), ("b", None), ("c", b"3")]
+    named = WriteOptions(None, "g#q", "k", "v", "job", delay_column="d",
+                         not_before_column="nb")
+    when = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    batch = pa.record_batch({"k": ["a", "b"], "v": [b"1", None], "d": [1.5, None],
+                             "nb": [None, when]})
+    got = list(partition_rows([batch, Row(k="c", v=b"3", d=None, nb=None)], named, 7))
+    assert [(t.pid, t.payload, t.delay, t.not_before) for t in got] == [
+        ("a", b"1", 1.5, None), ("b", None, None, when.timestamp()), ("c", b"3", None, None)]
     derived = WriteOptions(None, "g#q", None, None, "job")
-    assert [p for p, _ in partition_rows([batch], derived, 7)] == [
+    assert [t.pid for t in partition_rows([batch], derived, 7)] == [
         derived_pid("job", 7, 0), derived_pid("job", 7, 1)]
+    plain = WriteOptions(None, "g#q", "k", "v", "job")
     with pytest.raises(ValueError, match="null pid"):
-        list(partition_rows([pa.record_batch({"k": [None], "v": [b""]})], named, 0))
+        list(partition_rows([pa.record_batch({"k": [None], "v": [b""]})], plain, 0))
+    for bad in ("", "x" * 1025, "a\x00b"):  # checked before any payload is uploaded
+        with pytest.raises(ValueError, match="row 0 of partition 0: bad pid"):
+            list(partition_rows([pa.record_batch({"k": [bad], "v": [b""]})], plain, 0))

@@ -105,6 +105,7 @@ class StageSpec:
     max_attempts: int | None
     deadline: float | None  # epoch seconds
     poll_max_s: float = POLL_MAX_S
+    batch: bool = False  # one handler call per leased batch (a pyarrow.RecordBatch)
 
 
 def outputs(src_pid: str, result: Any, sink: str | None, group: str) -> list[NewTask]:
@@ -333,6 +334,10 @@ def run_partition(spec: StageSpec, handler: Handler, partition: int, max_tasks: 
     worker = f"spark-stage:{socket.gethostname()}:{os.getpid()}:p{partition}"
     with Client(spec.master, worker=worker, max_connections=2 * spec.threads + 4) as c, \
             httpx.Client(timeout=120.0) as http:
+        if spec.batch:
+            from squall.client.spark._arrow import ArrowStageLoop
+
+            return asdict(ArrowStageLoop(c, spec, handler, http).run(max_tasks))
         return asdict(StageLoop(c, spec, handler, http).run(max_tasks))
 
 
@@ -340,12 +345,14 @@ def run_stage(spark: SparkSession, source: str, handler: Handler, sink: str | No
               parallelism: int | None = None, lease_secs: float = 60.0,
               max_tasks: int | None = None, timeout_s: float | None = None,
               batch_size: int = 200, threads: int = 4, with_pid: bool = False,
-              master: str | None = None) -> StageResult:
+              batch: bool = False, master: str | None = None) -> StageResult:
     """Run ``handler`` over the tasks of ``source`` on ``parallelism`` Spark tasks, moving
     each task to ``sink`` atomically with its outputs (see the module docstring).
 
     ``handler(payload: bytes)`` (or ``handler(pid, payload)`` with ``with_pid=True``)
-    returns what :func:`outputs` accepts. ``sink`` must be in the source's group (one
+    returns what :func:`outputs` accepts; with ``batch=True``, ``handler(batch)`` gets a
+    ``pyarrow.RecordBatch`` of a whole leased batch and the batch moves atomically (see
+    ``_arrow.py``). ``sink`` must be in the source's group (one
     update touches one group). ``max_tasks`` bounds the leases taken in all (split evenly
     over the Spark tasks); ``timeout_s`` bounds the wall time. Blocks until every Spark
     task has finished; returns the summed counts."""
@@ -360,7 +367,8 @@ def run_stage(spark: SparkSession, source: str, handler: Handler, sink: str | No
         master = c.master
     parts = parallelism or spark.sparkContext.defaultParallelism
     spec = StageSpec(master, source, sink, lease_secs, batch_size, threads, with_pid,
-                     max_attempts, time.time() + timeout_s if timeout_s else None)
+                     max_attempts, time.time() + timeout_s if timeout_s else None,
+                     batch=batch)
     shares = _shares(max_tasks, parts)
     t0 = time.monotonic()
     sc = spark.sparkContext
