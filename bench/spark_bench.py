@@ -10,11 +10,14 @@ A master (``--fsync``) and three data nodes (replication factor 2) as real proce
 - **write**: ``df.write.format("squall")`` of N rows with 100 KiB payloads (generated in the
   JVM from the row id, so Spark has no input to read), pid column, 2 partitions. Target:
   >= 80 MB/s of payload (MB = 10^6 bytes).
+- **put_many**: the same rows (same sizes, distinct bytes) written by ``Client.put_many``
+  from this one process (batches of 80 rows: about the data source's 8 MiB), replication
+  factor 2, in the same run: the write's target is >= 0.8x this.
 - **baseline**: the same DataFrame through ``foreachPartition`` with one plain ``httpx`` PUT
   per row to a single data node (blob ids and a write token from one master allocation per
   1,000 rows; replication factor 1, no enqueue): the naive way, for comparison.
 - **stage**: ``run_stage`` with a no-op handler over N tasks with 1 KiB payloads (written
-  beforehand with ``Client.put_many``), sink none. Target: >= 2,000 tasks/s.
+  beforehand with ``Client.put_many``), sink none. Target: >= 5,000 tasks/s.
 
 Each figure is over the wall time of the Spark job after a warm-up job (Python workers
 already started); ``loop`` figures exclude Spark's job scheduling (the slowest Spark task's
@@ -44,7 +47,9 @@ RESULTS = ROOT / "bench" / "results"
 KIB = 1024
 MB = 1_000_000
 TARGET_WRITE_MB_S = 80.0
-TARGET_STAGE_TASKS_S = 2000.0
+TARGET_STAGE_TASKS_S = 5000.0
+TARGET_WRITE_VS_PUT_MANY = 0.8
+ALL = ("write", "put_many", "baseline", "stage")
 
 
 @dataclass
@@ -95,6 +100,37 @@ def bench_write(spark: Any, url: str, rows: int, size: int, partitions: int) -> 
     return Figure("write (data source, RF 2)", rows, rows * size, secs,
                   round(rows * size / MB / secs, 1), "MB/s", TARGET_WRITE_MB_S, load1(),
                   f"{partitions} partitions; batches of 8 MiB (81 rows), 3 in flight each")
+
+
+def bench_put_many(url: str, rows: int, size: int) -> Figure:
+    import hashlib
+
+    reps = size // 64
+
+    def items() -> Any:
+        for i in range(2 * 10**9, 2 * 10**9 + rows):
+            data = (hashlib.sha256(str(i).encode()).hexdigest() * reps).encode()
+            yield NewTask(data, pid=f"r{i:010d}")
+
+    with Client(url) as c:
+        c.put_many("bench#warmput", [NewTask(b"x" * size) for _ in range(80)], batch_size=80)
+        t0 = time.perf_counter()
+        added = c.put_many("bench#putmany", items(), batch_size=80)
+        secs = time.perf_counter() - t0
+    assert added == rows, f"{added} of {rows} new"
+    return Figure("put_many (Client, one process, RF 2)", rows, rows * size, secs,
+                  round(rows * size / MB / secs, 1), "MB/s", None, load1(),
+                  "batches of 80 rows (8 MiB); payload made in Python as it goes")
+
+
+def write_vs_put_many(figs: list[Figure]) -> Figure | None:
+    by = {f.name.split(" ")[0]: f for f in figs}
+    if "write" not in by or "put_many" not in by:
+        return None
+    w, p = by["write"], by["put_many"]
+    return Figure("write / put_many (same run)", w.items, w.payload_bytes, w.seconds,
+                  round(w.value / p.value, 2), "x", TARGET_WRITE_VS_PUT_MANY, load1(),
+                  f"{w.value} vs {p.value} MB/s")
 
 
 def _naive_partition(url: str, node: str, rows: Any) -> None:
@@ -171,8 +207,8 @@ def write_results(figs: list[Figure], info: dict[str, Any], name: str, merge: bo
         ran = {f.name for f in figs}
         old = json.loads(path.read_text()).get("figures", [])
         rows = [r for r in old if r["name"] not in ran] + rows
-        rows.sort(key=lambda r: next((i for i, w in enumerate(("write", "baseline", "stage"))
-                                      if r["name"].startswith(w)), 3))
+        rows.sort(key=lambda r: next((i for i, w in enumerate(ALL)
+                                      if r["name"].startswith(w)), len(ALL)))
     data = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": info, "figures": rows}
     path.write_text(json.dumps(data, indent=2) + "\n")
     lines = [f"# Spark benchmark ({data['date']})", "",
@@ -197,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10x smaller counts")
     ap.add_argument("--partitions", type=int, default=2)
-    ap.add_argument("--only", default="write,baseline,stage")
+    ap.add_argument("--only", default=",".join(ALL))
     ap.add_argument("--nice", type=int, default=0, metavar="N",
                     help="raise this process's priority by N (root), inherited by the servers "
                          "and Spark: on a machine other work shares")
@@ -222,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             node = cluster.nodes[0].url
             runs = {"write": lambda: [bench_write(spark, cluster.url, rows, 100 * KIB,
                                                   args.partitions)],
+                    "put_many": lambda: [bench_put_many(cluster.url, rows, 100 * KIB)],
                     "baseline": lambda: [bench_baseline(spark, cluster.url, node, rows,
                                                         100 * KIB, args.partitions)],
                     "stage": lambda: bench_stage(spark, cluster.url, tasks, KIB,
@@ -235,8 +272,11 @@ def main(argv: list[str] | None = None) -> int:
                         print(f, flush=True)
         finally:
             spark.stop()
+    ratio = write_vs_put_many(figs)
+    if ratio is not None:
+        figs.append(ratio)
     write_results(figs, info, "spark-quick" if args.quick else "spark",
-                  merge=set(args.only.split(",")) != {"write", "baseline", "stage"})
+                  merge=set(args.only.split(",")) != set(ALL))
     return 0
 
 

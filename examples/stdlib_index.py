@@ -182,7 +182,7 @@ def index(spark: Any, url: str, top: int) -> list[Any]:
 
     console.print(f"[bold]stage 3[/] index: read {TERMS} (payloads) and aggregate")
     docs = (spark.read.format("squall").option("master", url).option("queue", TERMS)
-            .option("payload", "true").option("partition_size", "500").load()
+            .option("with_payload", "true").load()
             .select("pid", F.from_json(F.col("payload").cast("string"),
                                        "path string, bytes long, terms map<string,int>")
                     .alias("doc")))

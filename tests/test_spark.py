@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,61 +22,15 @@ pytest.importorskip("pyarrow")
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from squall.client import Backoff, Client, LeasedTask, NewTask, NotFound
-from squall.client.spark import derived_pid, local_session, outputs, run_stage
+from squall.client import Backoff, LeasedTask, NewTask
+from squall.client.spark import derived_pid, outputs, run_stage, save
 from squall.client.spark._fetch import _groups
 from squall.common.models import PayloadRef, QueueStats
-from tests.helpers import DataNodeProcess, MasterProcess, start_all, wait_for
+from tests.helpers import wait_for
+from tests.spark_kit import Cluster, cluster, expected, lease_all, spark, total
 
-KEY = "test-spark-key-0123456789abcdef01"
-ENV = {"SQUALL_CLUSTER_KEY": KEY}
-BEAT = ["--heartbeat-interval-s", "0.2"]
+__all__ = ["cluster", "spark"]  # module fixtures
 
-
-class Cluster:
-    def __init__(self, tmp: Path, nodes: int = 3) -> None:
-        self.master = MasterProcess(str(tmp / "master"), env=ENV, extra=[
-            *BEAT, "--dead-after-beats", "3", "--replication-factor", "2"]).start()
-        self.nodes = [DataNodeProcess(str(tmp / f"dn{i}"), env=ENV,
-                                      extra=["--master", self.master.url, *BEAT])
-                      for i in range(nodes)]
-        start_all(self.nodes)
-        self.client = Client(self.master.url)
-        wait_for(lambda: self.alive() == nodes, what="data nodes alive")
-
-    @property
-    def url(self) -> str:
-        return self.master.url
-
-    def alive(self) -> int:
-        return sum(n.state == "alive" for n in self.client.cluster().nodes)
-
-    def close(self) -> None:
-        self.client.close()
-        for p in [*self.nodes, self.master]:
-            p.stop()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("spark-cluster"))
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    s = local_session("squall-tests", "local[2,2]")
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-def expected(i: int, reps: int) -> bytes:
-    return (hashlib.sha256(str(i).encode()).hexdigest() * reps).encode()
 
 
 def rows_df(spark: SparkSession, n: int, size: int, partitions: int = 2) -> DataFrame:
@@ -93,24 +46,6 @@ def write(df: DataFrame, url: str, queue: str, **opts: str) -> None:
     for k, v in opts.items():
         w = w.option(k, v)
     w.mode("append").save()
-
-
-def total(c: Client, queue: str) -> int:
-    try:
-        st = c.stats(queue)
-    except NotFound:
-        return 0
-    assert isinstance(st, QueueStats)
-    return st.total
-
-
-def lease_all(c: Client, queue: str, n: int) -> list[LeasedTask]:
-    out: list[LeasedTask] = []
-    while len(out) < n:
-        got = c.lease(queue, max_tasks=1000, lease_secs=300)
-        assert got, f"only {len(out)} of {n} tasks leasable"
-        out += got
-    return out
 
 
 # -- the data source -----------------------------------------------------------------------
@@ -144,14 +79,14 @@ def test_reader_lists_tasks_and_payloads_without_leasing(spark: SparkSession,
     n, size, q = 1500, 1024, "ds#read"
     write(rows_df(spark, n, size), cluster.url, q, pid="pid")
     base = spark.read.format("squall").option("master", cluster.url).option("queue", q)
-    meta = base.option("partition_size", "400").load()
+    meta = base.option("partition_size", "400").load()  # 1500 tasks
     assert meta.rdd.getNumPartitions() == 4
     agg = meta.agg(F.count("*"), F.countDistinct("pid"), F.sum("size"), F.max("attempts"),
                    F.min("state"), F.max("state")).collect()[0]
     assert tuple(agg) == (n, n, n * size, 0, "available", "available")
     assert "payload" not in meta.columns
 
-    full = base.option("payload", "true").load()
+    full = base.option("with_payload", "true").load()
     got = {r.pid: r.h for r in full.select("pid", F.sha2("payload", 256).alias("h")).collect()}
     assert got == {f"k{i:05d}": hashlib.sha256(expected(i, size // 64)).hexdigest()
                    for i in range(n)}
@@ -203,8 +138,26 @@ def test_bad_options_fail_at_save(spark: SparkSession, cluster: Cluster) -> None
         df.write.format("squall").option("master", cluster.url).mode("append").save()
     with pytest.raises(Exception, match="string column"):
         write(df, cluster.url, "ds#x", pid="nope")
+    with pytest.raises(Exception, match="numeric column"):
+        write(df, cluster.url, "ds#x", pid="pid", delay="pid")
+    # an unreachable master fails on the driver, before any payload is uploaded
+    with pytest.raises(Exception, match="does not answer"):
+        write(df, "http://127.0.0.1:9", "ds#x", pid="pid")
 
 
+def test_save_reports_new_and_collapsed_and_honours_delay(spark: SparkSession,
+                                                          cluster: Cluster) -> None:
+    c, q = cluster.client, "ds#sum"
+    df = rows_df(spark, 40, 64).withColumn(
+        "wait", F.when(F.col("pid") < "k00010", F.lit(3600.0)))
+    first = save(df.limit(30), q, master=cluster.url, pid="pid", delay="wait")
+    assert (first.rows, first.added, first.collapsed) == (30, 30, 0)
+    again = save(df, q, master=cluster.url, pid="pid", delay="wait", batch_rows=7)
+    assert (again.rows, again.added, again.collapsed, again.payload_bytes) == (
+        40, 10, 30, 40 * 64)
+    st = c.stats(q)
+    assert isinstance(st, QueueStats)
+    assert (st.total, st.delayed, st.available) == (40, 10, 30)
 # -- run_stage -----------------------------------------------------------------------------
 def test_stage_moves_tasks_once_and_dead_letters_failures(spark: SparkSession,
                                                           cluster: Cluster) -> None:
@@ -339,17 +292,27 @@ def test_importing_the_client_does_not_import_pyspark() -> None:
 
 
 def test_partition_rows_from_arrow_batches_and_rows() -> None:
+    import datetime as dt
+
     import pyarrow as pa
     from pyspark.sql import Row
 
     from squall.client.spark._write import WriteOptions, partition_rows
 
-    named = WriteOptions(None, "g#q", "k", "v", "job")
-    batch = pa.record_batch({"k": ["a", "b"], "v": [b"1", None]})
-    assert list(partition_rows([batch, Row(k="c", v=b"3")], named, 7)) == [
-        ("a", b"1"), ("b", None), ("c", b"3")]
+    named = WriteOptions(None, "g#q", "k", "v", "job", delay_column="d",
+                         not_before_column="nb")
+    when = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    batch = pa.record_batch({"k": ["a", "b"], "v": [b"1", None], "d": [1.5, None],
+                             "nb": [None, when]})
+    got = list(partition_rows([batch, Row(k="c", v=b"3", d=None, nb=None)], named, 7))
+    assert [(t.pid, t.payload, t.delay, t.not_before) for t in got] == [
+        ("a", b"1", 1.5, None), ("b", None, None, when.timestamp()), ("c", b"3", None, None)]
     derived = WriteOptions(None, "g#q", None, None, "job")
-    assert [p for p, _ in partition_rows([batch], derived, 7)] == [
+    assert [t.pid for t in partition_rows([batch], derived, 7)] == [
         derived_pid("job", 7, 0), derived_pid("job", 7, 1)]
+    plain = WriteOptions(None, "g#q", "k", "v", "job")
     with pytest.raises(ValueError, match="null pid"):
-        list(partition_rows([pa.record_batch({"k": [None], "v": [b""]})], named, 0))
+        list(partition_rows([pa.record_batch({"k": [None], "v": [b""]})], plain, 0))
+    for bad in ("", "x" * 1025, "a\x00b"):  # checked before any payload is uploaded
+        with pytest.raises(ValueError, match="row 0 of partition 0: bad pid"):
+            list(partition_rows([pa.record_batch({"k": [bad], "v": [b""]})], plain, 0))

@@ -21,17 +21,20 @@ except ImportError as e:  # pragma: no cover - depends on the install
                       f"'squall[spark]' ({e})") from e
 
 from squall.client.spark._env import local_env, local_session
+from squall.client.spark._save import save
 from squall.client.spark._source import SquallDataSource, register
 from squall.client.spark._stage import StageResult, outputs, run_stage
-from squall.client.spark._write import derived_pid
+from squall.client.spark._write import WriteStats, derived_pid
 
 __all__ = [
     "SquallDataSource",
     "StageResult",
+    "WriteStats",
     "derived_pid",
     "local_env",
     "local_session",
     "outputs",
     "register",
     "run_stage",
+    "save",
 ]

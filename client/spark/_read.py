@@ -1,11 +1,17 @@
 """The read side of the ``squall`` data source: a queue's tasks as rows, without leasing.
 
-Planning (on the driver) walks the master's task listing once, metadata only, and keeps
-every ``partition_size``-th pid: partition *i* holds the pids in ``(bounds[i-1],
-bounds[i]]``. Each partition then lists its own pid range again (fresh read tokens) and,
-with ``payload=true``, fetches the payloads from the data nodes on the executor, several at
-a time, each checked against its CRC32C. The queue is live: a task enqueued or dequeued
-while the job runs may or may not appear (it is a view, not a snapshot).
+Planning (on the driver) asks the master for the queue's size and picks the number of
+partitions from it and the session's parallelism (or takes ``partitions`` /
+``partition_size``). With more than one partition it walks the task listing once, metadata
+only, and keeps every ``partition_size``-th pid as a cursor: partition *i* holds the tasks
+after cursor ``i-1`` up to and including cursor ``i`` **in the master's order**, i.e. by
+:func:`squall.common.names.pid_key` (pids over 448 bytes sharing their first 448 bytes are
+ordered by hash there, not by the string: comparing pid strings would skip or repeat rows).
+Each partition then lists its own range again (fresh read tokens) and, with
+``with_payload=true``, fetches the payloads from the data nodes on the executor, several
+at a time, each checked against its CRC32C. The queue is live: a task enqueued or dequeued
+while the job runs may or may not appear (it is a view, not a snapshot); every task present
+throughout appears exactly once.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from squall.client import Client, LeasedTask, NotFound, SquallError
 from squall.client.spark._fetch import fetch_many
 from squall.common.models import LeasedTask as WireTask
 from squall.common.models import TaskInfo
-from squall.common.names import split_queue
+from squall.common.names import pid_key, split_queue
 
-PARTITION_SIZE = 10_000
+MIN_PARTITION_TASKS = 250  # fewer per partition costs more in Spark tasks than it gains
+MAX_PARTITION_TASKS = 20_000  # more per partition serialises the payload reads
 READ_THREADS = 4
 FETCH_CHUNK = 256
 
@@ -47,25 +54,48 @@ class ReadOptions:
     master: str | None
     queue: str
     payload: bool = False
-    partition_size: int = PARTITION_SIZE
+    partition_size: int | None = None  # None: from the queue's size and the parallelism
+    partitions: int | None = None
+    parallelism: int = 2  # the session's default parallelism (``register`` records it)
     read_threads: int = READ_THREADS
 
     def __post_init__(self) -> None:
         split_queue(self.queue)
-        if self.partition_size < 1 or self.read_threads < 1:
-            raise ValueError("partition_size and read_threads must be positive")
+        if min(self.partition_size or 1, self.partitions or 1, self.read_threads,
+               self.parallelism) < 1:
+            raise ValueError("partition_size, partitions and read_threads must be positive")
+
+
+def partition_size(total: int, opts: ReadOptions) -> int:
+    """Tasks per partition: as asked, else about two partitions per core of the session
+    (at least MIN_PARTITION_TASKS tasks each, at most MAX_PARTITION_TASKS)."""
+    if opts.partition_size is not None:
+        return opts.partition_size
+    if opts.partitions is not None:
+        parts = opts.partitions
+    else:
+        parts = max(2 * opts.parallelism, -(-total // MAX_PARTITION_TASKS))
+        parts = min(parts, max(1, total // MIN_PARTITION_TASKS))
+    return max(1, -(-total // parts))
 
 
 def plan_bounds(client: Client, opts: ReadOptions) -> list[tuple[str | None, str | None]]:
-    """Pid ranges ``(after, upto]`` of about ``partition_size`` tasks each (one empty range
-    for an empty or absent queue)."""
-    cuts: list[str] = []
+    """Ranges ``(after, upto]`` of about ``partition_size`` tasks each, bounded by cursors
+    the master listed (one range for an empty, absent or small queue: no listing walk)."""
     try:
-        for n, t in enumerate(client.iter_tasks(opts.queue), 1):
-            if n % opts.partition_size == 0:
-                cuts.append(t.pid)
+        st = client.stats(opts.queue)
     except NotFound:
-        cuts = []
+        return [(None, None)]
+    total = getattr(st, "total", 0)
+    size = partition_size(total, opts)
+    cuts: list[str] = []
+    if size < total:
+        last_cut = (total - 1) // size * size  # the queue's size when planned: walk no further
+        for n, t in enumerate(client.iter_tasks(opts.queue), 1):
+            if n % size == 0:
+                cuts.append(t.pid)
+            if n >= last_cut:
+                break
     lows: list[str | None] = [None, *cuts]
     highs: list[str | None] = [*cuts, None]
     return list(zip(lows, highs, strict=True))
@@ -91,9 +121,12 @@ def _fetch(client: Client, t: TaskInfo, group: str) -> bytes:
 
 def _in_range(client: Client, queue: str, after: str | None, upto: str | None
               ) -> Iterator[TaskInfo]:
+    """The tasks after cursor `after`, up to and including cursor `upto`, by the master's
+    own order (pid keys), never by comparing pid strings."""
+    stop = pid_key(upto) if upto is not None else None
     try:
         for t in client.iter_tasks(queue, after=after):
-            if upto is not None and t.pid > upto:
+            if stop is not None and pid_key(t.pid) > stop:
                 return
             yield t
     except NotFound:

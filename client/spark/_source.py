@@ -10,8 +10,9 @@ column; default the column named ``payload`` if there is one, else tasks without
 ``pid_prefix``, ``batch_rows``, ``batch_bytes``, ``inflight``. Only ``append`` is
 supported: a queue is not a table to overwrite.
 
-Read options: ``master``, ``queue``, ``payload`` (``true`` adds the payload bytes),
-``partition_size`` (tasks per Spark partition), ``read_threads``.
+Read options: ``master``, ``queue``, ``with_payload`` (``true`` adds the payload bytes;
+``payload=true`` is its deprecated old name), ``partitions`` or ``partition_size`` (default:
+from the queue's size and the session's parallelism), ``read_threads``.
 
 ``writer()`` / ``reader()`` run on the driver, in a Python worker that plans the job: they
 check the options and the schema there (errors surface at ``save()``/``load()``), and the
@@ -35,14 +36,23 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from squall.client import Client, fifo_pid
+from squall.client import Client, SquallError, fifo_pid
 from squall.client.spark._read import (
-    PARTITION_SIZE,
     READ_THREADS,
     ReadOptions,
     plan_bounds,
     read_range,
     schema_ddl,
+)
+from squall.client.spark._stream import (
+    LEASE_SECS,
+    TASKS_PER_BATCH,
+    TASKS_PER_PARTITION,
+    SquallStreamReader,
+    StreamOptions,
+)
+from squall.client.spark._stream import (
+    READ_THREADS as STREAM_READ_THREADS,
 )
 from squall.client.spark._write import (
     BATCH_BYTES,
@@ -51,12 +61,17 @@ from squall.client.spark._write import (
     WriteOptions,
     WriteStats,
     write_partition,
+    write_summary,
 )
 from squall.common.names import split_queue
 
 try:  # Arrow batches straight from Spark (pyspark >= 4.1); Rows before that
     from pyspark.sql.datasource import DataSourceArrowWriter as _WriterBase
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
 except ImportError:  # pragma: no cover - older pyspark
+    from pyspark.sql.datasource import (  # type: ignore[assignment]
+        DataSourceStreamWriter as _StreamWriterBase,
+    )
     _WriterBase = DataSourceWriter  # type: ignore[misc,assignment]
 
 if TYPE_CHECKING:
@@ -97,7 +112,13 @@ def _queue(options: Mapping[str, str]) -> str:
 
 def write_options(options: Mapping[str, str], schema: StructType) -> WriteOptions:
     """Check the write options against the DataFrame's schema."""
-    from pyspark.sql.types import BinaryType, StringType
+    from pyspark.sql.types import (
+        BinaryType,
+        NumericType,
+        StringType,
+        TimestampNTZType,
+        TimestampType,
+    )
 
     types = {f.name: f.dataType for f in schema.fields}
     pid_col = _opt(options, "pid")
@@ -108,18 +129,49 @@ def write_options(options: Mapping[str, str], schema: StructType) -> WriteOption
     if pay_col is not None and not isinstance(types.get(pay_col), BinaryType | StringType):
         raise ValueError(f"option payload={pay_col!r} must name a binary or string column "
                          f"(columns: {', '.join(types)})")
+    delay_col, nb_col = _opt(options, "delay"), _opt(options, "not_before")
+    if delay_col is not None and not isinstance(types.get(delay_col), NumericType):
+        raise ValueError(f"option delay={delay_col!r} must name a numeric column (seconds; "
+                         f"columns: {', '.join(types)})")
+    if nb_col is not None and not isinstance(types.get(nb_col), TimestampType
+                                             | TimestampNTZType | NumericType):
+        raise ValueError(f"option not_before={nb_col!r} must name a timestamp column or a "
+                         f"numeric one (epoch seconds; columns: {', '.join(types)})")
     return WriteOptions(
         master=_opt(options, "master"), queue=_queue(options), pid_column=pid_col,
         payload_column=pay_col, pid_prefix=_opt(options, "pid_prefix") or fifo_pid(),
+        delay_column=delay_col, not_before_column=nb_col,
         batch_rows=_int(options, "batch_rows", BATCH_ROWS),
         batch_bytes=_int(options, "batch_bytes", BATCH_BYTES),
         inflight=_int(options, "inflight", INFLIGHT))
 
 
-def read_options(options: Mapping[str, str]) -> ReadOptions:
+def _with_payload(options: Mapping[str, str]) -> bool:
+    """``with_payload`` (``payload`` = true/false is its deprecated old name on reads)."""
+    if _opt(options, "with_payload") is not None:
+        return _bool(options, "with_payload")
+    return _opt(options, "payload") is not None and _bool(options, "payload")
+
+
+def _opt_int(options: Mapping[str, str], key: str) -> int | None:
+    return _int(options, key, 0) if _opt(options, key) is not None else None
+
+
+def check_master(master: str | None) -> None:
+    """Fail on the driver, with the URL, when the master does not answer."""
+    try:
+        with Client(master, timeout=10.0, retries=1) as c:
+            c.cluster()
+    except SquallError as e:
+        raise ValueError(f"the squall master at {master or '$SQUALL_MASTER'} does not "
+                         f"answer ({e}); nothing was written") from None
+
+
+def read_options(options: Mapping[str, str], parallelism: int = 2) -> ReadOptions:
     return ReadOptions(master=_opt(options, "master"), queue=_queue(options),
-                       payload=_bool(options, "payload"),
-                       partition_size=_int(options, "partition_size", PARTITION_SIZE),
+                       payload=_with_payload(options),
+                       partition_size=_opt_int(options, "partition_size"),
+                       partitions=_opt_int(options, "partitions"), parallelism=parallelism,
                        read_threads=_int(options, "read_threads", READ_THREADS))
 
 
@@ -131,8 +183,8 @@ class SquallCommitMessage(WriterCommitMessage):
 class SquallWriter(_WriterBase):
     """Made on the driver, pickled to every task: each ``write`` is one partition."""
 
-    def __init__(self, opts: WriteOptions) -> None:
-        self.opts = opts
+    def __init__(self, opts: WriteOptions, summary_path: str | None = None) -> None:
+        self.opts, self.summary_path = opts, summary_path
 
     def write(self, iterator: Iterator[Any]) -> SquallCommitMessage:
         from pyspark import TaskContext
@@ -147,9 +199,12 @@ class SquallWriter(_WriterBase):
         for m in messages:
             if isinstance(m, SquallCommitMessage):
                 total.add(m.stats)
+        total.partitions = sum(isinstance(m, SquallCommitMessage) for m in messages)
         log.info("wrote %d rows into %s: %d new tasks, %d collapsed, %d payload bytes",
                  total.rows, self.opts.queue, total.added, total.collapsed,
                  total.payload_bytes)
+        if self.summary_path:
+            write_summary(self.summary_path, total)
 
     def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         done = [m.stats for m in messages if isinstance(m, SquallCommitMessage)]
@@ -157,6 +212,27 @@ class SquallWriter(_WriterBase):
                     "tasks stay queued (enqueues are not rolled back); a re-run with the "
                     "same pids collapses into them", self.opts.queue, len(done),
                     sum(s.rows for s in done))
+
+
+class SquallStreamWriter(_StreamWriterBase):
+    """``writeStream.format("squall")``: each micro-batch's rows become tasks keyed by pid
+    (a ``pid`` column is required: a replayed micro-batch then collapses into what its first
+    run enqueued, which makes the sink exactly-once)."""
+
+    def __init__(self, opts: WriteOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> SquallCommitMessage:
+        return SquallWriter.write(self, iterator)  # type: ignore[arg-type]
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        n = [m.stats for m in messages if isinstance(m, SquallCommitMessage)]
+        log.info("micro-batch %d into %s: %d new tasks, %d collapsed", batchId,
+                 self.opts.queue, sum(s.added for s in n), sum(s.collapsed for s in n))
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("micro-batch %d into %s failed; a retry collapses into what was "
+                    "enqueued", batchId, self.opts.queue)
 
 
 class RangePartition(InputPartition):
@@ -185,18 +261,41 @@ class SquallDataSource(DataSource):
     def name(cls) -> str:
         return NAME
 
-    def schema(self) -> str:  # for reads; on writes "payload" names a column instead
-        return schema_ddl((_opt(self.options, "payload") or "").lower() in ("true", "1", "yes"))
+    #: the session's default parallelism, recorded by :func:`register` (the reader plans
+    #: in a Python worker that has no SparkContext to ask)
+    parallelism: int = 2
+
+    def schema(self) -> str:  # for reads (on writes the DataFrame's schema is used)
+        return schema_ddl(_with_payload(self.options))  # readStream's too
 
     def writer(self, schema: StructType, overwrite: bool) -> SquallWriter:
         if overwrite:
             raise ValueError("the squall data source only appends (mode('append')): "
                              "enqueued tasks are not replaced; delete the queue first to "
                              "start over")
-        return SquallWriter(write_options(self.options, schema))
+        opts = write_options(self.options, schema)
+        check_master(opts.master)  # before any executor uploads a payload
+        return SquallWriter(opts, _opt(self.options, "summary_path"))
 
     def reader(self, schema: StructType) -> SquallReader:
-        return SquallReader(read_options(self.options))
+        return SquallReader(read_options(self.options, self.parallelism))
+
+    def streamReader(self, schema: StructType) -> SquallStreamReader:
+        o = self.options
+        return SquallStreamReader(StreamOptions(
+            master=_opt(o, "master"), queue=_queue(o), with_payload=_with_payload(o),
+            lease_secs=float(_opt(o, "lease_secs") or LEASE_SECS),
+            max_tasks_per_batch=_int(o, "max_tasks_per_batch", TASKS_PER_BATCH),
+            tasks_per_partition=_int(o, "tasks_per_partition", TASKS_PER_PARTITION),
+            read_threads=_int(o, "read_threads", STREAM_READ_THREADS)))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> SquallStreamWriter:
+        opts = write_options(self.options, schema)
+        if opts.pid_column is None:
+            raise ValueError("writeStream.format('squall') needs a pid column (option 'pid'): "
+                             "a replayed micro-batch must collapse into its first run")
+        check_master(opts.master)
+        return SquallStreamWriter(opts)
 
 
 def register(spark: SparkSession) -> None:
@@ -207,7 +306,15 @@ def register(spark: SparkSession) -> None:
     thread py4j pairs with a new Python thread has none: the lookup then fails with
     DATA_SOURCE_NOT_FOUND although the session has the source."""
     if not getattr(spark, "_squall_registered", False):
-        spark.dataSource.register(SquallDataSource)
+        try:
+            par = int(spark.sparkContext.defaultParallelism)
+        except Exception:  # Spark Connect has no SparkContext
+            par = SquallDataSource.parallelism
+        # a subclass made here carries the parallelism (pickled with it to the planner)
+        source = type("SquallDataSource", (SquallDataSource,), {
+            "parallelism": par, "__module__": __name__,
+            "__qualname__": "SquallDataSource.bound"})
+        spark.dataSource.register(source)
         spark._squall_registered = True  # type: ignore[attr-defined]
     jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
     if jvm is not None and jsession is not None:  # a classic (not Spark Connect) session

@@ -105,6 +105,7 @@ class StageSpec:
     max_attempts: int | None
     deadline: float | None  # epoch seconds
     poll_max_s: float = POLL_MAX_S
+    batch: bool = False  # one handler call per leased batch (a pyarrow.RecordBatch)
 
 
 def outputs(src_pid: str, result: Any, sink: str | None, group: str) -> list[NewTask]:
@@ -149,6 +150,23 @@ def _describe(e: BaseException, limit: int = 3000) -> str:
 Outcome = tuple[LeasedTask, list[NewTask] | BaseException]
 
 
+class _Renewer:
+    """Renews every lease of a batch each ``lease_secs / 3`` (counted from the lease) while
+    the caller waits for work on that batch."""
+
+    def __init__(self, loop: StageLoop, tasks: list[LeasedTask]) -> None:
+        self.loop, self.tasks = loop, tasks
+        self.period = loop.spec.lease_secs / 3
+        self.due = time.monotonic() + self.period
+
+    def wait(self, pending: set[Future[Any]]) -> None:
+        while pending:
+            _, pending = wait(pending, timeout=max(0.0, self.due - time.monotonic()))
+            if pending and time.monotonic() >= self.due:
+                self.loop._renew(self.tasks)
+                self.due = time.monotonic() + self.period
+
+
 class StageLoop:
     """One Spark task's worker loop (no Spark needed: tests drive it directly)."""
 
@@ -168,16 +186,20 @@ class StageLoop:
         return outputs(task.pid, out, self.spec.sink, self.group)
 
     def _run_batch(self, pool: ThreadPoolExecutor, tasks: list[LeasedTask]) -> list[Outcome]:
-        datas = fetch_many(self.http, [t.payload_ref for t in tasks],
-                           lambda i: tasks[i].payload(), pool)
+        """Fetch the batch's payloads and run its handlers, renewing the leases of the
+        WHOLE batch (finished results included: they are committed only with the batch)
+        every ``lease_secs / 3`` from the moment of the lease until the last handler ends."""
+        renewer = _Renewer(self, tasks)
+        with ThreadPoolExecutor(1, thread_name_prefix="squall-fetch") as fetcher:
+            # its own thread: fetch_many uses `pool` for its reads (threads=1 must not wait
+            # on itself)
+            fetching = fetcher.submit(fetch_many, self.http, [t.payload_ref for t in tasks],
+                                      lambda i: tasks[i].payload(), pool)
+            renewer.wait({fetching})
+            datas = fetching.result()
         futs: list[Future[list[NewTask]]] = [pool.submit(self._process, t, d)
                                               for t, d in zip(tasks, datas, strict=True)]
-        period = self.spec.lease_secs / 3
-        pending: set[Future[list[NewTask]]] = set(futs)
-        while pending:
-            _, pending = wait(pending, timeout=period)
-            if pending:
-                self._renew([t for t, f in zip(tasks, futs, strict=True) if f in pending])
+        renewer.wait(set(futs))
         return [(t, f.exception() or f.result()) for t, f in zip(tasks, futs, strict=True)]
 
     def _renew(self, tasks: list[LeasedTask]) -> None:
@@ -312,6 +334,10 @@ def run_partition(spec: StageSpec, handler: Handler, partition: int, max_tasks: 
     worker = f"spark-stage:{socket.gethostname()}:{os.getpid()}:p{partition}"
     with Client(spec.master, worker=worker, max_connections=2 * spec.threads + 4) as c, \
             httpx.Client(timeout=120.0) as http:
+        if spec.batch:
+            from squall.client.spark._arrow import ArrowStageLoop
+
+            return asdict(ArrowStageLoop(c, spec, handler, http).run(max_tasks))
         return asdict(StageLoop(c, spec, handler, http).run(max_tasks))
 
 
@@ -319,12 +345,14 @@ def run_stage(spark: SparkSession, source: str, handler: Handler, sink: str | No
               parallelism: int | None = None, lease_secs: float = 60.0,
               max_tasks: int | None = None, timeout_s: float | None = None,
               batch_size: int = 200, threads: int = 4, with_pid: bool = False,
-              master: str | None = None) -> StageResult:
+              batch: bool = False, master: str | None = None) -> StageResult:
     """Run ``handler`` over the tasks of ``source`` on ``parallelism`` Spark tasks, moving
     each task to ``sink`` atomically with its outputs (see the module docstring).
 
     ``handler(payload: bytes)`` (or ``handler(pid, payload)`` with ``with_pid=True``)
-    returns what :func:`outputs` accepts. ``sink`` must be in the source's group (one
+    returns what :func:`outputs` accepts; with ``batch=True``, ``handler(batch)`` gets a
+    ``pyarrow.RecordBatch`` of a whole leased batch and the batch moves atomically (see
+    ``_arrow.py``). ``sink`` must be in the source's group (one
     update touches one group). ``max_tasks`` bounds the leases taken in all (split evenly
     over the Spark tasks); ``timeout_s`` bounds the wall time. Blocks until every Spark
     task has finished; returns the summed counts."""
@@ -339,7 +367,8 @@ def run_stage(spark: SparkSession, source: str, handler: Handler, sink: str | No
         master = c.master
     parts = parallelism or spark.sparkContext.defaultParallelism
     spec = StageSpec(master, source, sink, lease_secs, batch_size, threads, with_pid,
-                     max_attempts, time.time() + timeout_s if timeout_s else None)
+                     max_attempts, time.time() + timeout_s if timeout_s else None,
+                     batch=batch)
     shares = _shares(max_tasks, parts)
     t0 = time.monotonic()
     sc = spark.sparkContext

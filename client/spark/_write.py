@@ -7,6 +7,11 @@ A partition writer turns Arrow batches into ``(pid, payload)`` rows, cuts them i
 master. Up to ``inflight`` batches are in flight at once (threads), so the partition holds
 at most one Arrow batch plus ``inflight`` task batches in memory.
 
+Each row's pid is checked (non-empty, at most 1 KiB of UTF-8, no NUL) before its batch's
+payloads are uploaded, so a bad pid fails the partition before it costs data-node writes.
+Optional ``delay`` (seconds) and ``not_before`` (a timestamp, or epoch seconds) columns
+hold a row back until then.
+
 Pids: from the ``pid`` column when given; otherwise ``<prefix>/<partition>/<row>`` where the
 prefix is made once per job on the driver (a time-ordered id, or the ``pid_prefix`` option).
 Every attempt of a Spark task (retries, speculative copies) computes the same pids for the
@@ -15,15 +20,18 @@ same rows, and a pid already queued collapses: a partition written twice enqueue
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from squall.client import Client, NewTask
+from squall.common.errors import SquallError
 from squall.common.models import MAX_BATCH
+from squall.common.names import check_pid
 
 log = logging.getLogger("squall.spark")
 
@@ -31,7 +39,6 @@ BATCH_ROWS = 200
 BATCH_BYTES = 8 << 20
 INFLIGHT = 3
 
-Row = tuple[str, bytes | str | None]
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,8 @@ class WriteOptions:
     pid_column: str | None
     payload_column: str | None
     pid_prefix: str
+    delay_column: str | None = None
+    not_before_column: str | None = None
     batch_rows: int = BATCH_ROWS
     batch_bytes: int = BATCH_BYTES
     inflight: int = INFLIGHT
@@ -67,10 +76,26 @@ class WriteStats:
     batches: int = 0
     first_pid: str | None = None
     last_pid: str | None = None
+    partitions: int = 1
 
     def add(self, other: WriteStats) -> None:
         for k in ("rows", "added", "collapsed", "payload_bytes", "batches"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+def write_summary(path: str, stats: WriteStats) -> None:
+    """The job's summed counts as JSON (written by the writer's ``commit`` on the driver)."""
+    import json
+
+    with open(path, "w") as f:
+        json.dump(asdict(stats), f)
+
+
+def read_summary(path: str) -> WriteStats:
+    import json
+
+    with open(path) as f:
+        return WriteStats(**json.load(f))
 
 
 def derived_pid(prefix: str, partition: int, row: int) -> str:
@@ -84,11 +109,36 @@ def _pid(value: Any, opts: WriteOptions, partition: int, row: int) -> str:
     if value is None:
         raise ValueError(f"row {row} of partition {partition} has a null pid (column "
                          f"{opts.pid_column!r}): every task needs one")
-    return str(value)
+    pid = str(value)
+    try:
+        check_pid(pid)
+    except SquallError as e:  # BadRequest / PayloadTooLarge: say which row
+        raise ValueError(f"row {row} of partition {partition}: bad pid in column "
+                         f"{opts.pid_column!r}: {e}") from None
+    return pid
 
 
-def partition_rows(items: Iterable[Any], opts: WriteOptions, partition: int) -> Iterator[Row]:
-    """(pid, payload) of every row of a partition, in order, from Arrow record batches
+def _epoch(v: Any) -> float | None:
+    if v is None or isinstance(v, int | float):
+        return v
+    if isinstance(v, dt.datetime):
+        return (v if v.tzinfo else v.replace(tzinfo=dt.UTC)).timestamp()
+    raise ValueError(f"not_before must be a timestamp or epoch seconds, not {v!r}")
+
+
+def _task(opts: WriteOptions, partition: int, row: int, get: Any) -> NewTask:
+    delay = get(opts.delay_column) if opts.delay_column else None
+    return NewTask(get(opts.payload_column) if opts.payload_column else None,
+                   _pid(get(opts.pid_column) if opts.pid_column else None, opts, partition,
+                        row),
+                   not_before=_epoch(get(opts.not_before_column))
+                   if opts.not_before_column else None,
+                   delay=float(delay) if delay is not None else None)
+
+
+def partition_rows(items: Iterable[Any], opts: WriteOptions, partition: int
+                   ) -> Iterator[NewTask]:
+    """The task of every row of a partition, in order, from Arrow record batches
     (``DataSourceArrowWriter``) or from Spark ``Row`` objects (``DataSourceWriter``)."""
     import pyarrow as pa
 
@@ -96,17 +146,15 @@ def partition_rows(items: Iterable[Any], opts: WriteOptions, partition: int) -> 
     for item in items:
         if not isinstance(item, pa.RecordBatch):  # a pyspark Row
             d = item.asDict()
-            yield (_pid(d.get(opts.pid_column or ""), opts, partition, row),
-                   d.get(opts.payload_column) if opts.payload_column else None)
+            yield _task(opts, partition, row, d.get)
             row += 1
             continue
-        b = item
-        names = b.schema.names
-        pids = b.column(names.index(opts.pid_column)) if opts.pid_column else None
-        pays = b.column(names.index(opts.payload_column)) if opts.payload_column else None
-        for j in range(b.num_rows):
-            yield (_pid(pids[j].as_py() if pids is not None else None, opts, partition, row),
-                   pays[j].as_py() if pays is not None else None)
+        names = item.schema.names
+        cols = {c: item.column(names.index(c)) for c in (
+            opts.pid_column, opts.payload_column, opts.delay_column, opts.not_before_column)
+            if c is not None}
+        for j in range(item.num_rows):
+            yield _task(opts, partition, row, lambda c, j=j, cols=cols: cols[c][j].as_py())
             row += 1
 
 
@@ -114,11 +162,12 @@ def _size(payload: bytes | str | None) -> int:
     return len(payload) if payload is not None else 0
 
 
-def _chunks(rows: Iterable[Row], max_rows: int, max_bytes: int) -> Iterator[list[Row]]:
-    chunk: list[Row] = []
+def _chunks(rows: Iterable[NewTask], max_rows: int, max_bytes: int
+            ) -> Iterator[list[NewTask]]:
+    chunk: list[NewTask] = []
     size = 0
     for r in rows:
-        n = _size(r[1])
+        n = _size(r.payload)  # type: ignore[arg-type]
         if chunk and (len(chunk) >= max_rows or size + n > max_bytes):
             yield chunk
             chunk, size = [], 0
@@ -136,13 +185,13 @@ class PartitionWriter:
     opts: WriteOptions
     stats: WriteStats = field(default_factory=WriteStats)
 
-    def _put(self, chunk: list[Row]) -> WriteStats:
-        added = self.client.put_many(self.opts.queue, [NewTask(p, pid) for pid, p in chunk],
-                                     batch_size=len(chunk))
+    def _put(self, chunk: list[NewTask]) -> WriteStats:
+        added = self.client.put_many(self.opts.queue, chunk, batch_size=len(chunk))
         return WriteStats(rows=len(chunk), added=added, collapsed=len(chunk) - added,
-                          payload_bytes=sum(_size(p) for _, p in chunk), batches=1)
+                          payload_bytes=sum(_size(t.payload) for t in chunk),  # type: ignore[arg-type]
+                          batches=1)
 
-    def write(self, rows: Iterable[Row]) -> WriteStats:
+    def write(self, rows: Iterable[NewTask]) -> WriteStats:
         """Write every row; raises on the first batch that fails (the Spark task then fails
         and its retry collapses the batches already written)."""
         o = self.opts
@@ -151,8 +200,8 @@ class PartitionWriter:
             try:
                 for chunk in _chunks(rows, o.batch_rows, o.batch_bytes):
                     if self.stats.first_pid is None:
-                        self.stats.first_pid = chunk[0][0]
-                    self.stats.last_pid = chunk[-1][0]
+                        self.stats.first_pid = chunk[0].pid
+                    self.stats.last_pid = chunk[-1].pid
                     if len(pending) >= o.inflight:
                         self.stats.add(pending.popleft().result())
                     pending.append(pool.submit(self._put, chunk))

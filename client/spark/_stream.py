@@ -1,0 +1,260 @@
+"""Structured Streaming over a queue: ``spark.readStream.format("squall")`` leases tasks
+micro-batch by micro-batch and dequeues them only when the micro-batch commits;
+``writeStream.format("squall")`` enqueues rows keyed by pid.
+
+**Offsets are leases.** ``latestOffset`` (on the driver) leases up to
+``max_tasks_per_batch`` tasks of the queue for ``lease_secs`` and returns them as the
+micro-batch's end offset: ``{"batch": n, "tasks": [[pid, lease token], ...]}``. Spark
+writes that offset to the checkpoint *before* the micro-batch runs. The executors list the
+tasks by pid (the same columns as ``spark.read``) and, with ``with_payload=true``, read
+their payloads from the data nodes (no lease is needed to read). Only ``commit(end)``,
+called once the sink has committed the micro-batch, dequeues them, with their tokens.
+While a micro-batch is under way its leases are renewed every ``lease_secs / 3`` by a thread
+of the reader.
+
+**Restart.** A query killed mid-batch restarts from its checkpoint: Spark replays the last
+logged micro-batch with the same offset, i.e. the same tasks (their leases are still held by
+the dead query's token, or have expired and nobody else leased them since: the old token
+still dequeues), then commits it. Leases taken for an offset that never reached the
+checkpoint simply expire and the tasks come back in a later micro-batch. So every task
+reaches the sink at least once and leaves the source once; a **pid-keyed sink** (squall's
+own, where an enqueue of a queued pid collapses) makes it exactly once end to end.
+Assumption: this query is the only consumer of the source queue (another consumer could
+lease a task whose lease expired while the query was down).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from squall.client import Client, LeasedTask, NotFound, SquallError, StatusError
+from squall.client.spark._fetch import fetch_many
+from squall.client.spark._read import task_row
+from squall.common.models import MAX_BATCH
+from squall.common.models import LeasedTask as WireTask
+from squall.common.names import split_queue
+
+log = logging.getLogger("squall.spark")
+LEASE_SECS = 60.0
+TASKS_PER_BATCH = 1000
+TASKS_PER_PARTITION = 250
+READ_THREADS = 4
+
+Held = list[list[Any]]  # [[pid, token], ...]: JSON-friendly, as offsets must be
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    master: str | None
+    queue: str
+    with_payload: bool = False
+    lease_secs: float = LEASE_SECS
+    max_tasks_per_batch: int = TASKS_PER_BATCH
+    tasks_per_partition: int = TASKS_PER_PARTITION
+    read_threads: int = READ_THREADS
+
+    def __post_init__(self) -> None:
+        split_queue(self.queue)
+        if not 1 <= self.max_tasks_per_batch <= MAX_BATCH:
+            raise ValueError(f"max_tasks_per_batch must be 1..{MAX_BATCH}")
+        if self.lease_secs <= 0 or min(self.tasks_per_partition, self.read_threads) < 1:
+            raise ValueError("lease_secs, tasks_per_partition and read_threads must be "
+                             "positive")
+
+
+def _task(client: Client, queue: str, pid: str, token: int) -> LeasedTask:
+    """A task object for the verbs (dequeue, renew) from a pid and its lease token."""
+    group, name = split_queue(queue)
+    wire = WireTask(queue=name, pid=pid, token=token, expires_at=0.0, attempts=0,
+                    enqueued_at=0.0, payload=None)
+    return LeasedTask(client, wire, group)
+
+
+class LeaseKeeper:
+    """The leases of the micro-batches not committed yet, renewed by a daemon thread."""
+
+    def __init__(self, opts: StreamOptions) -> None:
+        self.opts = opts
+        self.client = Client(opts.master, worker="spark-stream")
+        self.held: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="squall-stream-renew",
+                                        daemon=True)
+        self._thread.start()
+
+    def hold(self, tasks: Held) -> None:
+        with self._lock:
+            self.held.update({p: t for p, t in tasks})
+
+    def drop(self, pids: Sequence[str]) -> None:
+        with self._lock:
+            for p in pids:
+                self.held.pop(p, None)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.opts.lease_secs / 3):
+            with self._lock:
+                items = list(self.held.items())
+            for i in range(0, len(items), MAX_BATCH):
+                tasks = [_task(self.client, self.opts.queue, p, t)
+                         for p, t in items[i:i + MAX_BATCH]]
+                try:
+                    self.client.renew(tasks, self.opts.lease_secs)
+                except SquallError as e:  # one lost lease refuses all: go one by one
+                    log.info("renewing %d stream leases failed (%s); one by one",
+                             len(tasks), e)
+                    for t in tasks:
+                        # dequeued meanwhile or taken over: commit will tell
+                        with contextlib.suppress(SquallError):
+                            self.client.renew(t, self.opts.lease_secs)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.client.close()
+
+
+def lease_batch(keeper: LeaseKeeper, start: dict[str, Any], limit: int) -> dict[str, Any]:
+    """The end offset of the next micro-batch: up to `limit` new leases (`start` itself
+    when nothing is available)."""
+    o = keeper.opts
+    try:
+        got = keeper.client.lease(o.queue, min(limit, o.max_tasks_per_batch), o.lease_secs)
+    except NotFound:
+        got = []
+    if not got:
+        return start
+    tasks: Held = [[t.pid, t.token] for t in got]
+    keeper.hold(tasks)
+    return {"batch": int(start.get("batch", 0)) + 1, "tasks": tasks}
+
+
+def commit_batch(keeper: LeaseKeeper, end: dict[str, Any]) -> int:
+    """Dequeue a committed micro-batch's tasks with their lease tokens; returns how many
+    were dequeued (a task already gone or taken over by another consumer is logged)."""
+    held: Held = end.get("tasks", [])
+    c, q = keeper.client, keeper.opts.queue
+    done = 0
+    for i in range(0, len(held), MAX_BATCH):
+        part = held[i:i + MAX_BATCH]
+        try:
+            c.done([_task(c, q, p, t) for p, t in part])
+            done += len(part)
+        except StatusError:
+            for p, t in part:
+                try:
+                    c.done(_task(c, q, p, t))
+                    done += 1
+                except StatusError as e:
+                    log.warning("stream commit: task %s %r was not dequeued: %s", q, p, e)
+    keeper.drop([p for p, _ in held])
+    return done
+
+
+def read_tasks(opts: StreamOptions, tasks: Held) -> Iterator[tuple[Any, ...]]:
+    """The rows of one partition of a micro-batch: each listed task's payload (a task no
+    longer queued is skipped: it was committed by an earlier run of this micro-batch)."""
+    with Client(opts.master) as c, httpx.Client(timeout=120.0) as http, \
+            ThreadPoolExecutor(opts.read_threads, thread_name_prefix="squall-stream") as pool:
+        def info(pid: str) -> Any:
+            try:
+                return c.task(opts.queue, pid)
+            except NotFound:
+                return None
+
+        infos = [i for i in pool.map(info, [p for p, _ in tasks]) if i is not None]
+        group = split_queue(opts.queue)[0]
+
+        def fallback(i: int) -> bytes:
+            t = infos[i]
+            wire = WireTask(queue=t.queue, pid=t.pid, token=0, expires_at=0.0,
+                            attempts=t.attempts, enqueued_at=t.enqueued_at, payload=t.payload)
+            return LeasedTask(c, wire, group).payload()
+
+        if not opts.with_payload:
+            for t in infos:
+                yield task_row(t, opts.queue)
+            return
+        datas = fetch_many(http, [t.payload for t in infos], fallback, pool)
+        for t, d in zip(infos, datas, strict=True):
+            if isinstance(d, SquallError):
+                raise d  # no replica delivers it: fail the Spark task (it is retried)
+            yield (*task_row(t, opts.queue), d if d is not None else b"")
+
+
+# -- the PySpark classes -----------------------------------------------------------------
+from pyspark.sql.datasource import (  # noqa: E402 - the pure parts above need no Spark
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows  # noqa: E402
+
+
+class TasksPartition(InputPartition):
+    def __init__(self, tasks: Held) -> None:
+        super().__init__(tasks)
+        self.tasks = tasks
+
+
+class SquallStreamReader(DataSourceStreamReader):
+    """Lives on the driver for the whole query (offsets, partitions, commit); its ``read``
+    runs on the executors."""
+
+    def __init__(self, opts: StreamOptions) -> None:
+        self.opts = opts
+        self._keeper: LeaseKeeper | None = None
+
+    @property
+    def keeper(self) -> LeaseKeeper:
+        if self._keeper is None:  # made on first use: read() on executors never needs it
+            self._keeper = LeaseKeeper(self.opts)
+        return self._keeper
+
+    def __getstate__(self) -> dict[str, Any]:  # what executors get: options only
+        return {"opts": self.opts, "_keeper": None}
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"batch": 0, "tasks": []}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.opts.max_tasks_per_batch)
+
+    def latestOffset(self, start: dict[str, Any] | None = None,
+                     limit: ReadLimit | None = None) -> dict[str, Any]:
+        start = start if start is not None else self.initialOffset()
+        n = self.opts.max_tasks_per_batch
+        if isinstance(limit, ReadMaxRows):
+            n = max(1, min(n, limit.max_rows))
+        elif limit is not None and not isinstance(limit, ReadAllAvailable):
+            log.info("squall stream: read limit %r not supported; using %d tasks", limit, n)
+        return lease_batch(self.keeper, start, n)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if end == start:
+            return []
+        tasks: Held = end.get("tasks", [])
+        self.keeper.hold(tasks)  # a replayed micro-batch (after a restart): keep its leases
+        k = self.opts.tasks_per_partition
+        return [TasksPartition(tasks[i:i + k]) for i in range(0, len(tasks), k)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, TasksPartition)
+        return read_tasks(self.opts, partition.tasks)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if end.get("tasks"):
+            commit_batch(self.keeper, end)
+
+    def stop(self) -> None:
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
