@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,11 +63,11 @@ def main(argv: list[str]) -> int:
         a.seed = random.SystemRandom().randrange(1, 2**31)
     if not a.inside and not a.no_netns:
         why = netns.possible()
-        if why is None:
-            cmd = ["unshare", "--mount", "--net", "--propagation", "private", "--",
-                   sys.executable, "-m", "tests.chaos.run", *argv, "--seed", str(a.seed),
-                   "--inside"]
-            return subprocess.run(cmd, check=False).returncode
+        if why is None:  # become the same process inside private namespaces (signals reach it)
+            sys.stdout.flush()
+            os.execvp("unshare", ["unshare", "--mount", "--net", "--propagation", "private",
+                                  "--", sys.executable, "-m", "tests.chaos.run", *argv,
+                                  "--seed", str(a.seed), "--inside"])
         print(f"soak: no network namespaces ({why}); running on 127.0.0.1 without "
               f"partitions and disk faults", flush=True)
         a.no_netns = True
@@ -97,14 +98,24 @@ class Soak:
         self.lines.append(line)
         print(line, flush=True)
 
+    def replay(self) -> str:
+        a = self.a
+        return (f"python -m tests.chaos.run --seed {a.seed} --seconds {a.seconds:g} "
+                f"--kinds {','.join(self.kinds)} --producers {a.producers} --rate {a.rate:g} "
+                f"--workers {a.workers} --swarm-clients {a.swarm_clients} "
+                f"--swarm-seconds {a.swarm_seconds:g}" + (" --no-netns" if a.no_netns else ""))
+
     def run(self) -> int:
         a = self.a
-        schedule = plan(a.seed, a.seconds, self.kinds, a.workers)
-        self.log(f"SEED {a.seed} (replay: python -m tests.chaos.run --seed {a.seed} "
-                 f"--seconds {a.seconds:g}); work folder {self.dir}")
-        for f in schedule:
-            self.log(f"  plan +{f.at_s:6.2f}s {f.kind} {f.targets} hold {f.hold_s}s "
+        schedule = plan(a.seed, self.kinds, a.workers)
+        self.summary["replay"] = self.replay()
+        self.log(f"SEED {a.seed}  replay: {self.summary['replay']}")
+        self.log(f"work folder {self.dir}; the fault sequence starts:")
+        for f in schedule[:12]:
+            self.log(f"  after {f.gap_s:4.2f}s {f.kind} {f.targets} hold {f.hold_s}s "
                      f"{f.variant}")
+        for sig in (signal.SIGTERM, signal.SIGINT):  # stop cleanly: servers, mounts, netns
+            signal.signal(sig, self._interrupted)
         c = SoakCluster(self.dir, use_netns=not a.no_netns)
         workers: Workers | None = None
         try:
@@ -117,7 +128,7 @@ class Soak:
             self.settle(c, workers)
             self.drain(c)
             self.verify(c)
-        except Exception as e:
+        except (Exception, KeyboardInterrupt) as e:
             self.failures.append(f"the soak itself failed: {e!r}")
             self.log(f"ERROR {e!r}")
         finally:
@@ -137,6 +148,10 @@ class Soak:
         self.log(f"{'FAILED' if self.failures else 'PASSED'} seed {a.seed}")
         return 1 if self.failures else 0
 
+    def _interrupted(self, signum: int, _frame: Any) -> None:
+        self.log(f"signal {signum}: stopping")
+        raise KeyboardInterrupt
+
     # -- phase 1: load and faults ---------------------------------------------------------
     def chaos(self, c: SoakCluster, workers: Workers, schedule: list[Any]) -> None:
         a = self.a
@@ -146,7 +161,8 @@ class Soak:
         faults = Faults(c, workers.kill_and_restart, stop, self.log, self.ledger_dir)
         t0 = time.monotonic()
         producers.start()
-        ft = threading.Thread(target=faults.run, args=(schedule, t0), name="faults")
+        ft = threading.Thread(target=faults.run, args=(schedule, a.seconds), name="faults",
+                              daemon=True)
         ft.start()
         swarm_at = t0 + a.seconds * random.Random(a.seed).uniform(0.3, 0.5)
         swarm: subprocess.Popen[str] | None = None
