@@ -39,9 +39,12 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.client_bench
 
-## soak: long-running tests excluded from `make test`
+## soak: long-running tests excluded from `make test`, then the chaos soak: 10 minutes of
+##       seeded faults against a master and 5 data nodes, checked against a ledger
+##       (docs/testing.md; replay with `$(BIN)/python -m bench.soak --seed N`)
 soak: $(STAMP)
 	$(BIN)/pytest -q -m slow
+	$(BIN)/python -m bench.soak --minutes 10
 
 clean:
 	rm -rf $(VENV) .squall build *.egg-info
