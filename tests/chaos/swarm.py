@@ -12,12 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import ssl
 import sys
 import time
 from typing import Any
-
-import httpx
 
 from squall.client import AsyncClient, AsyncLeasedTask, LeaseError, NotFound, SquallError
 from tests.chaos.ledger import Writer, crc, payload_of
@@ -108,18 +105,11 @@ class Swarm:
         self.led.write("done", q=q, pid=pid, tok=tok)
 
     async def run(self, n: int) -> dict[str, Any]:
-        # every client exists before the clock starts. Each has its own transport (its own
-        # connection pool), all sharing one SSL context: httpx would otherwise load the CA
-        # bundle once per client (~0.25 s of CPU each; 30 s for 128 on a loaded machine)
+        # every client (with its own connection pool) exists before the clock starts
         t0 = time.monotonic()
-        ctx = ssl.create_default_context()
-
-        def client(worker: str | None = None) -> AsyncClient:
-            return AsyncClient(self.master, timeout=15.0, retries=3, worker=worker,
-                               transport=httpx.AsyncHTTPTransport(verify=ctx))
-
-        ps = [client() for _ in range(n // 2)]
-        cs = [client(f"swarm{i}") for i in range(n - n // 2)]
+        ps = [AsyncClient(self.master, timeout=15.0, retries=3) for _ in range(n // 2)]
+        cs = [AsyncClient(self.master, timeout=15.0, retries=3, worker=f"swarm{i}")
+              for i in range(n - n // 2)]
         setup = time.monotonic() - t0
         t0 = time.monotonic()
         self.end = t0 + self.seconds
