@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.chaos import netns
-from tests.chaos.faults import NEEDS_ROOT
+from tests.chaos.faults import KINDS, NEEDS_ROOT, plan
+from tests.chaos.ledger import check
 
 SEED = 1
 # The short run leaves out two kinds the long one has: kill_holder_during_repair (slow:
@@ -41,3 +42,38 @@ def test_short_chaos_soak_keeps_the_ledger(tmp_path: Path) -> None:
     led = s["ledger"]
     assert led["acked_puts"] > 200 and led["acked_dones"] > 50, led
     assert s["swarm"]["clients"] == 128 and s["swarm"]["puts"] > 0, s["swarm"]
+
+
+def test_the_ledger_checker_catches_each_broken_promise() -> None:
+    def put(pid: str, kind: str = "put", c: int = 7) -> dict[str, object]:
+        return {"k": kind, "q": "s#a", "pid": pid, "crc": c, "n": 1, "err": "Unavailable()"}
+
+    def got(pid: str, tok: int, c: int = 7) -> dict[str, object]:
+        return {"k": "got", "q": "s#a", "pid": pid, "tok": tok, "crc": c, "w": "w0"}
+
+    def done(pid: str, tok: int) -> dict[str, object]:
+        return {"k": "done", "q": "s#a", "pid": pid, "tok": tok}
+
+    fine = [put("a"), got("a", 1), got("a", 2), done("a", 2), put("b", "put?"), got("b", 5),
+            put("c", "put?"), put("d", "put-")]
+    v, exists = check(fine)
+    assert v.failures() == [] and v.duplicate_deliveries == 1
+    assert exists == {("s#a", "a"), ("s#a", "b")} and v.tasks == 2  # c, d never landed
+    assert v.ambiguous_puts == 2 and v.refused_puts == 1
+    cases = {
+        "acknowledged puts lost": [put("x")],
+        "deliveries after an acknowledged done": [put("x"), got("x", 1), done("x", 1),
+                                                  got("x", 2)],
+        "payloads differing": [put("x"), got("x", 1, c=8)],
+        "refused puts applied anyway": [put("x", "put-"), got("x", 1)],
+        "deliveries of tasks nobody put": [got("x", 1)],
+    }
+    for what, recs in cases.items():
+        failures = check(recs)[0].failures()
+        assert len(failures) == 1 and what in failures[0], (what, failures)
+
+
+def test_a_seed_fixes_the_fault_sequence() -> None:
+    a, b = plan(7, KINDS, 3), plan(7, KINDS, 3)
+    assert a == b and a != plan(8, KINDS, 3)
+    assert {f.kind for f in a[:len(KINDS)]} == set(KINDS)  # every kind early on

@@ -6,6 +6,8 @@ finished. Records (``k`` is the kind):
 
     put    q pid crc n       an acknowledged enqueue (the client returned)
     put?   q pid crc n err   an enqueue whose outcome is unknown (it raised)
+    put-   q pid crc n err   an enqueue refused (a status promising nothing was applied,
+                             from a client that does not retry): it must never be delivered
     got    q pid tok crc w   a delivery: a lease handed this payload to a handler
     done   q pid tok         an acknowledged dequeue (``task.done()`` returned)
     done?  q pid tok err     a dequeue whose outcome is unknown (transport failure, 5xx)
@@ -73,6 +75,8 @@ class Verdict:
     after_done: list[str] = field(default_factory=list)  # delivered after an acked done
     differing: list[str] = field(default_factory=list)  # payload checksum mismatch
     unknown_deliveries: list[str] = field(default_factory=list)  # a pid nobody put
+    refused_puts: int = 0
+    refused_applied: list[str] = field(default_factory=list)  # refused put, delivered
 
     def failures(self) -> list[str]:
         out = []
@@ -83,6 +87,9 @@ class Verdict:
                        f"e.g. {self.after_done[:5]}")
         if self.differing:
             out.append(f"{len(self.differing)} payloads differing, e.g. {self.differing[:5]}")
+        if self.refused_applied:
+            out.append(f"{len(self.refused_applied)} refused puts applied anyway (delivered),"
+                       f" e.g. {self.refused_applied[:5]}")
         if self.unknown_deliveries:
             out.append(f"{len(self.unknown_deliveries)} deliveries of tasks nobody put, "
                        f"e.g. {self.unknown_deliveries[:5]}")
@@ -106,6 +113,7 @@ def check(recs: list[dict[str, Any]]) -> tuple[Verdict, set[Key]]:
     v = Verdict()
     put_crc: dict[Key, int] = {}
     maybe_crc: dict[Key, int] = {}
+    refused: dict[Key, str] = {}
     done_tok: dict[Key, int] = {}
     got: dict[Key, list[tuple[int, int, str]]] = defaultdict(list)
     for r in recs:
@@ -115,13 +123,17 @@ def check(recs: list[dict[str, Any]]) -> tuple[Verdict, set[Key]]:
             put_crc[key] = r["crc"]
         elif k == "put?":
             maybe_crc[key] = r["crc"]
+        elif k == "put-":
+            maybe_crc[key] = r["crc"]  # its checksum, should it show up anyway
+            refused[key] = r["err"]
         elif k == "got":
             got[key].append((r["tok"], r["crc"], r.get("w", "")))
         elif k == "done":
             done_tok[key] = max(done_tok.get(key, 0), r["tok"])
     kinds = Counter(r["k"] for r in recs)
     v.acked_puts = len(put_crc)
-    v.ambiguous_puts = len(set(maybe_crc) - set(put_crc))
+    v.ambiguous_puts = len(set(maybe_crc) - set(put_crc) - set(refused))
+    v.refused_puts = len(set(refused) - set(put_crc))
     v.acked_dones, v.ambiguous_dones = kinds["done"], kinds["done?"]
     v.refused_dones, v.auto_dones = kinds["done-"], kinds["auto"]
     v.deliveries = kinds["got"]
@@ -137,6 +149,8 @@ def check(recs: list[dict[str, Any]]) -> tuple[Verdict, set[Key]]:
             if key in done_tok and tok > done_tok[key]:
                 v.after_done.append(f"{key} token {tok} by {w} after done of token "
                                     f"{done_tok[key]}")
+    v.refused_applied = [f"{key} refused with {refused[key][:120]}" for key in refused
+                         if key in got and key not in put_crc]
     v.lost = sorted(key for key in put_crc if key not in got)
     exists = set(put_crc) | {key for key in maybe_crc if key in got}
     v.tasks = len(exists)

@@ -10,7 +10,15 @@ import sys
 import threading
 import time
 
-from squall.client import Client, NewTask, SquallError
+from squall.client import (
+    Client,
+    ConnectError,
+    DataCorrupt,
+    NewTask,
+    ServerError,
+    SquallError,
+    StatusError,
+)
 from tests.chaos.ledger import Writer, crc, payload_of
 
 QUEUES = ("soak#a", "soak#b")  # the producers'
@@ -27,9 +35,23 @@ def draw_size(rng: random.Random) -> int:
     return 0  # an empty payload now and then (r can land here by rounding)
 
 
+def refused(e: SquallError) -> bool:
+    """An error that promises nothing was applied: a status other than 500 (docs/client.md:
+    a 503 is refused before anything is applied), or a connection never made."""
+    if isinstance(e, ConnectError):
+        return True
+    return isinstance(e, StatusError) and not isinstance(e, ServerError | DataCorrupt) \
+        and e.status != 500
+
+
 class Producers:
     """`n` threads, each with its own client, enqueueing unique pids at about `rate` tasks
-    per second in all, singly or in small batches, until stopped or `max_tasks`."""
+    per second in all, singly or in small batches, until stopped or `max_tasks`.
+
+    Even-numbered producers never retry (``retries=0``), so the one answer they get is the
+    whole story: a refusal (:func:`refused`) is written as ``put-``, and the checker
+    fails the soak if such a task is ever delivered (refused means not applied). The odd
+    ones retry like a normal client, and every failure is ``put?`` (ambiguous)."""
 
     def __init__(self, master: str, ledger_dir: str, n: int, rate: float, seed: int,
                  max_tasks: int) -> None:
@@ -56,7 +78,8 @@ class Producers:
         rng = random.Random(self.seed * 1000 + i)
         period = self.n / self.rate
         seq = 0
-        with Client(self.master, timeout=10.0, retries=3, worker=f"producer-{i}") as c:
+        retries = 0 if i % 2 == 0 else 3
+        with Client(self.master, timeout=10.0, retries=retries, worker=f"producer-{i}") as c:
             while not self.stop.is_set() and seq < self.max_each:
                 batch = 1 if rng.random() < 0.7 else rng.randint(2, 20)
                 queue = QUEUES[rng.random() < 0.3]
@@ -65,18 +88,20 @@ class Producers:
                     seq += 1
                     pid = f"p{i}-{seq:07d}"
                     tasks.append((pid, payload_of(pid, draw_size(rng))))
-                self._put(c, queue, tasks)
+                self._put(c, queue, tasks, strict=retries == 0)
                 self.stop.wait(period * batch * rng.uniform(0.5, 1.5))
 
-    def _put(self, c: Client, queue: str, tasks: list[tuple[str, bytes]]) -> None:
+    def _put(self, c: Client, queue: str, tasks: list[tuple[str, bytes]], strict: bool
+             ) -> None:
         try:
             if len(tasks) == 1:
                 c.put(queue, tasks[0][1], pid=tasks[0][0])
             else:
                 c.put_many(queue, [NewTask(data, pid) for pid, data in tasks])
         except SquallError as e:
+            kind = "put-" if strict and refused(e) else "put?"
             for pid, data in tasks:
-                self.led.write("put?", q=queue, pid=pid, crc=crc(data), n=len(data),
+                self.led.write(kind, q=queue, pid=pid, crc=crc(data), n=len(data),
                                err=repr(e)[:200])
             self.ambiguous += len(tasks)
             return

@@ -27,8 +27,7 @@ def write_report(path: str, s: dict[str, Any]) -> None:
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.machine()}, "
         f"{s.get('seconds_total', 0):.0f} s in all; load average at the end "
         f"{la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f} (a shared 2-core machine: other jobs ran "
-        "alongside). Replay: `python -m tests.chaos.run --seed "
-        f"{s['seed']}` (see docs/testing.md).",
+        "alongside). Replay: `{s.get('replay')}` (see docs/testing.md).",
         "",
         f"- seed **{s['seed']}**; network namespaces and tmpfs disks: "
         f"{'yes' if s.get('netns') else 'no (127.0.0.1, no partitions or disk faults)'}",
@@ -39,9 +38,10 @@ def write_report(path: str, s: dict[str, Any]) -> None:
         "| what | count |",
         "|---|---:|",
     ]
-    for k in ("acked_puts", "ambiguous_puts", "tasks", "deliveries", "duplicate_deliveries",
-              "acked_dones", "ambiguous_dones", "refused_dones", "auto_dones", "lost",
-              "after_done", "differing", "unknown_deliveries"):
+    for k in ("acked_puts", "ambiguous_puts", "refused_puts", "refused_applied", "tasks",
+              "deliveries", "duplicate_deliveries", "acked_dones", "ambiguous_dones",
+              "refused_dones", "auto_dones", "lost", "after_done", "differing",
+              "unknown_deliveries"):
         out.append(f"| {k.replace('_', ' ')} | {led.get(k, '-')} |")
     out += ["", "`tasks` = acknowledged puts plus ambiguous ones that were delivered; "
             "`duplicate deliveries` = deliveries beyond the first of a task (at-least-once: "
@@ -70,8 +70,9 @@ def write_report(path: str, s: dict[str, Any]) -> None:
         if kind == "kill_master":
             other.append(f"restart s {_fmt([e['restart_s'] for e in es if 'restart_s' in e])}")
         if kind == "fill_master_disk":
-            other.append("ready after free s: "
-                         f"{[e.get('ready_after_free_s') for e in es]}")
+            other.append("writes resumed after free s: "
+                         f"{[e.get('writes_resume_s') for e in es]}; restarted by the harness: "
+                         f"{sum(1 for e in es if e.get('restarted_by_harness'))}")
         out.append(f"| {kind} | {len(es)} | {_fmt([e['hold_s'] for e in es])} | {_fmt(rf)} | "
                    f"{'; '.join(other)} |")
     out += ["", f"Worker processes SIGKILLed: {s.get('worker_kills', 0)}. Time to RF: from "
