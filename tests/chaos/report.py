@@ -27,7 +27,7 @@ def write_report(path: str, s: dict[str, Any]) -> None:
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.machine()}, "
         f"{s.get('seconds_total', 0):.0f} s in all; load average at the end "
         f"{la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f} (a shared 2-core machine: other jobs ran "
-        "alongside). Replay: `{s.get('replay')}` (see docs/testing.md).",
+        f"alongside). Replay: `{s.get('replay')}` (see docs/testing.md).",
         "",
         f"- seed **{s['seed']}**; network namespaces and tmpfs disks: "
         f"{'yes' if s.get('netns') else 'no (127.0.0.1, no partitions or disk faults)'}",
