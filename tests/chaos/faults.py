@@ -159,17 +159,18 @@ class Faults:
         self._nodes_back(f.targets, ep, t)
 
     def kill_holder_during_repair(self, f: Fault, ep: Episode) -> None:
-        """Kill one node; once the master has noticed and repair has begun (or a bound
-        passed), kill a second one while copies are planned or in flight."""
+        """Kill one node; as soon as the master has copies of its blobs in flight (or 10 s
+        passed), kill a second one: a source or target of those copies, or a holder of
+        blobs that just lost their other replica."""
         a, b = f.targets
         t = time.monotonic()
         self.c.nodes[a].kill9()
+        ep.notes["repair_seen"] = False
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and not self.stop.is_set():
             try:
-                i = self.c.info()
-                if i["copies_in_flight"] or any(n["state"] == "dead" for n in i["nodes"]):
-                    ep.notes["repair_seen"] = bool(i["copies_in_flight"])
+                if self.c.info()["copies_in_flight"]:
+                    ep.notes["repair_seen"] = True
                     break
             except Exception:
                 pass
