@@ -145,10 +145,25 @@ class Faults:
             time.sleep(0.1)
         return None
 
+    def _watch(self, hold_s: float, url: str, ep: Episode) -> None:
+        """Hold for `hold_s`, noting whether the master declared the node at `url` dead and
+        planned copies of its blobs meanwhile."""
+        end = time.monotonic() + hold_s
+        ep.notes["declared_dead"] = ep.notes["copies_seen"] = False
+        while not self.stop.wait(0.1) and time.monotonic() < end:
+            try:
+                i = self.c.info()
+            except Exception:
+                continue
+            if any(n["address"] == url and n["state"] == "dead" for n in i["nodes"]):
+                ep.notes["declared_dead"] = True
+            if i["copies_in_flight"]:
+                ep.notes["copies_seen"] = True
+
     def kill_node(self, f: Fault, ep: Episode) -> None:
         t = time.monotonic()
         self.c.nodes[f.targets[0]].kill9()
-        self._hold(f.hold_s)
+        self._watch(f.hold_s, self.c.nodes[f.targets[0]].url, ep)
         self._nodes_back(f.targets, ep, t)
 
     def kill_two_nodes(self, f: Fault, ep: Episode) -> None:
@@ -251,6 +266,6 @@ class Faults:
         away = ["m"] if f.variant == "master" else \
             ["m", *(f"d{i}" for i in range(NODES) if i != f.targets[0])]
         self.c.net.partition(name, away)
-        self._hold(f.hold_s)
+        self._watch(f.hold_s, self.c.nodes[f.targets[0]].url, ep)
         self.c.net.heal(name)
         ep.notes["to_rf_s"] = self._time_to_rf(ep.started)
