@@ -14,6 +14,31 @@ def _fmt(xs: list[float]) -> str:
     return f"{min(xs):.1f} / {sum(xs) / len(xs):.1f} / {max(xs):.1f}"
 
 
+def _other(kind: str, es: list[dict[str, Any]]) -> list[str]:
+    """The notes column of one fault kind's row."""
+    never = sum(1 for e in es if "to_rf_s" in e and e["to_rf_s"] is None)
+    other = []
+    if never:
+        other.append(f"{never} never back at RF within 120 s")
+    if any("declared_dead" in e for e in es):
+        other.append(f"declared dead {sum(bool(e.get('declared_dead')) for e in es)}"
+                     f"/{len(es)}, copies seen {sum(bool(e.get('copies_seen')) for e in es)}"
+                     f"/{len(es)}")
+    if any("repair_seen" in e for e in es):
+        other.append(f"second kill during copies {sum(bool(e.get('repair_seen')) for e in es)}"
+                     f"/{len(es)}")
+    errs = [e["error"] for e in es if "error" in e]
+    if errs:
+        other.append(f"errors: {errs[:2]}")
+    if kind == "kill_master":
+        other.append(f"restart s {_fmt([e['restart_s'] for e in es if 'restart_s' in e])}")
+    if kind == "fill_master_disk":
+        other.append("writes resumed after free s: "
+                     f"{[e.get('writes_resume_s') for e in es]}; restarted by the harness: "
+                     f"{sum(1 for e in es if e.get('restarted_by_harness'))}")
+    return other
+
+
 def write_report(path: str, s: dict[str, Any]) -> None:
     eps = s.get("episodes", [])
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -60,19 +85,7 @@ def write_report(path: str, s: dict[str, Any]) -> None:
             "other |", "|---|---:|---|---|---|"]
     for kind, es in sorted(by_kind.items()):
         rf = [e["to_rf_s"] for e in es if e.get("to_rf_s") is not None]
-        never = sum(1 for e in es if "to_rf_s" in e and e["to_rf_s"] is None)
-        other = []
-        if never:
-            other.append(f"{never} never back at RF within 120 s")
-        errs = [e["error"] for e in es if "error" in e]
-        if errs:
-            other.append(f"errors: {errs[:2]}")
-        if kind == "kill_master":
-            other.append(f"restart s {_fmt([e['restart_s'] for e in es if 'restart_s' in e])}")
-        if kind == "fill_master_disk":
-            other.append("writes resumed after free s: "
-                         f"{[e.get('writes_resume_s') for e in es]}; restarted by the harness: "
-                         f"{sum(1 for e in es if e.get('restarted_by_harness'))}")
+        other = _other(kind, es)
         out.append(f"| {kind} | {len(es)} | {_fmt([e['hold_s'] for e in es])} | {_fmt(rf)} | "
                    f"{'; '.join(other)} |")
     out += ["", f"Worker processes SIGKILLed: {s.get('worker_kills', 0)}. Time to RF: from "
