@@ -91,7 +91,7 @@ class SoakCluster:
         self.master = self._server("m", host["m"], ports["m"], [
             "-m", "squall.master", "--heartbeat-interval-s", str(BEAT_S),
             "--dead-after-beats", str(DEAD_AFTER_BEATS), "--replication-factor", str(RF),
-            "--orphan-grace-s", "30", "--checkpoint-interval-s", "5"])
+            "--orphan-grace-s", "120", "--checkpoint-interval-s", "5"])
         self.nodes = [self._server(f"d{i}", host[f"d{i}"], ports[f"d{i}"], [
             "-m", "squall.datanode", "--master", murl, "--advertise",
             f"http://{host[f'd{i}']}:{ports[f'd{i}']}", "--heartbeat-interval-s", str(BEAT_S),

@@ -103,6 +103,7 @@ def write_report(path: str, s: dict[str, Any]) -> None:
                 f"| {sw.get('puts')} | {sw.get('leases')} | {sw.get('put_p50_ms')} / "
                 f"{sw.get('put_p99_ms')} | {sw.get('lease_p50_ms')} / {sw.get('lease_p99_ms')} "
                 f"| {sw.get('errors')} |", ""]
+        out += [f"- {k}: `{v}`" for k, v in sw.get("error_examples", {}).items()] + [""]
     out += ["## Replication and settling", "",
             f"- settle after the faults: {s.get('settle_s')} s; drain: {s.get('drain_s')} s",
             f"- RF check: {s.get('rf_check')}", ""]

@@ -39,9 +39,12 @@ class Swarm:
         self.put_lat: list[float] = []
         self.lease_lat: list[float] = []
         self.errors: dict[str, int] = {}
+        self.examples: dict[str, str] = {}  # the first message of each kind of error
 
-    def err(self, e: BaseException) -> None:
-        self.errors[type(e).__name__] = self.errors.get(type(e).__name__, 0) + 1
+    def err(self, e: BaseException, where: str) -> None:
+        name = f"{type(e).__name__} ({where})"
+        self.errors[name] = self.errors.get(name, 0) + 1
+        self.examples.setdefault(name, repr(e)[:300])
 
     async def producer(self, i: int, c: AsyncClient) -> None:
         rng = random.Random(self.seed * 1000 + i)
@@ -55,7 +58,7 @@ class Swarm:
                 try:
                     await c.put(QUEUE, data, pid=pid)
                 except SquallError as e:
-                    self.err(e)
+                    self.err(e, "put")
                     self.led.write("put?", q=QUEUE, pid=pid, crc=crc(data), n=len(data),
                                    err=repr(e)[:200])
                     await asyncio.sleep(0.2)
@@ -74,7 +77,7 @@ class Swarm:
                 try:
                     tasks = await c.lease(QUEUE, max_tasks=4, lease_secs=10.0)
                 except SquallError as e:
-                    self.err(e)
+                    self.err(e, "lease")
                     await asyncio.sleep(0.2)
                     continue
                 self.lease_lat.append(time.monotonic() - t)
@@ -88,18 +91,18 @@ class Swarm:
         try:
             data = await task.payload()
         except SquallError as e:
-            self.err(e)
+            self.err(e, "payload")
             return  # the lease expires; someone reads it again
         self.led.write("got", q=q, pid=pid, tok=tok, crc=crc(data), w=name,
                        ok=data == payload_of(pid, len(data)), n=len(data))
         try:
             await task.done()
         except (LeaseError, NotFound) as e:
-            self.err(e)
+            self.err(e, "done")
             self.led.write("done-", q=q, pid=pid, tok=tok, err=repr(e)[:200])
             return
         except SquallError as e:
-            self.err(e)
+            self.err(e, "done")
             self.led.write("done?", q=q, pid=pid, tok=tok, err=repr(e)[:200])
             return
         self.led.write("done", q=q, pid=pid, tok=tok)
@@ -121,7 +124,8 @@ class Swarm:
                 "secs": round(time.monotonic() - t0, 1), "puts": len(lat[0]),
                 "leases": len(lat[1]), "put_p50_ms": pct(lat[0], 0.5),
                 "put_p99_ms": pct(lat[0], 0.99), "lease_p50_ms": pct(lat[1], 0.5),
-                "lease_p99_ms": pct(lat[1], 0.99), "errors": self.errors}
+                "lease_p99_ms": pct(lat[1], 0.99), "errors": self.errors,
+                "error_examples": self.examples}
 
 
 if __name__ == "__main__":
