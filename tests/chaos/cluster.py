@@ -53,7 +53,7 @@ class Server:
             raise RuntimeError(f"{self.name} exited ({self.log})")
         return httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 180.0) -> None:  # imports take a minute at load 40
         wait_for(self.ready, timeout, interval=0.05, what=f"{self.name} ready")
 
     def kill9(self) -> None:
@@ -120,7 +120,7 @@ class SoakCluster:
             s.launch()
         for s in self.servers:
             s.wait_ready()
-        wait_for(lambda: self.alive() == NODES, 60, interval=0.1, what="data nodes alive")
+        wait_for(lambda: self.alive() == NODES, 180, interval=0.1, what="data nodes alive")
 
     def info(self) -> Any:
         return self.http.get("/v1/cluster").json()
