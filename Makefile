@@ -45,10 +45,14 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.client_bench
 
-## soak: long-running tests excluded from `make test`, then the master's model test on
-##       MODEL_SEEDS random seeds (each printed; a failure stops with its seed)
+## soak: long-running tests excluded from `make test`; the chaos soak: 10 minutes of
+##       seeded faults against a master and 5 data nodes, checked against a ledger
+##       (docs/testing.md; replay with `$(BIN)/python -m bench.soak --seed N`); then the
+##       master's model test on MODEL_SEEDS random seeds (each printed; a failure stops
+##       with its seed)
 soak: $(STAMP)
 	$(BIN)/pytest -q -m slow
+	$(BIN)/python -m bench.soak --minutes 10
 	@for i in $$(seq 1 $(MODEL_SEEDS)); do \
 	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
 	  echo "model test $$i/$(MODEL_SEEDS): --hypothesis-seed=$$seed"; \

@@ -184,7 +184,7 @@ class AsyncClient:
                               max_keepalive_connections=max_connections)
         self._core = Core(Retry(attempts=retries), blob_timeout, worker)
         self._http = httpx.AsyncClient(base_url=self.master, transport=transport, timeout=timeout,
-                                  limits=limits)
+                                  limits=limits, verify=_http.ssl_context())
         self._run = _AsyncDriver(self._http).run
         self._iter = _AsyncDriver(self._http).iterate
 

@@ -4,6 +4,8 @@ This is the one place raw httpx errors are translated (see ``common/errors.py``)
 
 from __future__ import annotations
 
+import functools
+import ssl
 from typing import Any
 
 import httpx
@@ -13,6 +15,14 @@ from squall.client._effects import Call, ConnectError, Reply
 from squall.common.errors import ServerError, StatusError, TransportError, from_response
 
 _CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """One verifying SSL context for every client of this process. httpx builds a new one
+    per client otherwise, loading the CA bundle each time: ~0.25 s of CPU per ``Client``,
+    30 s for the soak's 128 clients on a loaded machine."""
+    return httpx.create_ssl_context()
 
 
 def request_args(c: Call) -> dict[str, Any]:

@@ -177,7 +177,7 @@ class Client:
                               max_keepalive_connections=max_connections)
         self._core = Core(Retry(attempts=retries), blob_timeout, worker)
         self._http = httpx.Client(base_url=self.master, transport=transport, timeout=timeout,
-                                  limits=limits)
+                                  limits=limits, verify=_http.ssl_context())
         self._run = _Driver(self._http).run
         self._iter = _Driver(self._http).iterate
 

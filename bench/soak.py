@@ -1,0 +1,36 @@
+"""The long chaos soak (``make soak``): ``python -m bench.soak [--minutes 10] [--seed N]``.
+
+Runs ``tests.chaos.run`` with a fault window of ``--minutes``, a random seed unless one is
+given (printed first thing: replay with ``--seed``), and writes the figures to
+``bench/results/soak.md`` and ``soak.json``. Exit status 1 when any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from tests.chaos import run
+
+OUT = os.path.join(os.path.dirname(__file__), "results")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.soak")
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--out", default=OUT)
+    p.add_argument("--swarm-seconds", type=float, default=60.0)
+    a, rest = p.parse_known_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    args = ["--seconds", str(a.minutes * 60), "--swarm-seconds", str(a.swarm_seconds),
+            "--report", os.path.join(a.out, "soak.md"),
+            "--json", os.path.join(a.out, "soak.json"), *rest]
+    if a.seed is not None:
+        args += ["--seed", str(a.seed)]
+    return run.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,151 @@
+"""The soak's cluster: a master and five data nodes (RF 2) as real processes, each in its
+own network namespace with its data folder on its own tmpfs (see netns.py, disks.py), or
+all on 127.0.0.1 and plain folders when namespaces cannot be built here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from squall.common import tokens
+from tests.chaos import disks
+from tests.chaos.netns import Net
+from tests.helpers import free_port_block, wait_for
+
+KEY = "soak-cluster-key-0123456789abcdef"
+ENV = {"SQUALL_CLUSTER_KEY": KEY}
+NODES = 5
+RF = 2
+BEAT_S = 0.5
+DEAD_AFTER_BEATS = 3
+MASTER_PORT, NODE_PORT = 7070, 7071
+MASTER_FS_MB, NODE_FS_MB = 256, 192
+
+
+class Server:
+    """One server process; `argv` is fixed so a restart comes back where it was."""
+
+    def __init__(self, name: str, argv: list[str], url: str, data_dir: str, log: str) -> None:
+        self.name, self.argv, self.url, self.data_dir, self.log = name, argv, url, data_dir, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def up(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def launch(self) -> None:
+        with open(self.log, "ab") as log:
+            log.write(f"--- {time.strftime('%H:%M:%S')} start #{self.starts}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **ENV})
+        self.starts += 1
+
+    def ready(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited ({self.log})")
+        return httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200
+
+    def wait_ready(self, timeout: float = 180.0) -> None:  # imports take a minute at load 40
+        wait_for(self.ready, timeout, interval=0.05, what=f"{self.name} ready")
+
+    def kill9(self) -> None:
+        if self.up:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.up:
+            assert self.proc is not None
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+
+class SoakCluster:
+    def __init__(self, base: str, use_netns: bool) -> None:
+        self.base = base
+        self.net: Net | None = None
+        self.tmpfs = False
+        names = {"m": 10, **{f"d{i}": 11 + i for i in range(NODES)}}
+        if use_netns:
+            self.net = Net(names)
+            self.net.build()
+            host = dict(self.net.ips)
+            ports = {"m": MASTER_PORT, **{f"d{i}": NODE_PORT for i in range(NODES)}}
+        else:
+            host = dict.fromkeys(names, "127.0.0.1")
+            p0 = free_port_block(NODES + 1)
+            ports = {n: p0 + i for i, n in enumerate(names)}
+        murl = f"http://{host['m']}:{ports['m']}"
+        self.master = self._server("m", host["m"], ports["m"], [
+            "-m", "squall.master", "--heartbeat-interval-s", str(BEAT_S),
+            "--dead-after-beats", str(DEAD_AFTER_BEATS), "--replication-factor", str(RF),
+            "--orphan-grace-s", "120", "--checkpoint-interval-s", "5"])
+        self.nodes = [self._server(f"d{i}", host[f"d{i}"], ports[f"d{i}"], [
+            "-m", "squall.datanode", "--master", murl, "--advertise",
+            f"http://{host[f'd{i}']}:{ports[f'd{i}']}", "--heartbeat-interval-s", str(BEAT_S),
+            "--full-report-every", "10", "--scrub-bytes-per-s", "0"]) for i in range(NODES)]
+        self.http = httpx.Client(base_url=self.master.url, timeout=10.0)
+
+    def _server(self, name: str, host: str, port: int, args: list[str]) -> Server:
+        data = os.path.join(self.base, name)
+        os.makedirs(data, exist_ok=True)
+        if self.net is not None:
+            disks.mount_tmpfs(data, MASTER_FS_MB if name == "m" else NODE_FS_MB)
+            self.tmpfs = True
+        argv = [sys.executable, *args, "--host", host, "--port", str(port),
+                "--data-dir", os.path.join(data, "data")]
+        if self.net is not None:
+            argv = self.net.wrap(name, argv)
+        return Server(name, argv, f"http://{host}:{port}", data,
+                      os.path.join(self.base, f"{name}.log"))
+
+    @property
+    def servers(self) -> list[Server]:
+        return [self.master, *self.nodes]
+
+    def start(self) -> None:
+        for s in self.servers:
+            s.launch()
+        for s in self.servers:
+            s.wait_ready()
+        wait_for(lambda: self.alive() == NODES, 180, interval=0.1, what="data nodes alive")
+
+    def info(self) -> Any:
+        return self.http.get("/v1/cluster").json()
+
+    def alive(self) -> int:
+        return sum(n["state"] == "alive" for n in self.info()["nodes"])
+
+    def settled(self) -> bool:
+        i = self.info()
+        return (sum(n["state"] == "alive" for n in i["nodes"]) == NODES
+                and i["under_replicated"] == 0 and i["lost"] == 0
+                and i["copies_in_flight"] == 0)
+
+    def holders(self, blob_id: str) -> int:
+        tok = tokens.sign(KEY.encode(), "read", [blob_id], time.time() + 300)
+        n = 0
+        for d in self.nodes:
+            r = self.http.head(f"{d.url}/v1/blobs/{blob_id}",
+                               headers={"Authorization": f"Bearer {tok}"})
+            n += r.status_code == 200
+        return n
+
+    def close(self) -> None:
+        self.http.close()
+        for s in self.servers:
+            s.stop()
+        if self.net is not None:
+            self.net.heal_all()
