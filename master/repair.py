@@ -9,8 +9,9 @@ Cluster` owns the block map and decides *that* a blob needs copies; this module 
   no longer needs them (freed, holders came back, or it has no live holder left).
 - **Budgets**: a node takes part in at most ``max_bytes`` bytes and ``max_count`` blobs of
   copies in flight, as source and as target together (a copy larger than the byte budget
-  runs alone). Bytes, not copies, are what a node's disk and network spend: a budget of
-  64 MiB is sixteen 4 MiB blobs or sixty thousand 1 KiB ones.
+  runs alone); a target must also have the room free that it last reported. Bytes, not
+  copies, are what a node's disk and network spend: a budget of 64 MiB is sixteen 4 MiB
+  blobs or sixty thousand 1 KiB ones.
 - **Commands**: blobs of known size up to ``SMALL_BLOB_BYTES`` travel together, one
   ``replicate_batch`` command per (source, target) pair and up to ``MAX_REPLICATE_BATCH``
   blobs and ``BATCH_BYTES`` (the source sends each as one request; the target stores it in
@@ -52,6 +53,7 @@ class NodeLike(Protocol):
     node_id: str
     address: str
     used_bytes: int
+    free_bytes: int
 
 
 # (sources: live holders, ids of nodes holding or receiving it, copies still wanted), or
@@ -189,7 +191,8 @@ class Repair:
                     src = min((n for n in sources if self.room(n.node_id, size)),
                               key=lambda n: self.node_bytes.get(n.node_id, 0), default=None)
                     dst = min((n for n in candidates if n.node_id not in holding
-                               and self.room(n.node_id, size)),
+                               and self.room(n.node_id, size)
+                               and n.free_bytes >= size + self.node_bytes.get(n.node_id, 0)),
                               key=lambda n: (self.node_bytes.get(n.node_id, 0), n.used_bytes),
                               default=None)
                     if src is None or dst is None:

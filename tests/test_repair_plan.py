@@ -39,11 +39,12 @@ class World:
         return [b for b in sorted(self.refs) if after is None or b > after][:limit]
 
     def beat(self, node: str, *, full: list[str] | None = None, sizes: list[int] | None = None,
-             replicated: list[ReplicationReport] | None = None) -> list[Any]:
+             replicated: list[ReplicationReport] | None = None, free: int = 1 << 40
+             ) -> list[Any]:
         self.started.setdefault(node, 1.0)
         req = HeartbeatRequest(
             node_id=node, address=f"http://{node}", started_at=self.started[node],
-            seq=0, capacity_bytes=1 << 40, used_bytes=0, free_bytes=1 << 40, blob_count=0,
+            seq=0, capacity_bytes=1 << 40, used_bytes=0, free_bytes=free, blob_count=0,
             full=full is not None, blob_ids=full or [], blob_sizes=sizes or [],
             replicated=replicated or [])
         return list(self.c.heartbeat(req).commands)
@@ -169,6 +170,17 @@ def test_fewest_copies_left_first() -> None:
     # a's budget (3 copies) went to the blobs with one copy left; b had room for others
     assert from_a and from_a <= set(one)
     assert from_b <= set(two)
+
+
+def test_a_target_without_room_is_skipped() -> None:
+    w = World()
+    w.refs.update(["p", "q"])
+    w.beat("a", full=["p", "q"], sizes=[6000, 6000])
+    w.beat("b", full=[], free=8000)  # room for one of them, not both
+    w.beat("c", full=[], free=1 << 30)
+    w.tick()
+    targets = sorted(t for _, t in copies(w.beat("a")))
+    assert targets in (["http://b", "http://c"], ["http://c", "http://c"])
 
 
 def test_batches_are_bounded_by_bytes() -> None:
