@@ -46,6 +46,7 @@ from squall.datanode.service import DataNode
 log = logging.getLogger("squall.datanode.heartbeat")
 _COMMAND: TypeAdapter[Command] = TypeAdapter(Command)
 MAX_PENDING_REPORTS = 10_000
+REPORTS_PER_BEAT = 1000  # more wait for the next beat, which comes early (bounded work)
 DELETE_TXN_IDS = 1000
 NUDGE_GAP_S = 0.1  # the shortest pause between two beats when copies finished early
 
@@ -119,7 +120,10 @@ class Heartbeat:
         self._corrupt += corrupt
         space = await store.run(store.space)
         ids, sizes = await store.run(store.inventory) if full else ([], [])
-        reports, self._reports = self._reports, []
+        reports = self._reports[:REPORTS_PER_BEAT]
+        self._reports = self._reports[REPORTS_PER_BEAT:]
+        if self._reports:
+            self._nudge.set()  # the rest go in an early beat
         return HeartbeatRequest(
             node_id=node.node_id, address=node.address, started_at=node.started_at,
             seq=self.seq, capacity_bytes=space.capacity_bytes, used_bytes=space.used_bytes,

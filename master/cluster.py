@@ -45,7 +45,7 @@ from squall.common.cluster import (
 from squall.master.blobscan import BlobScan
 from squall.master.repair import Repair
 
-CHECK_BATCH = 20_000
+CHECK_BATCH = 5000  # blobs examined per tick (one index read each): bounded loop time
 DELETE_BATCH = 1000
 
 
