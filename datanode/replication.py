@@ -242,7 +242,8 @@ async def copy_blob(node: DataNode, blob_id: str, target: str,
         "Content-Type": "application/octet-stream"}
     try:
         r = await node.peers.put(f"{target}/v1/replicate/{blob_id}",
-                                 content=node.store.stream(meta), headers=headers)
+                                 content=node.repair_pacer.paced(node.store.stream(meta)),
+                                 headers=headers)
     except Exception as e:
         return ReplicationReport(blob_id=blob_id, target=target, ok=False,
                                  error=_transport(target, e).message)
@@ -307,6 +308,7 @@ async def _send_batch(node: DataNode, target: str, body: bytes, metas: list[Blob
     ids = [m.blob_id for m in metas]
     headers = {"Authorization": "Bearer " + (token or node.node_token("replicate", ids)),
                "Content-Type": "application/octet-stream"}
+    await node.repair_pacer.take(len(body))
     res = await _post_batch(node, target, body, headers, metas)
     if isinstance(res, PeerError):
         error = f"{res.code}: {res.message}"

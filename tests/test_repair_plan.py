@@ -245,3 +245,19 @@ def test_scan_reports_referenced_blobs_no_live_node_holds(caplog: pytest.LogCapt
     w.clock.advance(101)
     w.tick()
     assert w.c.scan.running
+
+
+def test_the_pacer_spaces_repair_bytes() -> None:
+    import asyncio
+    import time
+
+    from squall.datanode.peers import Pacer
+
+    async def run() -> float:
+        p = Pacer(1000.0)
+        t0 = time.monotonic()
+        for _ in range(3):
+            await p.take(100)  # the first goes at once, then 0.1 s per 100 bytes
+        return time.monotonic() - t0
+
+    assert asyncio.run(run()) >= 0.19
