@@ -243,6 +243,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the master's --max-copies-per-node in R (blobs in flight)")
     ap.add_argument("--repair-bytes", type=int, default=Sizes.repair_bytes,
                     help="the master's --max-repair-bytes-per-node in R")
+    ap.add_argument("--repair-pace", type=int, default=Sizes.repair_pace,
+                    help="the data nodes' --repair-bytes-per-s in R (0: unpaced)")
+    ap.add_argument("--small-blobs", type=int, default=None,
+                    help="1 KiB blobs written before the kill in R (default 20,000; "
+                         "4,000 with --quick)")
     ap.add_argument("--nice", type=int, default=0, metavar="N",
                     help="raise the benchmark's priority by N (root)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs and logs")
@@ -256,7 +261,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
     sizes = replace(Sizes().quick() if a.quick else Sizes(), copies_per_node=a.copies_per_node,
-                    repair_bytes=a.repair_bytes)
+                    repair_bytes=a.repair_bytes, repair_pace=a.repair_pace)
+    if a.small_blobs:
+        sizes = replace(sizes, s_blobs=a.small_blobs)
     stem = "datanode-quick" if a.quick else "datanode"
 
     def say(msg: str) -> None:

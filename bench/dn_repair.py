@@ -98,7 +98,8 @@ def _repair(ctx: Ctx, tag: str, name: str, count: int, size: int, load: Any) -> 
     ctx.say(f"{tag}: {what} at RF 2, kill -9 a holder, --max-copies-per-node "
             f"{z.copies_per_node}, --max-repair-bytes-per-node {z.repair_bytes >> 20} MiB")
     spec = ClusterSpec(rf=2, copies_per_node=z.copies_per_node, beat_s=0.5,
-                       repair_bytes=z.repair_bytes)
+                       repair_bytes=z.repair_bytes, node_extra=(
+                           "--repair-bytes-per-s", str(z.repair_pace)))
     rows: list[Row] = []
     with running_cluster(spec, ctx.fresh(name)) as cl, httpx.Client(timeout=10) as mc:
         cli = Payloads(cl.url, name)
@@ -153,6 +154,7 @@ def _repair(ctx: Ctx, tag: str, name: str, count: int, size: int, load: Any) -> 
                              f"{t_notice - t_kill:.2f}s after the kill; "
                              f"--max-copies-per-node {z.copies_per_node}, "
                              f"--max-repair-bytes-per-node {z.repair_bytes >> 20} MiB, "
+                             f"data nodes' --repair-bytes-per-s {z.repair_pace or 'unpaced'}, "
                              f"0.5 s heartbeats").judge())
         fg_errs = fg.errors + (fg2.errors if fg2 else [])
         ratio = (rep_p99 / idle_p99) if rep_p99 and idle_p99 else 0.0

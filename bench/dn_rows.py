@@ -50,6 +50,7 @@ class Sizes:
     s_bytes: int = 1024
     copies_per_node: int = 5000
     repair_bytes: int = 64 << 20
+    repair_pace: int = 0  # the data nodes' --repair-bytes-per-s in R (0: unpaced)
     loop_limit_s: float = 300.0
 
     def quick(self) -> Sizes:

@@ -8,9 +8,10 @@ examines every id that has fewer live holders than the replication factor: with 
 is counted as lost (``lost`` in the cluster stats and ``squall_blobs_lost``), and it is
 repaired as soon as a holder comes back and reports it.
 
-- The first pass starts ``grace`` after the master started (by then every live node has
-  sent its full report: the master asks a node it does not know for one), the next ones
-  ``interval_s`` after the previous pass ended.
+- The first pass starts ``grace_s`` after the master's first tick, i.e. after recovery,
+  once it serves heartbeats (by then every live node has sent its full report: the master
+  asks a node it does not know for one), the next ones ``interval_s`` after the previous
+  pass ended.
 - A pass that found referenced blobs without a live holder logs one warning with their
   number and a few ids; ``info()`` shows passes, progress and the last pass's count.
 - Work per tick is bounded by ``batch`` (one read transaction, one lookup per id).
@@ -29,10 +30,11 @@ EXAMPLES = 5
 
 
 class BlobScan:
-    def __init__(self, read: Callable[[str | None, int], list[str]] | None, first_at: float,
+    def __init__(self, read: Callable[[str | None, int], list[str]] | None, grace_s: float,
                  interval_s: float, batch: int) -> None:
         self.read, self.interval_s, self.batch = read, interval_s, max(1, batch)
-        self.next_pass_at = first_at
+        self.grace_s = grace_s
+        self.next_pass_at: float | None = None  # set by the first step
         self.cursor: str | None = None
         self.running = False
         self.passes = 0
@@ -46,6 +48,8 @@ class BlobScan:
     def step(self, now: float) -> list[str]:
         """The next ids to examine ([] when no pass is due). Call :meth:`found` after."""
         self._ended = False
+        if self.next_pass_at is None:
+            self.next_pass_at = now + self.grace_s
         if self.read is None or (not self.running and now < self.next_pass_at):
             return []
         if not self.running:

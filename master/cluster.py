@@ -18,14 +18,10 @@ beats failed, or that the master does not know, sends its full inventory):
   that reports them gets the next commands. Extra copies beyond the replication factor (a
   node came back) are trimmed.
 - **Unreported blobs**: after a master restart (once nodes had time to send their full
-  reports) and then every ``blob_scan_interval_s``, a paced scan of the index's blob table
-  (``blobscan.py``) finds referenced blobs that no live node reports: they are counted as
-  lost (``lost`` in :meth:`Cluster.info`, a metric, a log line) and repaired as soon as a
-  holder comes back and reports them.
-- **GC**: blobs of dequeued or deleted tasks (``Index.freed``), and orphans (reported by a
-  node, referenced by no task, and not allocated within ``orphan_grace_s``) are deleted.
-  Every deletion re-checks the index first, so a blob is never deleted while a task
-  references it.
+  reports, counted from the first tick) and then every ``blob_scan_interval_s``, a paced
+  scan of the index's blob table (``blobscan.py``) finds referenced blobs that no live node
+  reports: they are counted as lost (``lost`` in :meth:`Cluster.info`, a metric, a log
+  line) and repaired as soon as a holder comes back and reports them.
 
 Commands wait per node and ride on the answer to its next heartbeat.
 """
@@ -95,8 +91,7 @@ class Cluster:
         self.inflight = self.repair.inflight  # blob -> target node -> Copy
         s = settings
         grace = s.blob_scan_grace_s or (s.dead_after_beats + 2) * s.heartbeat_interval_s
-        self.scan = BlobScan(blob_ids_after, clock.now() + grace, s.blob_scan_interval_s,
-                             s.blob_scan_batch)
+        self.scan = BlobScan(blob_ids_after, grace, s.blob_scan_interval_s, s.blob_scan_batch)
         self._planned_at = 0.0
         self.commands: dict[str, list[Any]] = {}
         self.allocated: dict[str, float] = {}  # blob -> allocation time (orphan grace)
