@@ -198,8 +198,10 @@ class Cluster:
     def tick(self, freed: list[str]) -> dict[str, int]:
         """Declare dead nodes, free dequeued blobs, and examine a batch of blobs."""
         now = self.clock.now()
+        dead = sum(n.dead for n in self.nodes.values())
         self._declare_dead(now)
-        self._expire_copies(now)
+        # a node declared dead lost its undelivered commands: end its copies at once
+        self._expire_copies(now, force=sum(n.dead for n in self.nodes.values()) != dead)
         self._free(freed, now)
         for b, t in list(self.allocated.items()):
             if now - t > self.s.orphan_grace_s:
@@ -225,12 +227,12 @@ class Cluster:
                 self.check.update(n.blobs)
                 self.commands.pop(n.node_id, None)  # never delivered: replanned elsewhere
 
-    def _expire_copies(self, now: float) -> None:
+    def _expire_copies(self, now: float, force: bool = False) -> None:
         """Forget copies that timed out or whose source or target died; re-examine them."""
         def gone(node_id: str) -> bool:
             return node_id not in self.nodes or self.nodes[node_id].dead
 
-        self.check.update(self.repair.expire(now, gone))
+        self.check.update(self.repair.expire(now, gone, force))
 
     def _free(self, freed: list[str], now: float) -> None:
         """Delete every copy of blobs whose last reference went away (no orphan grace)."""

@@ -47,6 +47,7 @@ SMALL_BLOB_BYTES = 1 << 20
 BATCH_BYTES = 4 << 20
 COPY_TIMEOUT_S = 300.0
 PLAN_SCAN = 5000
+EXPIRE_EVERY_S = 1.0
 
 
 class NodeLike(Protocol):
@@ -79,6 +80,7 @@ class Repair:
         self.sizes: dict[str, int] = {}
         self.copies_done = self.bytes_done = self.copies_failed = 0
         self.dirty = False  # something changed since the last plan (new blobs, freed budget)
+        self._expire_at = float("-inf")
 
     # -- waiting blobs ---------------------------------------------------------------------
     def want(self, blob_id: str, live_copies: int) -> None:
@@ -143,8 +145,13 @@ class Repair:
         else:
             self.copies_failed += 1
 
-    def expire(self, now: float, gone: Callable[[str], bool]) -> list[str]:
-        """End copies past their deadline or whose source or target is gone; their blobs."""
+    def expire(self, now: float, gone: Callable[[str], bool], force: bool = False
+               ) -> list[str]:
+        """End copies past their deadline or whose source or target is gone; their blobs.
+        Looks at every copy in flight, so at most every ``EXPIRE_EVERY_S`` unless `force`."""
+        if not force and now < self._expire_at:
+            return []
+        self._expire_at = now + EXPIRE_EVERY_S
         out = []
         for b, targets in list(self.inflight.items()):
             for t, c in list(targets.items()):
@@ -155,7 +162,7 @@ class Repair:
 
     def abandon(self, source: str) -> list[str]:
         """End the copies `source` was running (it restarted: they died with it)."""
-        return self.expire(float("-inf"), lambda node_id: node_id == source)
+        return self.expire(float("-inf"), lambda node_id: node_id == source, force=True)
 
     def in_flight(self) -> tuple[int, int]:
         """(copies, bytes) in flight."""

@@ -261,3 +261,23 @@ def test_the_pacer_spaces_repair_bytes() -> None:
         return time.monotonic() - t0
 
     assert asyncio.run(run()) >= 0.19
+
+
+def test_a_source_declared_dead_and_back_at_once_gets_its_copies_again() -> None:
+    w = World()
+    ids = [f"r{i:02d}" for i in range(30)]
+    w.refs.update(ids)
+    w.beat("a", full=ids, sizes=[10] * 30)
+    w.beat("b", full=[])
+    w.tick()  # copies planned for a, not yet delivered
+    assert w.c.info()["copies_in_flight"] == 30
+    w.clock.advance(2.9 * BEAT)
+    w.beat("b")
+    w.tick()  # a is suspect; the copies in flight are looked at
+    w.clock.advance(0.2 * BEAT)
+    w.tick()  # a is declared dead: its undelivered commands are dropped ...
+    assert w.c.info()["copies_in_flight"] == 0  # ... and so are their copies
+    w.started["a"] = 2.0  # a comes back (restarted)
+    w.beat("a", full=ids, sizes=[10] * 30)
+    w.tick()
+    assert sorted(b for b, _ in copies(w.beat("a"))) == ids
