@@ -10,9 +10,10 @@ Workloads (see bench/README.md):
 - D   20,000 x 1 KiB payload tasks at RF 2: batched 100 per request (allocate 100 → one
       batch-put → one enqueue; lease 100 → batch-get → one dequeue), and one task per
       request from 4 client processes x 4 threads.
-- R   re-replication: 256 x 4 MiB at RF 2, kill -9 a holder, time from the master noticing
-      to under_replicated == 0 and copies_in_flight == 0; foreground put latency (64 KiB
-      payloads, 40/s) during the repair against idle.
+- R   re-replication: 256 x 4 MiB, then 20,000 x 1 KiB, at RF 2, kill -9 a holder, time
+      from the master noticing to under_replicated == 0 and nothing in flight or waiting
+      (MB/s, blobs/s); foreground put latency (64 KiB payloads, 40/s) during the repair
+      against idle.
 
 Every loop is bounded in count and time. Results: a table on stdout and
 ``<out>/datanode.json`` + ``.md`` (``datanode-quick.*`` with ``--quick``).
@@ -239,7 +240,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--profile", action="store_true", help="py-spy one data node per loop")
     ap.add_argument("--copies-per-node", type=int, default=Sizes.copies_per_node,
-                    help="the master's --max-copies-per-node in R")
+                    help="the master's --max-copies-per-node in R (blobs in flight)")
+    ap.add_argument("--repair-bytes", type=int, default=Sizes.repair_bytes,
+                    help="the master's --max-repair-bytes-per-node in R")
+    ap.add_argument("--repair-pace", type=int, default=Sizes.repair_pace,
+                    help="the data nodes' --repair-bytes-per-s in R (0: unpaced)")
+    ap.add_argument("--small-blobs", type=int, default=None,
+                    help="1 KiB blobs written before the kill in R (default 20,000; "
+                         "4,000 with --quick)")
     ap.add_argument("--nice", type=int, default=0, metavar="N",
                     help="raise the benchmark's priority by N (root)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs and logs")
@@ -252,7 +260,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
-    sizes = replace(Sizes().quick() if a.quick else Sizes(), copies_per_node=a.copies_per_node)
+    sizes = replace(Sizes().quick() if a.quick else Sizes(), copies_per_node=a.copies_per_node,
+                    repair_bytes=a.repair_bytes, repair_pace=a.repair_pace)
+    if a.small_blobs:
+        sizes = replace(sizes, s_blobs=a.small_blobs)
     stem = "datanode-quick" if a.quick else "datanode"
 
     def say(msg: str) -> None:

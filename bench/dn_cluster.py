@@ -20,6 +20,7 @@ import orjson
 
 from bench.harness import Server, free_port, proc_cpu_s
 from squall.common import payload
+from squall.common.cluster import BatchPutResult
 
 KEY = "bench-cluster-key-0123456789abcdef"
 ENV = {"SQUALL_CLUSTER_KEY": KEY}
@@ -33,7 +34,8 @@ class ClusterSpec:
     nodes: int = 3
     rf: int = 2
     beat_s: float = 3.0  # the default; R uses a short profile (0.5 s)
-    copies_per_node: int = 4  # the master's --max-copies-per-node
+    copies_per_node: int = 5000  # the master's --max-copies-per-node (blobs in flight)
+    repair_bytes: int = 64 << 20  # the master's --max-repair-bytes-per-node
     node_extra: tuple[str, ...] = ()
 
 
@@ -52,7 +54,8 @@ class Cluster:
             sys.executable, "-m", "squall.master", "--data-dir", str(self.tmp / "master"),
             "--port", "{port}", "--fsync", "--replication-factor", str(s.rf),
             "--heartbeat-interval-s", str(s.beat_s), "--max-copies-per-node",
-            str(s.copies_per_node)], logs / "master.log")
+            str(s.copies_per_node), "--max-repair-bytes-per-node", str(s.repair_bytes)],
+            logs / "master.log")
         self.master.start()
         self.master.wait_serving(timeout=timeout)
         for i in range(s.nodes):
@@ -191,7 +194,7 @@ class Payloads:
         self._took("enqueue", t)
         return res
 
-    def put_batch(self, pids: list[str], datas: list[bytes]) -> None:
+    def put_batch(self, pids: list[str], datas: list[bytes]) -> BatchPutResult:
         """allocate n → one batch-put → one enqueue of n."""
         t = time.perf_counter()
         a = self.allocate(len(pids), max(len(d) for d in datas))
@@ -204,6 +207,7 @@ class Payloads:
         self.enqueue([{"pid": p, "payload": _ref(r)}
                       for p, r in zip(pids, res.blobs, strict=True)])
         self._took("enqueue", t)
+        return res
 
     def lease(self, n: int) -> list[dict[str, Any]]:
         t = time.perf_counter()

@@ -1,11 +1,13 @@
 """Workload R of the data node benchmark: re-replication after kill -9 of a data node, and
-foreground put latency during the repair (see bench/README.md)."""
+foreground put latency during the repair (see bench/README.md): large blobs (MB/s) and
+many 1 KiB blobs (blobs/s, copied many per node-to-node request)."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
+from typing import Any
 
 import httpx
 
@@ -54,23 +56,54 @@ class Foreground:
         return pct(xs, 99), len(xs)
 
 
+def _load_large(cli: Payloads, n: int, size: int, limit_s: float) -> dict[str, int]:
+    data = os.urandom(size)
+    holders: dict[str, int] = {}
+    deadline = time.monotonic() + limit_s
+    for i in range(n):
+        res = cli.put(f"r{i:05d}", data)
+        for s in res.stored:
+            holders[s.address] = holders.get(s.address, 0) + 1
+        if time.monotonic() > deadline:
+            break
+    return holders
+
+
+def _load_small(cli: Payloads, n: int, size: int, limit_s: float) -> dict[str, int]:
+    holders: dict[str, int] = {}
+    deadline = time.monotonic() + limit_s
+    for i in range(0, n, 1000):
+        k = min(1000, n - i)
+        res = cli.put_batch([f"s{j:06d}" for j in range(i, i + k)],
+                            [os.urandom(size) for _ in range(k)])
+        for b in res.blobs:
+            for s in b.stored:
+                holders[s.address] = holders.get(s.address, 0) + 1
+        if time.monotonic() > deadline:
+            break
+    return holders
+
+
 def workload_r(ctx: Ctx) -> list[Row]:
     z = ctx.sizes
-    ctx.say(f"R: {z.r_blobs} x {z.r_bytes >> 20} MiB at RF 2, kill -9 a holder, "
-            f"--max-copies-per-node {z.copies_per_node}")
-    spec = ClusterSpec(rf=2, copies_per_node=z.copies_per_node, beat_s=0.5)
+    rows = _repair(ctx, "R", "copy", z.r_blobs, z.r_bytes, _load_large)
+    rows += _repair(ctx, "R.small", "small", z.s_blobs, z.s_bytes, _load_small)
+    return rows
+
+
+def _repair(ctx: Ctx, tag: str, name: str, count: int, size: int, load: Any) -> list[Row]:
+    z = ctx.sizes
+    small = size < (1 << 20)
+    what = f"{count} x {size >> 10} KiB" if small else f"{count} x {size >> 20} MiB"
+    ctx.say(f"{tag}: {what} at RF 2, kill -9 a holder, --max-copies-per-node "
+            f"{z.copies_per_node}, --max-repair-bytes-per-node {z.repair_bytes >> 20} MiB")
+    spec = ClusterSpec(rf=2, copies_per_node=z.copies_per_node, beat_s=0.5,
+                       repair_bytes=z.repair_bytes, node_extra=(
+                           "--repair-bytes-per-s", str(z.repair_pace)))
     rows: list[Row] = []
-    with running_cluster(spec, ctx.fresh("r")) as cl, httpx.Client(timeout=10) as mc:
-        cli = Payloads(cl.url, "r")
-        data = os.urandom(z.r_bytes)
-        holders: dict[str, int] = {}
-        deadline = time.monotonic() + z.loop_limit_s
-        for i in range(z.r_blobs):
-            res = cli.put(f"r{i:05d}", data)
-            for s in res.stored:
-                holders[s.address] = holders.get(s.address, 0) + 1
-            if time.monotonic() > deadline:
-                break
+    with running_cluster(spec, ctx.fresh(name)) as cl, httpx.Client(timeout=10) as mc:
+        cli = Payloads(cl.url, name)
+        holders = load(cli, count, size, z.loop_limit_s)
         cli.close()
         victim_url = max(holders, key=lambda u: holders[u])
         lost = holders[victim_url]
@@ -81,14 +114,14 @@ def workload_r(ctx: Ctx) -> list[Row]:
         fg.stop()
         idle_p99, idle_n = fg.p99(0, t_idle1)
         idle_p50 = pct([lat for _, lat in fg.lats], 50)
-        ctx.say(f"R: killing {victim.name} ({lost} blobs); idle fg p99 {ms(idle_p99)} ms")
+        ctx.say(f"{tag}: killing {victim.name} ({lost} blobs); idle fg p99 {ms(idle_p99)} ms")
         victim.kill9()
         t_kill = time.perf_counter()
         t_notice = t_done = 0.0
         seen_work = False
         fg2: Foreground | None = None
         cpu = CpuMeter(cl.pids())
-        with cpu.measure(), ctx.prof.record("R.copy", cl.nodes[0].pid
+        with cpu.measure(), ctx.prof.record(f"{tag}.copy", cl.nodes[0].pid
                                             if cl.nodes[0] is not victim else cl.nodes[1].pid):
             while time.perf_counter() - t_kill < z.loop_limit_s:
                 info = cl.info(mc)
@@ -98,7 +131,8 @@ def workload_r(ctx: Ctx) -> list[Row]:
                     t_notice = now
                     fg2 = Foreground(cl.url, z.fg_bytes, z.fg_interval_s).start()
                 if t_notice:
-                    busy = info["under_replicated"] or info["copies_in_flight"]
+                    busy = (info["under_replicated"] or info["copies_in_flight"]
+                            or info.get("copies_waiting", 0))
                     seen_work = seen_work or bool(busy)
                     if not busy and (seen_work or now - t_notice > 5.0):
                         t_done = now
@@ -109,23 +143,27 @@ def workload_r(ctx: Ctx) -> list[Row]:
         truncated = not t_done
         el = (t_done or time.perf_counter()) - (t_notice or t_kill)
         rep_p99, rep_n = fg2.p99(t_notice, t_done or 1e18) if fg2 else (None, 0)
-        nbytes = lost * z.r_bytes
-        rows.append(Row("R.copy", "re-replication after kill -9 (master noticed → "
-                        "under_replicated 0, no copies in flight)",
-                        round(nbytes / el / 1e6, 1) if el > 0 else 0.0, "MB/s", lost,
+        nbytes = lost * size
+        value = (lost / el if small else nbytes / el / 1e6) if el > 0 else 0.0
+        rid = f"{tag}" if small else f"{tag}.copy"
+        rows.append(Row(rid, f"re-replication of {what} blobs after kill -9 (master noticed "
+                        "→ under_replicated 0, no copies in flight or waiting)",
+                        round(value, 1), "blobs/s" if small else "MB/s", lost,
                         round(el, 2), cpu_s=cpu.used, truncated=truncated,
-                        note=f"{lost} blobs ({nbytes / 1e6:.0f} MB) to copy; noticed "
+                        note=f"{lost} blobs ({nbytes / 1e6:.1f} MB) to copy; noticed "
                              f"{t_notice - t_kill:.2f}s after the kill; "
-                             f"--max-copies-per-node {z.copies_per_node}").judge())
+                             f"--max-copies-per-node {z.copies_per_node}, "
+                             f"--max-repair-bytes-per-node {z.repair_bytes >> 20} MiB, "
+                             f"data nodes' --repair-bytes-per-s {z.repair_pace or 'unpaced'}, "
+                             f"0.5 s heartbeats").judge())
         fg_errs = fg.errors + (fg2.errors if fg2 else [])
         ratio = (rep_p99 / idle_p99) if rep_p99 and idle_p99 else 0.0
-        rows.append(Row("R.fg_p99_ratio", f"foreground put ({z.fg_bytes >> 10} KiB, "
-                        f"{1 / z.fg_interval_s:.0f}/s) p99 during repair / idle",
+        rows.append(Row(f"{tag}.fg_p99_ratio" if not small else f"{tag}_fg_p99_ratio",
+                        f"foreground put ({z.fg_bytes >> 10} KiB, "
+                        f"{1 / z.fg_interval_s:.0f}/s) p99 during repair of {what} / idle",
                         round(ratio, 2), "x", rep_n, round(el, 2), ms(idle_p50),
                         ms(rep_p99), errors=len(fg_errs), truncated=truncated,
                         note=f"idle p99 {ms(idle_p99)} ms over {idle_n} puts; repair p99 "
                              f"{ms(rep_p99)} ms over {rep_n} puts"
                              + (f"; errors: {fg_errs[:2]}" if fg_errs else "")).judge())
     return rows
-
-

@@ -24,8 +24,10 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "D.batch.drain": (">=", 32_000, "Redis AOF-always batch"),
     "D.4x4.put": (">=", 1_000, ""),
     "D.4x4.drain": (">=", 1_000, ""),
-    "R.copy": (">=", 100, ""),
+    "R.copy": (">=", 100, "disk speed"),
     "R.fg_p99_ratio": ("<=", 2.0, "p99 during repair / p99 idle"),
+    "R.small": (">=", 2_000, "1 KiB blobs re-replicated per second"),
+    "R.small_fg_p99_ratio": ("<=", 2.0, "p99 during repair / p99 idle"),
 }
 
 
@@ -44,11 +46,16 @@ class Sizes:
     fg_bytes: int = 64 << 10
     fg_interval_s: float = 0.025
     fg_idle_s: float = 8.0
-    copies_per_node: int = 4
+    s_blobs: int = 20_000
+    s_bytes: int = 1024
+    copies_per_node: int = 5000
+    repair_bytes: int = 64 << 20
+    repair_pace: int = 0  # the data nodes' --repair-bytes-per-s in R (0: unpaced)
     loop_limit_s: float = 300.0
 
     def quick(self) -> Sizes:
-        return replace(self, c_blobs=40, d_tasks=2_000, r_blobs=64, fg_idle_s=4.0,
+        return replace(self, c_blobs=40, d_tasks=2_000, r_blobs=64, s_blobs=4_000,
+                       fg_idle_s=4.0,
                        loop_limit_s=120.0)
 
 

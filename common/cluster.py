@@ -13,8 +13,15 @@ succeeds.
 
 The master answers a :class:`HeartbeatResponse`; the node executes its ``commands``:
 ``replicate`` streams a local blob to ``target``'s ``PUT /v1/replicate/{blob_id}`` (with the
-given token, or one the node signs with the cluster key), ``delete`` removes blobs. A
-command the node does not understand is logged and skipped, so the master can add kinds.
+given token, or one the node signs with the cluster key); ``replicate_batch`` sends many
+small blobs to ``target``'s ``POST /v1/replicate:batch-put`` in one request (one report per
+blob: a missing or corrupt source blob fails alone, the rest of the batch still lands);
+``delete`` removes blobs. A command the node does not understand is logged and skipped, so
+the master can add kinds.
+
+Block reports may carry sizes (``blob_sizes`` parallel to ``blob_ids``, ``added_sizes``
+parallel to ``added``): the master budgets re-replication by bytes and batches small blobs
+with them. A report without them (or with lists of another length) is still valid.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ BLOB_ID_RE = re.compile(BLOB_ID_PATTERN[1:-1])
 BlobId = Annotated[str, Field(min_length=1, max_length=128, pattern=BLOB_ID_PATTERN)]
 Url = Annotated[str, Field(min_length=1, max_length=512)]
 MAX_COMMANDS = 10_000
+MAX_REPLICATE_BATCH = 1000  # blobs per replicate_batch command (the batch routes' limit)
 
 
 def check_blob_id(blob_id: str) -> str:
@@ -106,7 +114,11 @@ class HeartbeatRequest(_M):
     blob_count: int = Field(ge=0)
     full: bool = Field(False, description="blob_ids is the complete inventory")
     blob_ids: list[BlobId] = []
+    blob_sizes: list[Annotated[int, Field(ge=0)]] = Field(
+        [], description="sizes in bytes, parallel to blob_ids (optional)")
     added: list[BlobId] = []
+    added_sizes: list[Annotated[int, Field(ge=0)]] = Field(
+        [], description="sizes in bytes, parallel to added (optional)")
     deleted: list[BlobId] = []
     corrupt: list[BlobId] = []
     replicated: list[ReplicationReport] = []
@@ -120,12 +132,21 @@ class ReplicateCommand(_Lenient):
                               "the node signs one itself")
 
 
+class ReplicateBatchCommand(_Lenient):
+    op: Literal["replicate_batch"]
+    blob_ids: Annotated[list[BlobId], Field(min_length=1, max_length=MAX_REPLICATE_BATCH)]
+    target: Url = Field(description="base URL of the node to copy the blobs to")
+    token: str | None = Field(None, description="replicate token covering every blob id for "
+                              "the target; without it the node signs one itself")
+
+
 class DeleteCommand(_Lenient):
     op: Literal["delete"]
     blob_ids: Annotated[list[BlobId], Field(max_length=MAX_COMMANDS)]
 
 
-Command = Annotated[ReplicateCommand | DeleteCommand, Field(discriminator="op")]
+Command = Annotated[ReplicateCommand | ReplicateBatchCommand | DeleteCommand,
+                    Field(discriminator="op")]
 
 
 class HeartbeatResponse(_Lenient):

@@ -333,11 +333,24 @@ class ForgetResponse(_M):
     forgotten: str = Field(description="the node id removed from the master's node table")
 
 
+class BlobScanInfo(_M):
+    passes: int = Field(description="finished passes of the scan for unreported blobs")
+    running: bool
+    scanned: int = Field(description="referenced blobs read in the current or last pass")
+    unreported_last_pass: int = Field(description="referenced blobs the last pass found "
+                                      "without a live replica")
+
+
 class ClusterInfo(_M):
     nodes: list[NodeStatus]
     replication_factor: int
     write_quorum: int
     under_replicated: int = Field(description="referenced blobs below the replication factor")
-    lost: int = Field(description="referenced blobs with no live replica")
+    lost: int = Field(description="referenced blobs with no live replica (reported by no live "
+                      "node, found by block reports or the blob scan)")
     copies_in_flight: int
+    copy_bytes_in_flight: int = 0
+    copies_waiting: int = Field(0, description="under-replicated blobs waiting for budget")
+    copies_done: int = Field(0, description="re-replication copies finished since start")
     blobs: int
+    blob_scan: BlobScanInfo | None = None

@@ -47,7 +47,10 @@ def register(app: typer.Typer) -> None:
         scrub_interval_s: float = typer.Option(3600.0, envvar="SQUALL_SCRUB_INTERVAL_S",
                                                help="pause between scrub passes"),
         copies_max: int = typer.Option(4, envvar="SQUALL_COPIES_MAX", min=1,
-                                       help="re-replication copies this node sends at once"),
+                                       help="re-replication commands this node runs at once"),
+        repair_bytes_per_s: float = typer.Option(
+            0.0, envvar="SQUALL_REPAIR_BYTES_PER_S", min=0.0,
+            help="pace the re-replication copies this node sends (bytes/s; 0: unpaced)"),
     ) -> None:
         """Run a data node: LMDB blob store, replication, heartbeats to the master."""
         from squall.common.tokens import load_cluster_key
@@ -61,5 +64,5 @@ def register(app: typer.Typer) -> None:
             heartbeat_interval_s=heartbeat_interval_s, full_report_every=full_report_every,
             map_size=min(1 << 30, map_size_max), map_size_max=map_size_max,
             scrub_bytes_per_s=scrub_bytes_per_s, scrub_interval_s=scrub_interval_s,
-            copies_max=copies_max)
+            copies_max=copies_max, repair_bytes_per_s=repair_bytes_per_s)
         serve(settings, host, port)

@@ -30,6 +30,7 @@ class DataNodeSettings:
     peer_connect_timeout_s: float = 5.0
     peer_timeout_s: float = 60.0  # per read/write on node-to-node streams
     copies_max: int = 4  # replicate commands run at once
+    repair_bytes_per_s: float = 0.0  # pace of re-replication copies sent (0: unpaced)
     forward_queue_chunks: int = 4  # chunks buffered per peer while forwarding
 
     def resolve_node_id(self) -> str:

@@ -13,9 +13,12 @@ next beat is a full report (so no delta is lost), corrupt and replication report
 for it, and the interval backs off (doubling, at most 4x) until the master answers again.
 
 Commands in the answer run here: ``delete`` at once (all of an answer's deletes together,
-one transaction and one sync per 1000 ids), ``replicate`` as background copies
-(at most ``copies_max`` at a time, one per blob and target) whose outcome goes into the
-next beats.
+one transaction and one sync per 1000 ids), ``replicate`` and ``replicate_batch`` as
+background copies (at most ``copies_max`` commands at a time, one per blob or batch and
+target) whose outcomes (one per blob) go into the next beats. When copies finish the node
+beats early (at most every ``NUDGE_GAP_S``) to report them and fetch the next ones, so a
+repair runs at the speed of the copies, not of the heartbeat period; early beats do not
+count towards ``full_report_every``.
 """
 
 from __future__ import annotations
@@ -33,16 +36,19 @@ from squall.common.cluster import (
     Command,
     DeleteCommand,
     HeartbeatRequest,
+    ReplicateBatchCommand,
     ReplicateCommand,
     ReplicationReport,
 )
-from squall.datanode.replication import copy_blob
+from squall.datanode.replication import copy_batch, copy_blob
 from squall.datanode.service import DataNode
 
 log = logging.getLogger("squall.datanode.heartbeat")
 _COMMAND: TypeAdapter[Command] = TypeAdapter(Command)
 MAX_PENDING_REPORTS = 10_000
+REPORTS_PER_BEAT = 1000  # more wait for the next beat, which comes early (bounded work)
 DELETE_TXN_IDS = 1000
+NUDGE_GAP_S = 0.1  # the shortest pause between two beats when copies finished early
 
 
 class Heartbeat:
@@ -52,6 +58,9 @@ class Heartbeat:
         self.interval_s = s.heartbeat_interval_s
         self.url = (s.master_url.rstrip("/") + "/v1/nodes/heartbeat") if s.master_url else ""
         self.seq = 0
+        self.timed = 0  # successful beats on the regular schedule (full report cadence)
+        self.nudged = 0  # early beats that reported finished copies
+        self._nudge = asyncio.Event()
         self.beats = self.failures = self.consecutive_failures = 0
         self.commands_run = 0
         self.last_ok_at = 0.0
@@ -59,20 +68,40 @@ class Heartbeat:
         self.need_full = True
         self._corrupt: list[str] = []
         self._reports: list[ReplicationReport] = []
-        self._copies: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._copies: dict[tuple[str, str], asyncio.Task[None]] = {}  # (blob or batch, target)
         self._sem = asyncio.Semaphore(max(1, s.copies_max))
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0))
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        timed = True
+        due = loop.time()
         while True:
             started = loop.time()
-            ok = await self.beat()
+            self._nudge.clear()
+            ok = await self.beat(timed=timed)
             backoff = 2 ** min(self.consecutive_failures, 2)
             # a fixed rate, not a fixed pause: a slow beat (a busy master) must not stretch
             # the period past what the master counts as a missed beat
-            took = loop.time() - started
-            await asyncio.sleep(max(0.0, self.interval_s * (1 if ok else backoff) - took))
+            if timed or not ok:
+                due = started + self.interval_s * (1 if ok else backoff)
+            if not ok:
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                timed = True
+                continue
+            timed = await self._wait(due - loop.time())
+            if not timed:  # copies finished: report them soon, but not in a tight loop
+                await asyncio.sleep(max(0.0, started + NUDGE_GAP_S - loop.time()))
+                timed = loop.time() >= due
+
+    async def _wait(self, delay: float) -> bool:
+        """Sleep `delay` seconds or until a copy finished; True when the time ran out."""
+        try:
+            async with asyncio.timeout(max(0.0, delay)):
+                await self._nudge.wait()
+            return False
+        except TimeoutError:
+            return True
 
     async def stop(self) -> None:
         for t in self._copies.values():
@@ -82,24 +111,31 @@ class Heartbeat:
                 await t
         await self._client.aclose()
 
-    async def build(self) -> HeartbeatRequest:
+    async def build(self, timed: bool = True) -> HeartbeatRequest:
         node, store = self.node, self.node.store
-        full = self.need_full or self.seq % max(1, node.settings.full_report_every) == 0
-        added, deleted, corrupt = store.journal.take()  # before the inventory: see Journal
+        every = max(1, node.settings.full_report_every)
+        full = self.need_full or (timed and self.timed % every == 0)
+        # before the inventory: see Journal
+        added, added_sizes, deleted, corrupt = store.journal.take_sized()
         self._corrupt += corrupt
         space = await store.run(store.space)
-        ids = await store.run(store.all_ids) if full else []
-        reports, self._reports = self._reports, []
+        ids, sizes = await store.run(store.inventory) if full else ([], [])
+        reports = self._reports[:REPORTS_PER_BEAT]
+        self._reports = self._reports[REPORTS_PER_BEAT:]
+        if self._reports:
+            self._nudge.set()  # the rest go in an early beat
         return HeartbeatRequest(
             node_id=node.node_id, address=node.address, started_at=node.started_at,
             seq=self.seq, capacity_bytes=space.capacity_bytes, used_bytes=space.used_bytes,
             free_bytes=space.free_bytes, blob_count=space.blob_count, full=full,
-            blob_ids=ids, added=[] if full else added, deleted=[] if full else deleted,
+            blob_ids=ids, blob_sizes=sizes, added=[] if full else added,
+            added_sizes=[] if full else added_sizes, deleted=[] if full else deleted,
             corrupt=list(self._corrupt), replicated=reports)
 
-    async def beat(self) -> bool:
-        """One heartbeat and its commands; True when the master answered."""
-        req = await self.build()
+    async def beat(self, timed: bool = True) -> bool:
+        """One heartbeat and its commands; True when the master answered. `timed`: a beat
+        on the regular schedule (else an early one reporting finished copies)."""
+        req = await self.build(timed)
         try:
             r = await self._client.post(
                 self.url, content=orjson.dumps(req.model_dump()),
@@ -115,6 +151,10 @@ class Heartbeat:
             return False
         self.seq += 1
         self.beats += 1
+        if timed:
+            self.timed += 1
+        else:
+            self.nudged += 1
         self.consecutive_failures = 0
         self.last_ok_at = self.node.clock.now()
         self.need_full = bool(body.get("full_report"))
@@ -144,7 +184,7 @@ class Heartbeat:
             self.commands_run += 1
             if isinstance(cmd, DeleteCommand):
                 doomed += cmd.blob_ids
-            elif isinstance(cmd, ReplicateCommand):
+            elif isinstance(cmd, ReplicateCommand | ReplicateBatchCommand):
                 self._start_copy(cmd)
         if doomed:
             await self._delete(list(dict.fromkeys(doomed)))
@@ -157,28 +197,38 @@ class Heartbeat:
                 log.warning("delete command failed (retried when the master asks again): %s",
                             e)
 
-    def _start_copy(self, cmd: ReplicateCommand) -> None:
-        key = (cmd.blob_id, cmd.target.rstrip("/"))
+    def _start_copy(self, cmd: ReplicateCommand | ReplicateBatchCommand) -> None:
+        first = cmd.blob_id if isinstance(cmd, ReplicateCommand) else \
+            f"{cmd.blob_ids[0]}+{len(cmd.blob_ids) - 1}"
+        key = (first, cmd.target.rstrip("/"))
         running = self._copies.get(key)
         if running is not None and not running.done():
             return
         self._copies[key] = asyncio.create_task(self._copy(cmd, key))
 
-    async def _copy(self, cmd: ReplicateCommand, key: tuple[str, str]) -> None:
+    async def _copy(self, cmd: ReplicateCommand | ReplicateBatchCommand,
+                    key: tuple[str, str]) -> None:
+        ids = [cmd.blob_id] if isinstance(cmd, ReplicateCommand) else cmd.blob_ids
         try:
             async with self._sem:
                 try:
-                    rep = await copy_blob(self.node, cmd.blob_id, cmd.target, cmd.token)
+                    if isinstance(cmd, ReplicateCommand):
+                        reps = [await copy_blob(self.node, cmd.blob_id, cmd.target, cmd.token)]
+                    else:
+                        reps = await copy_batch(self.node, cmd.blob_ids, cmd.target, cmd.token)
                 except Exception as e:
-                    rep = ReplicationReport(blob_id=cmd.blob_id, target=key[1], ok=False,
-                                            error=f"{type(e).__name__}: {e}")
-            if not rep.ok:
-                log.warning("replicating %s to %s failed: %s", cmd.blob_id, key[1], rep.error)
-            self._reports.append(rep)
+                    reps = [ReplicationReport(blob_id=b, target=key[1], ok=False,
+                                              error=f"{type(e).__name__}: {e}") for b in ids]
+            bad = [r for r in reps if not r.ok]
+            if bad:
+                log.warning("replicating %d of %d blob(s) to %s failed, e.g. %s: %s",
+                            len(bad), len(reps), key[1], bad[0].blob_id, bad[0].error)
+            self._reports.extend(reps)
             del self._reports[:-MAX_PENDING_REPORTS]
         finally:
             if self._copies.get(key) is asyncio.current_task():
                 del self._copies[key]
+            self._nudge.set()
 
     async def idle(self) -> None:
         """Wait for the replicate commands in flight (tests)."""

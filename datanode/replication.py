@@ -19,7 +19,9 @@ where the master said). That node:
    with the local error (e.g. 507).
 
 A peer that fails mid-stream stops being fed; the others go on. Heartbeat ``replicate``
-commands reuse the same endpoint: :func:`copy_blob` streams a local blob to a target.
+commands reuse the same endpoint: :func:`copy_blob` streams a local blob to a target;
+``replicate_batch`` commands (re-replication of many small blobs) use the batch endpoint:
+:func:`copy_batch` reads them in groups and sends each group as one request.
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ from squall.common.cluster import (
     StoredReplica,
 )
 from squall.common.errors import StatusError, Unauthorized, Unavailable
+from squall.common.payload import OK, encode_frame
 from squall.common.tokens import verify_receipt
 from squall.datanode.peers import PeerResponse
 from squall.datanode.service import DataNode
 from squall.datanode.store import BlobMeta, Upload
 
 PeerOutcome: TypeAlias = StoredReplica | PeerError
+COPY_BATCH_BYTES = 4 << 20  # data per batch replicate request of a replicate_batch command
 
 
 def _describe_http(address: str, r: PeerResponse) -> PeerError:
@@ -190,29 +194,37 @@ async def forward_batch(node: DataNode, body: bytes, metas: list[BlobMeta],
                "Content-Type": "application/octet-stream"}
 
     async def one(peer: str) -> dict[str, dict[str, str]] | PeerError:
-        try:
-            r = await node.peers.post(f"{peer}/v1/replicate:batch-put", content=body,
-                                      headers=headers)
-        except Exception as e:
-            return _transport(peer, e)
-        if r.status_code != 200:
-            return _describe_http(peer, r)
-        try:  # plain JSON, not models: a hundred blobs' worth per batch
-            got = {b["blob_id"]: b["stored"][0] for b in r.json()["blobs"]}
-            out = {}
-            for m in metas:
-                rep = got[m.blob_id]
-                node_id, receipt = str(rep["node_id"]), str(rep["receipt"])
-                verify_receipt(node.key, receipt, m.blob_id, m.size, m.crc32c, node_id)
-                out[m.blob_id] = {"node_id": node_id, "address": peer, "receipt": receipt}
-            return out
-        except (ValueError, KeyError, IndexError, TypeError, Unauthorized) as e:
-            return PeerError(address=peer, status=200, code="bad_receipt",
-                             message=f"batch answer without valid receipts: {e}")
+        return await _post_batch(node, peer, body, headers, metas)
 
     out = list(await asyncio.gather(*(one(p) for p in peers)))
     node.forwarded += len(peers)
     return out
+
+
+async def _post_batch(node: DataNode, peer: str, body: bytes, headers: dict[str, str],
+                      metas: list[BlobMeta]) -> dict[str, dict[str, str]] | PeerError:
+    """POST a batch body to a peer's batch replicate endpoint: a stored-replica entry per
+    blob (its receipt checked against the blob's size and CRC32C), or the peer's error."""
+    assert node.peers is not None
+    try:
+        r = await node.peers.post(f"{peer}/v1/replicate:batch-put", content=body,
+                                  headers=headers)
+    except Exception as e:
+        return _transport(peer, e)
+    if r.status_code != 200:
+        return _describe_http(peer, r)
+    try:  # plain JSON, not models: a hundred blobs' worth per batch
+        got = {b["blob_id"]: b["stored"][0] for b in r.json()["blobs"]}
+        out = {}
+        for m in metas:
+            rep = got[m.blob_id]
+            node_id, receipt = str(rep["node_id"]), str(rep["receipt"])
+            verify_receipt(node.key, receipt, m.blob_id, m.size, m.crc32c, node_id)
+            out[m.blob_id] = {"node_id": node_id, "address": peer, "receipt": receipt}
+        return out
+    except (ValueError, KeyError, IndexError, TypeError, Unauthorized) as e:
+        return PeerError(address=peer, status=200, code="bad_receipt",
+                         message=f"batch answer without valid receipts: {e}")
 
 
 async def copy_blob(node: DataNode, blob_id: str, target: str,
@@ -230,7 +242,8 @@ async def copy_blob(node: DataNode, blob_id: str, target: str,
         "Content-Type": "application/octet-stream"}
     try:
         r = await node.peers.put(f"{target}/v1/replicate/{blob_id}",
-                                 content=node.store.stream(meta), headers=headers)
+                                 content=node.repair_pacer.paced(node.store.stream(meta)),
+                                 headers=headers)
     except Exception as e:
         return ReplicationReport(blob_id=blob_id, target=target, ok=False,
                                  error=_transport(target, e).message)
@@ -239,3 +252,67 @@ async def copy_blob(node: DataNode, blob_id: str, target: str,
         return ReplicationReport(blob_id=blob_id, target=target, ok=False,
                                  error=f"{o.code}: {o.message}")
     return ReplicationReport(blob_id=blob_id, target=target, ok=True, receipt=o.receipt)
+
+
+async def copy_batch(node: DataNode, blob_ids: list[str], target: str,
+                     token: str | None = None) -> list[ReplicationReport]:
+    """Copy many local blobs to `target` (a heartbeat ``replicate_batch`` command): small ones
+    framed into ``POST /v1/replicate:batch-put`` requests of up to ``COPY_BATCH_BYTES``
+    (each one transaction and one sync on the target), larger ones streamed one by one.
+    One report per blob: a blob missing or corrupt here fails alone (a corrupt replica is
+    dropped and reported as such), the rest still land."""
+    target = target.rstrip("/")
+    ids = list(dict.fromkeys(blob_ids))
+    limit = min(node.settings.batch_blob_bytes_max, COPY_BATCH_BYTES)
+    reports: list[ReplicationReport] = []
+    large: list[str] = []
+    frames: list[bytes] = []
+    metas: list[BlobMeta] = []
+    nbytes = 0
+
+    def fail(blob_id: str, error: str) -> None:
+        reports.append(ReplicationReport(blob_id=blob_id, target=target, ok=False,
+                                         error=error))
+
+    async def send() -> None:
+        nonlocal frames, metas, nbytes
+        if metas:
+            reports.extend(await _send_batch(node, target, b"".join(frames), metas, token))
+        frames, metas, nbytes = [], [], 0
+
+    while ids:
+        got = await node.store.run(node.store.read_small, ids, limit, COPY_BATCH_BYTES)
+        ids = ids[len(got):]
+        for sm in got:
+            if sm.too_large:
+                large.append(sm.blob_id)
+            elif sm.meta is None and sm.error is None:
+                fail(sm.blob_id, f"{node.address} does not hold blob {sm.blob_id}")
+            elif sm.error is not None:
+                fail(sm.blob_id, f"{node.address}: {sm.error.message}")
+            else:
+                assert sm.meta is not None
+                if metas and nbytes + sm.meta.size > COPY_BATCH_BYTES:
+                    await send()
+                frames.append(encode_frame(sm.blob_id, sm.data, OK, sm.meta.crc32c))
+                metas.append(sm.meta)
+                nbytes += sm.meta.size
+        await send()
+    for blob_id in large:  # the master batches only small blobs; stream any other alone
+        reports.append(await copy_blob(node, blob_id, target, token))
+    return reports
+
+
+async def _send_batch(node: DataNode, target: str, body: bytes, metas: list[BlobMeta],
+                      token: str | None) -> list[ReplicationReport]:
+    ids = [m.blob_id for m in metas]
+    headers = {"Authorization": "Bearer " + (token or node.node_token("replicate", ids)),
+               "Content-Type": "application/octet-stream"}
+    await node.repair_pacer.take(len(body))
+    res = await _post_batch(node, target, body, headers, metas)
+    if isinstance(res, PeerError):
+        error = f"{res.code}: {res.message}"
+        return [ReplicationReport(blob_id=b, target=target, ok=False, error=error)
+                for b in ids]
+    return [ReplicationReport(blob_id=b, target=target, ok=True, receipt=res[b]["receipt"])
+            for b in ids]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from squall.common.clock import Clock, SystemClock
 from squall.common.tokens import TokenClaims, bearer, sign, sign_receipt, verify
 from squall.datanode.config import DataNodeSettings
-from squall.datanode.peers import Peers
+from squall.datanode.peers import Pacer, Peers
 from squall.datanode.store import BlobMeta, BlobStore
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class DataNode:
                                chunk_bytes=settings.chunk_bytes, txn_bytes=settings.txn_bytes,
                                map_size=settings.map_size, map_size_max=settings.map_size_max)
         self.peers: Peers | None = None
+        self.repair_pacer = Pacer(settings.repair_bytes_per_s)
         self.puts = self.gets = self.forwarded = self.peer_errors = 0
         self._tasks: list[asyncio.Task[None]] = []
         # set by start(): the heartbeat and scrubber (imported late: they import this module)

@@ -149,6 +149,20 @@ class BlobStore:
         with self.env.read() as txn:
             return [k.decode() for k in txn.cursor(db=self.db[b"blobs"]).iternext(values=False)]
 
+    def inventory(self) -> tuple[list[str], list[int]]:
+        """Every blob id and its size (a full block report). A damaged record's size is
+        reported as 0 (the read that finds it drops and reports the replica)."""
+        ids: list[str] = []
+        sizes: list[int] = []
+        with self.env.read(buffers=True) as txn:
+            for k, v in txn.cursor(db=self.db[b"blobs"]):
+                ids.append(bytes(k).decode())
+                try:
+                    sizes.append(int(msgpack.unpackb(bytes(v[:-4]))[1]))
+                except Exception:
+                    sizes.append(0)
+        return ids, sizes
+
     def space(self) -> Space:
         with self.env.read() as txn:
             count = _get_u64(txn, self.db[b"meta"], b"count")
@@ -234,9 +248,9 @@ class BlobStore:
                 self._leaked.discard(upload)
 
     def _note_written(self, results: list[tuple[BlobMeta, bool]]) -> None:
-        created = [m.blob_id for m, c in results if c]
-        self.bytes_written += sum(m.size for m, c in results if c)
-        self.journal.added(created)
+        created = [m for m, c in results if c]
+        self.bytes_written += sum(m.size for m in created)
+        self.journal.added([m.blob_id for m in created], [m.size for m in created])
 
     # -- write ops: run by the writer thread inside a (nested) write transaction -------------
     def _put_chunks(self, txn: lmdb.Transaction, upload: int, start: int,

@@ -47,8 +47,16 @@ def register(app: typer.Typer) -> None:
             3, envvar="SQUALL_DEAD_AFTER_BEATS", min=1,
             help="missed heartbeats after which a data node is dead and re-replicated"),
         max_copies_per_node: int = typer.Option(
-            4, envvar="SQUALL_MAX_COPIES_PER_NODE", min=1,
-            help="re-replication copies in flight per source and per target node"),
+            5000, envvar="SQUALL_MAX_COPIES_PER_NODE", min=1,
+            help="re-replication: blobs in flight per node (as source and target)"),
+        max_repair_bytes_per_node: int = typer.Option(
+            64 << 20, envvar="SQUALL_MAX_REPAIR_BYTES_PER_NODE", min=1,
+            help="re-replication: bytes of copies in flight per node (as source and "
+                 "target); small blobs travel many per request"),
+        blob_scan_interval_s: float = typer.Option(
+            600.0, envvar="SQUALL_BLOB_SCAN_INTERVAL_S",
+            help="seconds between passes of the paced scan for referenced blobs that no "
+                 "live data node reports (the first pass runs soon after start)"),
         orphan_grace_s: float = typer.Option(
             600.0, envvar="SQUALL_ORPHAN_GRACE_S",
             help="how long a written but uncommitted payload is kept before collection"),
@@ -65,7 +73,9 @@ def register(app: typer.Typer) -> None:
         cluster = ClusterSettings(
             replication_factor=replication_factor, write_quorum=write_quorum,
             heartbeat_interval_s=heartbeat_interval_s, dead_after_beats=dead_after_beats,
-            max_copies_per_node=max_copies_per_node, orphan_grace_s=orphan_grace_s)
+            max_copies_per_node=max_copies_per_node,
+            max_repair_bytes_per_node=max_repair_bytes_per_node,
+            blob_scan_interval_s=blob_scan_interval_s, orphan_grace_s=orphan_grace_s)
         settings = MasterSettings(
             data_dir=str(data_dir), fsync=fsync, checkpoint_interval_s=checkpoint_interval_s,
             index_sync=index_sync,

@@ -15,15 +15,18 @@ beats failed, or that the master does not know, sends its full inventory):
   write receipts, finished copies).
 - **Repair**: blobs to re-examine (a holder died or reported corruption, a new report came
   in) wait in ``check``; each :meth:`Cluster.tick` examines a bounded batch. A blob that
-  tasks still reference and that has fewer live copies than the replication factor gets
-  copy commands, fewest-copies-left first, from a live holder to the least-used live node
-  that lacks it, node to node (the master never touches bytes), with at most
-  ``max_copies_per_node`` copies in flight per source and per target. Extra copies beyond
-  the replication factor (a node came back) are trimmed.
-- **GC**: blobs of dequeued or deleted tasks (``Index.freed``), and orphans (reported by a
-  node, referenced by no task, and not allocated within ``orphan_grace_s``) are deleted.
-  Every deletion re-checks the index first, so a blob is never deleted while a task
-  references it.
+  tasks still reference and that has fewer live copies than the replication factor waits
+  for copies, which ``repair.py`` plans: fewest-copies-left first, from a live holder to a
+  live node that lacks it, node to node (the master never touches bytes), small blobs many
+  per command, within per-node budgets of bytes (``max_repair_bytes_per_node``) and blobs
+  (``max_copies_per_node``) in flight. Finished copies free budget at once: the heartbeat
+  that reports them gets the next commands. Extra copies beyond the replication factor (a
+  node came back) are trimmed.
+- **Unreported blobs**: after a master restart (once nodes had time to send their full
+  reports, counted from the first tick) and then every ``blob_scan_interval_s``, a paced
+  scan of the index's blob table (``blobscan.py``) finds referenced blobs that no live node
+  reports: they are counted as lost (``lost`` in :meth:`Cluster.info`, a metric, a log
+  line) and repaired as soon as a holder comes back and reports them.
 
 Commands wait per node and ride on the answer to its next heartbeat.
 """
@@ -39,14 +42,13 @@ from squall.common.cluster import (
     DeleteCommand,
     HeartbeatRequest,
     HeartbeatResponse,
-    ReplicateCommand,
 )
-from squall.common.tokens import sign
 from squall.master import drain
+from squall.master.blobscan import BlobScan
+from squall.master.repair import Repair
 
-CHECK_BATCH = 20_000
+CHECK_BATCH = 5000  # blobs examined per tick (one index read each): bounded loop time
 DELETE_BATCH = 1000
-COPY_TIMEOUT_S = 300.0
 DRAIN_CHECK_S = 0.5  # how often draining nodes' progress is recounted
 
 
@@ -56,8 +58,12 @@ class ClusterSettings:
     write_quorum: int = 0  # 0: all of the replica set
     heartbeat_interval_s: float = 3.0
     dead_after_beats: int = 3
-    max_copies_per_node: int = 4
+    max_copies_per_node: int = 5000  # blobs in flight per node (source and target)
+    max_repair_bytes_per_node: int = 64 << 20  # bytes of copies in flight per node
     orphan_grace_s: float = 600.0
+    blob_scan_grace_s: float = 0.0  # 0: (dead_after_beats + 2) heartbeats after start
+    blob_scan_interval_s: float = 600.0  # between passes of the unreported-blob scan
+    blob_scan_batch: int = 5000  # blob ids the scan reads per tick
 
     @property
     def quorum(self) -> int:
@@ -82,23 +88,33 @@ class Node:
 
 class Cluster:
     def __init__(self, clock: Any, settings: ClusterSettings, key: bytes,
-                 referenced: Callable[[list[str]], list[bool]]) -> None:
+                 referenced: Callable[[list[str]], list[bool]],
+                 blob_ids_after: Callable[[str | None, int], list[str]] | None = None
+                 ) -> None:
         self.clock, self.s, self.key, self.referenced = clock, settings, key, referenced
         self.nodes: dict[str, Node] = {}
         self.holders: dict[str, set[str]] = {}
         self.check: set[str] = set()
-        # blob -> target node -> (source node, deadline)
-        self.inflight: dict[str, dict[str, tuple[str, float]]] = {}
+        self.repair = Repair(key, settings.max_repair_bytes_per_node,
+                             settings.max_copies_per_node)
+        self.inflight = self.repair.inflight  # blob -> target node -> Copy
+        s = settings
+        grace = s.blob_scan_grace_s or (s.dead_after_beats + 2) * s.heartbeat_interval_s
+        self.scan = BlobScan(blob_ids_after, grace, s.blob_scan_interval_s, s.blob_scan_batch)
+        self._planned_at = 0.0
         self.commands: dict[str, list[Any]] = {}
         self.allocated: dict[str, float] = {}  # blob -> allocation time (orphan grace)
         self.unreferenced_since: dict[str, float] = {}
         self.under: set[str] = set()
         self.lost: set[str] = set()
-        self.copies_done = 0
         self.deleted = 0
         # node id -> time decommissioning was asked (persisted by the master; master/drain.py)
         self.draining: dict[str, float] = {}
         self.drain_checked_at = 0.0
+
+    @property
+    def copies_done(self) -> int:
+        return self.repair.copies_done
 
     # -- node states ---------------------------------------------------------------------
     def state(self, n: Node, now: float) -> str:
@@ -124,11 +140,15 @@ class Cluster:
         now = self.clock.now()
         n = self.nodes.get(req.node_id)
         fresh = n is None or n.started_at != req.started_at or n.dead
+        if n is not None and n.started_at != req.started_at:
+            self.check.update(self.repair.abandon(n.node_id))  # its copies died with it
         if n is None:
             n = self.nodes[req.node_id] = Node(req.node_id, req.address, req.started_at, now)
         if fresh:
             n.reported_full = False
         n.address, n.started_at, n.last_beat, n.dead = req.address, req.started_at, now, False
+        if fresh:
+            self.repair.dirty = True  # a new target
         n.capacity_bytes, n.used_bytes = req.capacity_bytes, req.used_bytes
         n.free_bytes, n.blob_count = req.free_bytes, req.blob_count
         if req.full:
@@ -136,22 +156,16 @@ class Cluster:
                 self._drop(b, n.node_id)
             self._add(req.blob_ids, n)
             n.reported_full = True
+            self._sizes(req.blob_ids, req.blob_sizes)
         else:
             self._add(req.added, n)
+            self._sizes(req.added, req.added_sizes)
             for b in req.deleted:
                 self._drop(b, n.node_id)
         for b in req.corrupt:
             self._drop(b, n.node_id)
-        for rep in req.replicated:
-            targets = self.inflight.get(rep.blob_id, {})
-            target = next((t for t, node in self.nodes.items()
-                           if node.address.rstrip("/") == rep.target.rstrip("/")), None)
-            if target is not None:
-                targets.pop(target, None)
-                if rep.ok:
-                    self.copies_done += 1
-                    self._add([rep.blob_id], self.nodes[target])
-            self.check.add(rep.blob_id)
+        if req.replicated:
+            self._copies_reported(req.replicated, now)
         cmds = self.commands.pop(n.node_id, [])
         if len(cmds) > MAX_COMMANDS:
             self.commands[n.node_id] = cmds[MAX_COMMANDS:]
@@ -163,8 +177,13 @@ class Cluster:
         for b in blob_ids:
             n.blobs.add(b)
             self.holders.setdefault(b, set()).add(n.node_id)
-            self.inflight.get(b, {}).pop(n.node_id, None)
+            if b in self.inflight:
+                self.repair.end(b, n.node_id)
             self.check.add(b)
+
+    def _sizes(self, blob_ids: list[str], sizes: list[int]) -> None:
+        if len(sizes) == len(blob_ids):
+            self.repair.sizes.update(zip(blob_ids, sizes, strict=True))
 
     def _drop(self, blob_id: str, node_id: str) -> None:
         n = self.nodes.get(node_id)
@@ -175,14 +194,18 @@ class Cluster:
             hs.discard(node_id)
             if not hs:
                 del self.holders[blob_id]
+                self.repair.sizes.pop(blob_id, None)
         self.check.add(blob_id)
 
-    def record_holders(self, blob_id: str, node_ids: Iterable[str]) -> None:
+    def record_holders(self, blob_id: str, node_ids: Iterable[str],
+                       size: int | None = None) -> None:
         """Write receipts proved these nodes hold the blob (before their next report)."""
         for i in node_ids:
             n = self.nodes.get(i)
             if n is not None:
                 self._add([blob_id], n)
+        if size is not None and blob_id in self.holders:
+            self.repair.sizes[blob_id] = size
 
     def _send(self, node_id: str, cmd: Any) -> None:
         self.commands.setdefault(node_id, []).append(cmd)
@@ -191,8 +214,10 @@ class Cluster:
     def tick(self, freed: list[str]) -> dict[str, int]:
         """Declare dead nodes, free dequeued blobs, and examine a batch of blobs."""
         now = self.clock.now()
+        dead = sum(n.dead for n in self.nodes.values())
         self._declare_dead(now)
-        self._expire_copies(now)
+        # a node declared dead lost its undelivered commands: end its copies at once
+        self._expire_copies(now, force=sum(n.dead for n in self.nodes.values()) != dead)
         if self.draining and now - self.drain_checked_at >= max(
                 DRAIN_CHECK_S, self.s.heartbeat_interval_s):
             self.drain_checked_at = now
@@ -201,17 +226,19 @@ class Cluster:
         for b, t in list(self.allocated.items()):
             if now - t > self.s.orphan_grace_s:
                 del self.allocated[b]
+        scanned = self._scan_unreported(now)
         batch = [self.check.pop() for _ in range(min(CHECK_BATCH, len(self.check)))]
         refs = self.referenced(batch) if batch else []
-        needy: list[tuple[int, str, list[Node]]] = []
         for b, ref in zip(batch, refs, strict=True):
             live = self.live_holders(b, now)
             if ref:
-                self._examine(b, live, needy)
+                self._examine(b, live)
             else:
                 self._maybe_orphan(b, live, now)
-        needy.sort(key=lambda x: x[0])  # fewest copies left first
-        return {"checked": len(batch), "copies": self._plan_copies(needy, now)}
+        copies = 0
+        if self.repair.waiting and (self.repair.dirty or now - self._planned_at >= 1.0):
+            copies = self._plan(now)  # else nothing changed that could make room
+        return {"checked": len(batch), "copies": copies, "scanned": scanned}
 
     def _declare_dead(self, now: float) -> None:
         for n in self.nodes.values():
@@ -220,18 +247,12 @@ class Cluster:
                 self.check.update(n.blobs)
                 self.commands.pop(n.node_id, None)  # never delivered: replanned elsewhere
 
-    def _expire_copies(self, now: float) -> None:
+    def _expire_copies(self, now: float, force: bool = False) -> None:
         """Forget copies that timed out or whose source or target died; re-examine them."""
         def gone(node_id: str) -> bool:
             return node_id not in self.nodes or self.nodes[node_id].dead
 
-        for b, targets in list(self.inflight.items()):
-            for t, (src, deadline) in list(targets.items()):
-                if deadline < now or gone(t) or gone(src):
-                    del targets[t]
-                    self.check.add(b)
-            if not targets:
-                del self.inflight[b]
+        self.check.update(self.repair.expire(now, gone, force))
 
     def _free(self, freed: list[str], now: float) -> None:
         """Delete every copy of blobs whose last reference went away (no orphan grace)."""
@@ -240,10 +261,10 @@ class Cluster:
             if not ref:
                 self.under.discard(b)
                 self.lost.discard(b)
+                self.repair.forget(b)
                 self._delete(b, self.live_holders(b, now))
 
-    def _examine(self, b: str, live: list[Node], needy: list[tuple[int, str, list[Node]]]
-                 ) -> None:
+    def _examine(self, b: str, live: list[Node]) -> None:
         """A referenced blob: note it lost or under-replicated, or trim extra copies."""
         rf = self.s.replication_factor
         self.unreferenced_since.pop(b, None)
@@ -253,17 +274,21 @@ class Cluster:
         counting = [n for n in live if n.node_id not in self.draining]
         if not live:
             self.lost.add(b)
+            self.repair.forget(b)
         elif len(counting) < rf:
             if len(live) < rf:
                 self.under.add(b)  # a draining node's copy still exists: not under RF
-            needy.append((len(counting), b, live))
-        elif len(counting) > rf and not self.inflight.get(b):
-            for extra in sorted(counting, key=lambda x: -x.used_bytes)[:len(counting) - rf]:
-                self._delete(b, [extra])
+            self.repair.want(b, len(counting))
+        else:
+            self.repair.forget(b)
+            if len(counting) > rf and not self.inflight.get(b):
+                for extra in sorted(counting, key=lambda x: -x.used_bytes)[:len(counting) - rf]:
+                    self._delete(b, [extra])
 
     def _maybe_orphan(self, b: str, live: list[Node], now: float) -> None:
         self.under.discard(b)
         self.lost.discard(b)
+        self.repair.forget(b)
         if not live:
             self.unreferenced_since.pop(b, None)
             return
@@ -286,37 +311,53 @@ class Cluster:
             self.deleted += 1
         self.check.discard(b)
 
-    def _plan_copies(self, needy: list[tuple[int, str, list[Node]]], now: float) -> int:
-        busy: dict[str, int] = {}
-        for targets in self.inflight.values():
-            for t, (src, _) in targets.items():
-                busy[t] = busy.get(t, 0) + 1
-                busy[src] = busy.get(src, 0) + 1
-        cap = self.s.max_copies_per_node
-        planned = 0
-        candidates = sorted(self.live(now, strict=True), key=lambda n: n.used_bytes)
-        for count, b, live in needy:
-            want = self.s.replication_factor - count - len(self.inflight.get(b, {}))
-            live = sorted(live, key=lambda n: n.node_id in self.draining)  # others first
-            holding = {n.node_id for n in live} | set(self.inflight.get(b, {}))
-            for _ in range(max(0, want)):
-                src = min((n for n in live if busy.get(n.node_id, 0) < cap),
-                          key=lambda n: busy.get(n.node_id, 0), default=None)
-                dst = next((n for n in candidates if n.node_id not in holding
-                            and busy.get(n.node_id, 0) < cap), None)
-                if src is None or dst is None:
-                    self.check.add(b)  # no capacity now: try again next tick
-                    break
-                token = sign(self.key, "replicate", [b], now + COPY_TIMEOUT_S)
-                self._send(src.node_id, ReplicateCommand(op="replicate", blob_id=b,
-                                                         target=dst.address, token=token))
-                self.inflight.setdefault(b, {})[dst.node_id] = (src.node_id,
-                                                                now + COPY_TIMEOUT_S)
-                holding.add(dst.node_id)
-                busy[src.node_id] = busy.get(src.node_id, 0) + 1
-                busy[dst.node_id] = busy.get(dst.node_id, 0) + 1
-                planned += 1
-        return planned
+    # -- re-replication (planned by repair.py) ---------------------------------------------
+    def _copies_reported(self, reports: Iterable[Any], now: float) -> None:
+        """Outcomes of copies a source ran; a good one means the target holds the blob."""
+        by_address = {n.address.rstrip("/"): n for n in self.nodes.values()}
+        for rep in reports:
+            target = by_address.get(rep.target.rstrip("/"))
+            if target is not None:
+                self.repair.finished(rep.blob_id, target.node_id, rep.ok)
+                if rep.ok:
+                    self._add([rep.blob_id], target)
+            self.check.add(rep.blob_id)
+        if self.repair.waiting:  # the budget this freed goes to the next copies at once
+            self._plan(now)
+
+    def _need(self, b: str, now: float) -> tuple[list[Node], set[str], int] | None:
+        """For planning: (live holders, nodes holding or receiving it, copies wanted)."""
+        live = self.live_holders(b, now)
+        if not live:
+            self.check.add(b)  # examined again: lost until a holder reports it
+            return None
+        copying = self.inflight.get(b, {})
+        holding = {n.node_id for n in live} | set(copying)
+        # a draining node's copy is a source (others first), not a copy that counts
+        counting = sum(1 for n in live if n.node_id not in self.draining)
+        live = sorted(live, key=lambda n: n.node_id in self.draining)
+        return live, holding, self.s.replication_factor - counting - len(copying)
+
+    def _plan(self, now: float) -> int:
+        self._planned_at = now
+        candidates = self.live(now, strict=True)
+        planned = self.repair.plan(now, candidates, lambda b: self._need(b, now))
+        for src, cmd in planned:
+            self._send(src, cmd)
+        return sum(len(getattr(c, "blob_ids", ())) or 1 for _, c in planned)
+
+    def _scan_unreported(self, now: float) -> int:
+        """One paced step of the scan for referenced blobs that no live node reports."""
+        ids = self.scan.step(now)
+        unreported = []
+        for b in ids:
+            live = self.live_holders(b, now)
+            if len(live) < self.s.replication_factor and not self.inflight.get(b):
+                self.check.add(b)
+                if not live:
+                    unreported.append(b)
+        self.scan.found(unreported, now)
+        return len(ids)
 
     def describe(self, n: Node, now: float) -> dict[str, Any]:
         health = self.state(n, now)
@@ -331,8 +372,10 @@ class Cluster:
         now = self.clock.now()
         nodes = [self.describe(n, now)
                  for n in sorted(self.nodes.values(), key=lambda n: n.node_id)]
+        copies, nbytes = self.repair.in_flight()
         return {"nodes": nodes, "replication_factor": self.s.replication_factor,
                 "write_quorum": self.s.quorum, "under_replicated": len(self.under),
-                "lost": len(self.lost),
-                "copies_in_flight": sum(len(t) for t in self.inflight.values()),
-                "blobs": len(self.holders)}
+                "lost": len(self.lost), "copies_in_flight": copies,
+                "copy_bytes_in_flight": nbytes, "copies_waiting": self.repair.waiting_count(),
+                "copies_done": self.repair.copies_done, "blobs": len(self.holders),
+                "blob_scan": self.scan.info()}

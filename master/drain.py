@@ -6,9 +6,9 @@ operator asked to decommission it:
 
 - ``draining``: it gets no new blobs, its copies do not count toward the replication
   factor, so the repair in ``master/cluster.py`` copies every blob it holds to other nodes
-  (node to node, fewest copies first, at most ``max_copies_per_node`` copies in flight per
-  node). It keeps serving reads meanwhile. ``decommission.blobs_remaining`` counts its
-  blobs that tasks still reference (or that were allocated recently and may still be
+  (node to node, fewest copies first, within the per-node repair budgets of
+  ``master/repair.py``). It keeps serving reads meanwhile. ``decommission.blobs_remaining``
+  counts its blobs that tasks still reference (or that were allocated recently and may still be
   committed) and that do not yet have RF live copies on other, non-draining nodes.
 - ``decommissioned``: that count reached zero after a full block report from the node
   (a master that just restarted knows nothing about a node until its full report, so it
@@ -153,10 +153,4 @@ def forget(c: Cluster, node_id: str) -> None:
     if n is not None:
         for b in list(n.blobs):
             c._drop(b, node_id)
-    for b, targets in list(c.inflight.items()):
-        for t, (src, _) in list(targets.items()):
-            if node_id in (t, src):
-                del targets[t]
-                c.check.add(b)
-        if not targets:
-            del c.inflight[b]
+    c.check.update(c.repair.abandon(node_id))  # copies from or to it are replanned

@@ -82,7 +82,7 @@ class Placement:
             raise BadRequest(
                 f"payload {p.blob_id}: {len(nodes)} valid receipt(s) from distinct data nodes, "
                 f"the write quorum is {c.s.quorum}; send the receipts from the blob write")
-        c.record_holders(p.blob_id, nodes)
+        c.record_holders(p.blob_id, nodes, p.size)
         stored["replicas"] = [a for a in nodes.values() if a] or stored["replicas"]
         return stored
 

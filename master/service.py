@@ -40,6 +40,7 @@ from squall.common.models import LeaseRequest, Policy, Schedule, TaskSpec, Updat
 from squall.common.names import check_name, check_pid
 from squall.common.tokens import load_cluster_key
 from squall.master import admin, drain
+from squall.master.blobscan import blob_ids_after
 from squall.master.cluster import Cluster, ClusterSettings
 from squall.master.commit import GroupCommit
 from squall.master.engine import Engine, Plan
@@ -86,7 +87,9 @@ class Master:
         self.index = Index(os.path.join(settings.data_dir, "index"), settings.map_size,
                            sync=settings.index_sync)
         self.key = settings.cluster_key or load_cluster_key(settings.cluster_key_file)
-        self.cluster = Cluster(self.clock, settings.cluster, self.key, self.referenced)
+        self.cluster = Cluster(self.clock, settings.cluster, self.key, self.referenced,
+                               lambda after, n: blob_ids_after(self.index.env,
+                                                               self.index.blobs, after, n))
         self.placement = Placement(self.cluster, self.key, settings.require_receipts)
         self.engine = Engine(self.index, self.clock, self.placement.verify)
         self.meters = Meters()

@@ -61,6 +61,27 @@ class MasterCollector:
         yield CounterMetricFamily("squall_tasks_reaped", "tasks of deleted queues reaped "
                                   "since start", value=m.reaped)
         yield GaugeMetricFamily("squall_wal_ticket", "last WAL ticket", value=m.wal.last_ticket)
+        yield from _cluster_metrics(m)
+
+
+def _cluster_metrics(m: Master):  # type: ignore[no-untyped-def]
+    """Replication health: under-replicated and lost blobs, copies in flight and done."""
+    c = m.cluster
+    copies, nbytes = c.repair.in_flight()
+    yield GaugeMetricFamily("squall_blobs_under_replicated", "referenced blobs below the "
+                            "replication factor", value=len(c.under))
+    yield GaugeMetricFamily("squall_blobs_lost", "referenced blobs no live data node reports "
+                            "(block reports and the blob scan)", value=len(c.lost))
+    yield GaugeMetricFamily("squall_blob_copies_in_flight", "re-replication copies running",
+                            value=copies)
+    yield GaugeMetricFamily("squall_blob_copy_bytes_in_flight", "bytes of re-replication "
+                            "copies running", value=nbytes)
+    yield CounterMetricFamily("squall_blob_copies", "re-replication copies finished since "
+                              "start", value=c.repair.copies_done)
+    yield CounterMetricFamily("squall_blob_copy_bytes", "bytes re-replicated since start",
+                              value=c.repair.bytes_done)
+    yield CounterMetricFamily("squall_blob_scan_passes", "passes of the scan for referenced "
+                              "blobs no live node reports", value=c.scan.passes)
 
 
 @router.get("/metrics", response_class=Response)

@@ -1,0 +1,283 @@
+"""The master's re-replication planning and unreported-blob scan, in process with a manual
+clock: batches of small blobs per (source, target), byte and count budgets per node,
+fewest copies left first, per-blob outcomes, and the paced scan after a restart."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from squall.common.clock import ManualClock
+from squall.common.cluster import (
+    HeartbeatRequest,
+    ReplicateBatchCommand,
+    ReplicateCommand,
+    ReplicationReport,
+)
+from squall.common.tokens import verify
+from squall.master.cluster import Cluster, ClusterSettings
+from squall.master.repair import BATCH_BYTES
+
+KEY = b"repair-plan-test-key-0123456789"
+BEAT = 1.0
+
+
+class World:
+    """A Cluster with a manual clock, a set of referenced blobs and a sorted blob table."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.clock = ManualClock()
+        self.refs: set[str] = set()
+        s = ClusterSettings(heartbeat_interval_s=BEAT, dead_after_beats=3, **settings)
+        self.c = Cluster(self.clock, s, KEY, lambda ids: [b in self.refs for b in ids],
+                         self.read_ids)
+        self.started = {}  # node -> started_at
+
+    def read_ids(self, after: str | None, limit: int) -> list[str]:
+        return [b for b in sorted(self.refs) if after is None or b > after][:limit]
+
+    def beat(self, node: str, *, full: list[str] | None = None, sizes: list[int] | None = None,
+             replicated: list[ReplicationReport] | None = None, free: int = 1 << 40
+             ) -> list[Any]:
+        self.started.setdefault(node, 1.0)
+        req = HeartbeatRequest(
+            node_id=node, address=f"http://{node}", started_at=self.started[node],
+            seq=0, capacity_bytes=1 << 40, used_bytes=0, free_bytes=free, blob_count=0,
+            full=full is not None, blob_ids=full or [], blob_sizes=sizes or [],
+            replicated=replicated or [])
+        return list(self.c.heartbeat(req).commands)
+
+    def tick(self) -> dict[str, int]:
+        return self.c.tick([])
+
+
+def copies(cmds: list[Any]) -> list[tuple[str, str]]:
+    out = []
+    for c in cmds:
+        ids = c.blob_ids if isinstance(c, ReplicateBatchCommand) else [c.blob_id]
+        out += [(b, c.target) for b in ids]
+    return out
+
+
+def live(w: World, blob: str) -> set[str]:
+    return {n.node_id for n in w.c.live_holders(blob)}
+
+
+def kill(w: World, node: str, others: list[str]) -> dict[str, list[Any]]:
+    """Let `node` miss its beats while the others keep beating and the master ticks, until
+    it is declared dead; the commands the others got meanwhile."""
+    got: dict[str, list[Any]] = {o: [] for o in others}
+    for _ in range(5):
+        w.clock.advance(BEAT)
+        for o in others:
+            got[o] += w.beat(o)
+        w.tick()
+    assert w.c.state(w.c.nodes[node], w.clock.now()) == "dead"
+    return got
+
+
+def test_small_blobs_travel_in_batches_within_the_budget() -> None:
+    w = World(max_copies_per_node=5000, max_repair_bytes_per_node=64 << 20)
+    ids = [f"b{i:05d}" for i in range(2500)]
+    w.refs.update(ids)
+    w.beat("a", full=ids, sizes=[1024] * len(ids))
+    w.beat("b", full=ids, sizes=[1024] * len(ids))
+    w.beat("c", full=[], sizes=[])
+    w.tick()
+    cmds = kill(w, "b", ["a", "c"])["a"] + w.beat("a")
+    info = w.c.info()
+    assert info["under_replicated"] == 2500
+    assert all(isinstance(c, ReplicateBatchCommand) for c in cmds)
+    assert [len(c.blob_ids) for c in cmds] == [1000, 1000, 500]  # MAX_REPLICATE_BATCH each
+    assert sorted(b for b, _ in copies(cmds)) == ids
+    assert {t for _, t in copies(cmds)} == {"http://c"}
+    for c in cmds:  # the token covers exactly the batch, for the replicate op
+        claims = verify(KEY, c.token, "replicate", c.blob_ids, w.clock.now())
+        assert all(claims.covers(b) for b in c.blob_ids)
+    assert w.c.info()["copies_in_flight"] == 2500
+    # per-blob outcomes: one failure does not sink the rest of its batch
+    reps = [ReplicationReport(blob_id=b, target="http://c", ok=b != ids[7],
+                              receipt="r" if b != ids[7] else None,
+                              error=None if b != ids[7] else "corrupt at source")
+            for b in ids]
+    again = w.beat("a", replicated=reps)
+    w.tick()
+    assert w.c.copies_done == 2499
+    assert live(w, ids[0]) == {"a", "c"}
+    assert live(w, ids[7]) == {"a"}
+    replanned = copies(again + w.beat("a"))
+    assert replanned == [(ids[7], "http://c")]
+
+
+def test_budgets_are_bytes_and_count_per_node() -> None:
+    w = World(max_copies_per_node=10, max_repair_bytes_per_node=10 << 20)
+    big = [f"big{i}" for i in range(6)]
+    small = [f"s{i}" for i in range(30)]
+    w.refs.update(big + small)
+    w.beat("a", full=big + small, sizes=[4 << 20] * 6 + [1000] * 30)
+    w.beat("b", full=[])
+    w.beat("c", full=[])
+    w.tick()
+    cmds = w.beat("a")  # every blob has its one copy on a
+    planned = copies(cmds)
+    # a is the source of every copy: at most 10 MiB and 10 blobs in flight through it
+    assert w.c.repair.node_count["a"] <= 10
+    assert w.c.repair.node_bytes["a"] <= 10 << 20
+    assert sum(1 for b, _ in planned if b.startswith("big")) <= 2
+    singles = [c for c in cmds if isinstance(c, ReplicateCommand)]
+    assert all(c.blob_id.startswith("big") for c in singles)  # large blobs: one stream each
+    # finishing copies frees budget, and the report's answer carries the next ones
+    reps = [ReplicationReport(blob_id=b, target=t, ok=True, receipt="r") for b, t in planned]
+    nxt = copies(w.beat("a", replicated=reps))
+    assert nxt and not set(nxt) & set(planned)
+    done = set(planned)
+    for _ in range(20):
+        reps = [ReplicationReport(blob_id=b, target=t, ok=True, receipt="r") for b, t in nxt]
+        done |= set(nxt)
+        nxt = copies(w.beat("a", replicated=reps))
+        w.tick()
+        nxt += copies(w.beat("a"))
+        if not nxt:
+            break
+    assert {b for b, _ in done} == set(big + small)
+    assert w.c.info()["under_replicated"] == 0
+
+
+def test_a_large_blob_runs_alone_when_over_the_byte_budget() -> None:
+    w = World(max_repair_bytes_per_node=1 << 20)
+    w.refs.add("huge")
+    w.beat("a", full=["huge"], sizes=[50 << 20])
+    w.beat("b", full=[])
+    w.tick()
+    cmds = w.beat("a")
+    assert [(type(c), c.blob_id) for c in cmds] == [(ReplicateCommand, "huge")]
+
+
+def test_fewest_copies_left_first() -> None:
+    w = World(replication_factor=3, max_copies_per_node=3)
+    one = [f"one{i}" for i in range(3)]
+    two = [f"two{i}" for i in range(3)]
+    w.refs.update(one + two)
+    w.beat("a", full=one + two, sizes=[100] * 6)
+    w.beat("b", full=two, sizes=[100] * 3)
+    w.beat("c", full=[])
+    w.beat("d", full=[])
+    w.tick()
+    from_a = {b for b, _ in copies(w.beat("a"))}
+    from_b = {b for b, _ in copies(w.beat("b"))}
+    # a's budget (3 copies) went to the blobs with one copy left; b had room for others
+    assert from_a and from_a <= set(one)
+    assert from_b <= set(two)
+
+
+def test_a_target_without_room_is_skipped() -> None:
+    w = World()
+    w.refs.update(["p", "q"])
+    w.beat("a", full=["p", "q"], sizes=[6000, 6000])
+    w.beat("b", full=[], free=8000)  # room for one of them, not both
+    w.beat("c", full=[], free=1 << 30)
+    w.tick()
+    targets = sorted(t for _, t in copies(w.beat("a")))
+    assert targets in (["http://b", "http://c"], ["http://c", "http://c"])
+
+
+def test_batches_are_bounded_by_bytes() -> None:
+    w = World()
+    ids = [f"m{i:03d}" for i in range(40)]
+    w.refs.update(ids)
+    w.beat("a", full=ids, sizes=[512 << 10] * 40)  # 20 MiB in 512 KiB blobs
+    w.beat("b", full=[])
+    w.tick()
+    cmds = w.beat("a")
+    assert all(isinstance(c, ReplicateBatchCommand) for c in cmds)
+    assert all(len(c.blob_ids) * (512 << 10) <= BATCH_BYTES for c in cmds)
+    assert sorted(b for b, _ in copies(cmds)) == ids
+
+
+def test_dead_target_releases_its_budget_and_copies_are_replanned() -> None:
+    w = World(max_copies_per_node=100)
+    ids = [f"x{i:02d}" for i in range(50)]
+    w.refs.update(ids)
+    w.beat("a", full=ids, sizes=[10] * 50)
+    w.beat("b", full=[])
+    w.tick()
+    first = copies(w.beat("a"))
+    assert {t for _, t in first} == {"http://b"}
+    w.beat("c", full=[])
+    got = kill(w, "b", ["a", "c"])
+    assert "b" not in w.c.repair.node_count
+    again = copies(got["a"] + w.beat("a"))
+    assert sorted(b for b, _ in again) == ids and {t for _, t in again} == {"http://c"}
+
+
+def test_scan_reports_referenced_blobs_no_live_node_holds(caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
+    w = World(blob_scan_batch=7, blob_scan_interval_s=100.0)
+    held = [f"h{i:02d}" for i in range(20)]
+    gone = [f"g{i:02d}" for i in range(5)]
+    w.refs.update(held + gone)
+    w.beat("a", full=held, sizes=[5] * 20)
+    w.beat("b", full=held, sizes=[5] * 20)
+    for _ in range(3):  # within the grace period nothing is scanned
+        w.tick()
+        w.clock.advance(0.5)
+    assert w.c.scan.passes == 0 and w.c.info()["lost"] == 0
+    w.clock.advance(5 * BEAT)
+    w.beat("a")
+    w.beat("b")
+    with caplog.at_level(logging.WARNING, "squall.master.blobscan"):
+        for _ in range(10):
+            w.tick()
+    info = w.c.info()
+    assert info["lost"] == 5 and info["under_replicated"] == 0
+    assert info["blob_scan"]["passes"] == 1 and info["blob_scan"]["unreported_last_pass"] == 5
+    assert info["blob_scan"]["scanned"] == 25
+    assert "5 referenced blob(s) have no live replica" in caplog.text
+    # a holder comes back with two of them: they are no longer lost, and get copies
+    w.beat("c", full=gone[:2], sizes=[5, 5])
+    w.tick()
+    assert w.c.info()["lost"] == 3
+    planned = copies(w.beat("c"))
+    assert sorted(b for b, _ in planned) == gone[:2]
+    # the next pass comes after the interval, paced like the first
+    w.clock.advance(101)
+    w.tick()
+    assert w.c.scan.running
+
+
+def test_the_pacer_spaces_repair_bytes() -> None:
+    import asyncio
+    import time
+
+    from squall.datanode.peers import Pacer
+
+    async def run() -> float:
+        p = Pacer(1000.0)
+        t0 = time.monotonic()
+        for _ in range(3):
+            await p.take(100)  # the first goes at once, then 0.1 s per 100 bytes
+        return time.monotonic() - t0
+
+    assert asyncio.run(run()) >= 0.19
+
+
+def test_a_source_declared_dead_and_back_at_once_gets_its_copies_again() -> None:
+    w = World()
+    ids = [f"r{i:02d}" for i in range(30)]
+    w.refs.update(ids)
+    w.beat("a", full=ids, sizes=[10] * 30)
+    w.beat("b", full=[])
+    w.tick()  # copies planned for a, not yet delivered
+    assert w.c.info()["copies_in_flight"] == 30
+    w.clock.advance(2.9 * BEAT)
+    w.beat("b")
+    w.tick()  # a is suspect; the copies in flight are looked at
+    w.clock.advance(0.2 * BEAT)
+    w.tick()  # a is declared dead: its undelivered commands are dropped ...
+    assert w.c.info()["copies_in_flight"] == 0  # ... and so are their copies
+    w.started["a"] = 2.0  # a comes back (restarted)
+    w.beat("a", full=ids, sizes=[10] * 30)
+    w.tick()
+    assert sorted(b for b, _ in copies(w.beat("a"))) == ids
