@@ -9,9 +9,10 @@ is counted as lost (``lost`` in the cluster stats and ``squall_blobs_lost``), an
 repaired as soon as a holder comes back and reports it.
 
 - The first pass starts ``grace_s`` after the master's first tick, i.e. after recovery,
-  once it serves heartbeats (by then every live node has sent its full report: the master
-  asks a node it does not know for one), the next ones ``interval_s`` after the previous
-  pass ended.
+  once it serves heartbeats, and once every live node has sent a full report since the
+  master started (the master asks a node it does not know for one; a node that has not
+  after three graces does not hold the scan up); the next ones ``interval_s`` after the
+  previous pass ended.
 - A pass that found referenced blobs without a live holder logs one warning with their
   number and a few ids; ``info()`` shows passes, progress and the last pass's count.
 - Work per tick is bounded by ``batch`` (one read transaction, one lookup per id).
@@ -45,14 +46,19 @@ class BlobScan:
         self.examples: list[str] = []
         self._ended = False
 
-    def step(self, now: float) -> list[str]:
-        """The next ids to examine ([] when no pass is due). Call :meth:`found` after."""
+    def step(self, now: float, ready: bool = True) -> list[str]:
+        """The next ids to examine ([] when no pass is due). A pass starts only when
+        `ready` (every live node has sent a full report), or two graces later anyway.
+        Call :meth:`found` after."""
         self._ended = False
         if self.next_pass_at is None:
             self.next_pass_at = now + self.grace_s
-        if self.read is None or (not self.running and now < self.next_pass_at):
+        if self.read is None:
             return []
         if not self.running:
+            due = self.next_pass_at
+            if now < due or (not ready and now < due + 2 * self.grace_s):
+                return []
             self.running, self.cursor, self.scanned, self.found_now = True, None, 0, 0
             self.examples = []
         ids = self.read(self.cursor, self.batch)

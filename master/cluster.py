@@ -102,6 +102,7 @@ class Cluster:
         grace = s.blob_scan_grace_s or (s.dead_after_beats + 2) * s.heartbeat_interval_s
         self.scan = BlobScan(blob_ids_after, grace, s.blob_scan_interval_s, s.blob_scan_batch)
         self._planned_at = 0.0
+        self.full_reports: set[str] = set()  # nodes that sent a full report since start
         self.commands: dict[str, list[Any]] = {}
         self.allocated: dict[str, float] = {}  # blob -> allocation time (orphan grace)
         self.unreferenced_since: dict[str, float] = {}
@@ -152,6 +153,7 @@ class Cluster:
         n.capacity_bytes, n.used_bytes = req.capacity_bytes, req.used_bytes
         n.free_bytes, n.blob_count = req.free_bytes, req.blob_count
         if req.full:
+            self.full_reports.add(n.node_id)  # since this master started
             for b in n.blobs - set(req.blob_ids):
                 self._drop(b, n.node_id)
             self._add(req.blob_ids, n)
@@ -348,7 +350,8 @@ class Cluster:
 
     def _scan_unreported(self, now: float) -> int:
         """One paced step of the scan for referenced blobs that no live node reports."""
-        ids = self.scan.step(now)
+        ready = all(n.node_id in self.full_reports for n in self.live(now))
+        ids = self.scan.step(now, ready)
         unreported = []
         for b in ids:
             live = self.live_holders(b, now)

@@ -281,3 +281,18 @@ def test_a_source_declared_dead_and_back_at_once_gets_its_copies_again() -> None
     w.beat("a", full=ids, sizes=[10] * 30)
     w.tick()
     assert sorted(b for b, _ in copies(w.beat("a"))) == ids
+
+
+def test_the_scan_waits_for_every_live_node_s_full_report() -> None:
+    w = World()  # grace: (3 + 2) beats = 5 s from the first tick
+    w.refs.update(["u1", "u2"])
+    w.tick()
+    for t in range(14):  # z beats, but never with its full inventory
+        w.clock.advance(1.0)
+        w.beat("z")
+        w.tick()
+        assert w.c.scan.passes == 0, t  # held up while z's report is missing ...
+    w.clock.advance(1.5)
+    w.beat("z")
+    w.tick()
+    assert w.c.scan.passes == 1 and w.c.info()["lost"] == 2  # ... for three graces at most
