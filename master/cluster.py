@@ -131,13 +131,18 @@ class Cluster:
         n.address, n.started_at, n.last_beat, n.dead = req.address, req.started_at, now, False
         n.capacity_bytes, n.used_bytes = req.capacity_bytes, req.used_bytes
         n.free_bytes, n.blob_count = req.free_bytes, req.blob_count
+        # blobs this node is about to delete (commands not yet delivered) are listed in a
+        # report made before the delete: re-adding them would count a copy that is going
+        # away, and a trim could then delete a second, real copy
+        doomed = self._pending_deletes(n.node_id)
         if req.full:
-            for b in n.blobs - set(req.blob_ids):
+            listed = set(req.blob_ids) - doomed
+            for b in n.blobs - listed:
                 self._drop(b, n.node_id)
-            self._add(req.blob_ids, n)
+            self._add(listed, n)
             n.reported_full = True
         else:
-            self._add(req.added, n)
+            self._add((b for b in req.added if b not in doomed), n)
             for b in req.deleted:
                 self._drop(b, n.node_id)
         for b in req.corrupt:
@@ -183,6 +188,10 @@ class Cluster:
             n = self.nodes.get(i)
             if n is not None:
                 self._add([blob_id], n)
+
+    def _pending_deletes(self, node_id: str) -> set[str]:
+        return {b for c in self.commands.get(node_id, ()) if isinstance(c, DeleteCommand)
+                for b in c.blob_ids}
 
     def _send(self, node_id: str, cmd: Any) -> None:
         self.commands.setdefault(node_id, []).append(cmd)
@@ -295,10 +304,15 @@ class Cluster:
         cap = self.s.max_copies_per_node
         planned = 0
         candidates = sorted(self.live(now, strict=True), key=lambda n: n.used_bytes)
+        deleting = {i: d for i in self.commands if (d := self._pending_deletes(i))}
         for count, b, live in needy:
             want = self.s.replication_factor - count - len(self.inflight.get(b, {}))
             live = sorted(live, key=lambda n: n.node_id in self.draining)  # others first
             holding = {n.node_id for n in live} | set(self.inflight.get(b, {}))
+            # not to a node that has yet to receive a delete of this blob: the copy could
+            # land first and be deleted after its receipt was counted
+            holding |= {n.node_id for n in candidates if n.node_id in deleting
+                        and b in deleting[n.node_id]}
             for _ in range(max(0, want)):
                 src = min((n for n in live if busy.get(n.node_id, 0) < cap),
                           key=lambda n: busy.get(n.node_id, 0), default=None)
