@@ -304,7 +304,8 @@ class Cluster:
         cap = self.s.max_copies_per_node
         planned = 0
         candidates = sorted(self.live(now, strict=True), key=lambda n: n.used_bytes)
-        deleting = {i: d for i in self.commands if (d := self._pending_deletes(i))}
+        deleting = {i: d for i in self.commands if (d := self._pending_deletes(i))
+                    } if needy else {}
         for count, b, live in needy:
             want = self.s.replication_factor - count - len(self.inflight.get(b, {}))
             live = sorted(live, key=lambda n: n.node_id in self.draining)  # others first
