@@ -152,15 +152,20 @@ class Cluster:
             self.repair.dirty = True  # a new target
         n.capacity_bytes, n.used_bytes = req.capacity_bytes, req.used_bytes
         n.free_bytes, n.blob_count = req.free_bytes, req.blob_count
+        # blobs this node is about to delete (commands not yet delivered) are listed in a
+        # report made before the delete: re-adding them would count a copy that is going
+        # away, and a trim could then delete a second, real copy
+        doomed = self._pending_deletes(n.node_id)
         if req.full:
             self.full_reports.add(n.node_id)  # since this master started
-            for b in n.blobs - set(req.blob_ids):
+            listed = set(req.blob_ids) - doomed
+            for b in n.blobs - listed:
                 self._drop(b, n.node_id)
-            self._add(req.blob_ids, n)
+            self._add(listed, n)
             n.reported_full = True
             self._sizes(req.blob_ids, req.blob_sizes)
         else:
-            self._add(req.added, n)
+            self._add((b for b in req.added if b not in doomed), n)
             self._sizes(req.added, req.added_sizes)
             for b in req.deleted:
                 self._drop(b, n.node_id)
@@ -208,6 +213,10 @@ class Cluster:
                 self._add([blob_id], n)
         if size is not None and blob_id in self.holders:
             self.repair.sizes[blob_id] = size
+
+    def _pending_deletes(self, node_id: str) -> set[str]:
+        return {b for c in self.commands.get(node_id, ()) if isinstance(c, DeleteCommand)
+                for b in c.blob_ids}
 
     def _send(self, node_id: str, cmd: Any) -> None:
         self.commands.setdefault(node_id, []).append(cmd)
@@ -327,7 +336,8 @@ class Cluster:
         if self.repair.waiting:  # the budget this freed goes to the next copies at once
             self._plan(now)
 
-    def _need(self, b: str, now: float) -> tuple[list[Node], set[str], int] | None:
+    def _need(self, b: str, now: float, deleting: dict[str, set[str]]
+              ) -> tuple[list[Node], set[str], int] | None:
         """For planning: (live holders, nodes holding or receiving it, copies wanted)."""
         live = self.live_holders(b, now)
         if not live:
@@ -335,6 +345,9 @@ class Cluster:
             return None
         copying = self.inflight.get(b, {})
         holding = {n.node_id for n in live} | set(copying)
+        # not to a node that has yet to receive a delete of this blob: the copy could land
+        # first and be deleted after its receipt was counted
+        holding |= {i for i, doomed in deleting.items() if b in doomed}
         # a draining node's copy is a source (others first), not a copy that counts
         counting = sum(1 for n in live if n.node_id not in self.draining)
         live = sorted(live, key=lambda n: n.node_id in self.draining)
@@ -343,7 +356,9 @@ class Cluster:
     def _plan(self, now: float) -> int:
         self._planned_at = now
         candidates = self.live(now, strict=True)
-        planned = self.repair.plan(now, candidates, lambda b: self._need(b, now))
+        deleting = {i: d for i in self.commands if (d := self._pending_deletes(i))
+                    } if self.repair.waiting else {}
+        planned = self.repair.plan(now, candidates, lambda b: self._need(b, now, deleting))
         for src, cmd in planned:
             self._send(src, cmd)
         return sum(len(getattr(c, "blob_ids", ())) or 1 for _, c in planned)

@@ -225,3 +225,40 @@ async def test_decommissioned_needs_a_full_report_and_survives_restart(tmp_path)
             for _ in range(10):  # still no new blobs after the restart
                 a = (await c.post("/v1/blobs/allocate", json={"count": 1})).json()
                 assert addr("n3") not in a["blobs"][0]["replicas"]
+
+
+async def test_a_pending_delete_is_neither_recounted_nor_copied_to(env) -> None:  # type: ignore[no-untyped-def]
+    """Races of trims with block reports and copies that could leave a blob below RF: a
+    report made before a delete arrived does not count the doomed copy again (which would
+    trim a second, real one), and no copy goes to a node that has yet to get that delete."""
+    c, m, clock = env
+    fleet = Fleet(m)
+    r = await c.post(f"{G}/queues/q/tasks", json={"tasks": [
+        {"pid": "x", "payload": {"blob_id": "b", "size": 1, "crc32c": 0}}]})
+    assert r.status_code == 200
+    for n in ("n1", "n2", "n3"):
+        fleet.held[n].add("b")
+    fleet.beat_all()
+    await m.tick()  # three copies at RF 2: one is trimmed
+    doomed = [n for n in NODES if m.cluster.commands.get(n)]
+    assert len(doomed) == 1, m.cluster.commands
+    [victim] = doomed
+    # the doomed node's next (full) report still lists the blob: it must not count
+    ans = m.cluster.heartbeat(HeartbeatRequest(
+        node_id=victim, address=addr(victim), started_at=1.0, seq=2, capacity_bytes=1 << 30,
+        used_bytes=1, free_bytes=1 << 29, blob_count=1, full=True, blob_ids=["b"]))
+    assert [cmd.op for cmd in ans.commands] == ["delete"]  # delivered with this answer
+    assert victim not in m.cluster.holders["b"]
+    await m.tick()
+    assert not any(m.cluster.commands.get(n) for n in NODES)  # no second trim
+    assert len(m.cluster.holders["b"]) == 2
+
+    # a trim queued for a node that has not beaten yet: no copy of that blob goes there,
+    # even to the least used node
+    src, pending = sorted(m.cluster.holders["b"])
+    m.cluster._delete("b", [m.cluster.nodes[pending]])
+    for n in m.cluster.nodes.values():
+        n.used_bytes = 0 if n.node_id == pending else 100
+    m.cluster._plan_copies([(1, "b", [m.cluster.nodes[src]])], clock.now())
+    [copy] = [cmd for cmd in m.cluster.commands[src] if isinstance(cmd, ReplicateCommand)]
+    assert copy.target != addr(pending) and copy.blob_id == "b"

@@ -15,9 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from squall.client import Client
 from squall.client._tasks import NewTask
+from squall.client.cli import app
 from squall.common import tokens
 from squall.common.payload import OK, get_batch
 from tests.helpers import DataNodeProcess, MasterProcess, start_all, wait_for
@@ -36,7 +38,10 @@ def content(pid: str) -> bytes:
 class Fleet:
     def __init__(self, tmp: Path) -> None:
         self.master = MasterProcess(str(tmp / "master"), env=ENV, extra=[
-            *BEAT, "--replication-factor", "2", "--max-copies-per-node", "16"])
+            *BEAT, "--replication-factor", "2", "--max-copies-per-node", "16",
+            # 2 s without a beat: a node starved on a busy machine is not declared dead
+            # (and re-replicated, then trimmed) every few seconds
+            "--dead-after-beats", "10"])
         self.master.start(timeout=90)
         self.nodes = [DataNodeProcess(str(tmp / f"dn{i}"), env=ENV, extra=[
             "--master", self.master.url, *BEAT, "--node-id", f"dn{i}",
@@ -159,7 +164,7 @@ def watch_drain(fleet: Fleet, node_id: str, keep: dict[str, str], load: Load
     on at least 2 nodes. The draining node still serves reads, so it counts as a holder:
     the point is that no payload ever has fewer than RF copies while its copies move."""
     samples = 0
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while True:
         state = fleet.node(node_id)
         count = copies_on_nodes(fleet.http, fleet.nodes, keep)
@@ -173,6 +178,13 @@ def watch_drain(fleet: Fleet, node_id: str, keep: dict[str, str], load: Load
         assert state["state"] == "draining", state
         assert time.monotonic() < deadline, f"not decommissioned in time: {state}"
         time.sleep(0.3)
+
+
+def squall(fleet: Fleet, *args: str, code: int = 0) -> str:
+    """The `squall` CLI, in this process, against the fleet's master."""
+    r = CliRunner().invoke(app, [*args, "--master", fleet.master.url])
+    assert r.exit_code == code, (r.output, r.exception)
+    return r.output
 
 
 def test_decommission_under_load(fleet: Fleet) -> None:
@@ -191,6 +203,10 @@ def test_decommission_under_load(fleet: Fleet) -> None:
     assert fleet.node(victim_id)["blob_count"] > N_KEEP // 3
     r = fleet.http.post(f"/v1/nodes/{victim_id}/decommission")
     assert r.status_code == 200 and r.json()["state"] == "draining", r.text
+    listing = squall(fleet, "nodes")
+    assert victim_id in listing and "draining" in listing and "to move" in listing
+    refused = squall(fleet, "nodes", "forget", victim_id, code=1)
+    assert "still draining" in refused, refused
     state = watch_drain(fleet, victim_id, keep, load)
     assert state["decommission"]["blobs_remaining"] == 0
 
@@ -205,9 +221,9 @@ def test_decommission_under_load(fleet: Fleet) -> None:
     if produced:
         assert max(copies_on_nodes(fleet.http, [victim], produced).values()) == 0
 
+    assert "decommissioned" in squall(fleet, "nodes", "decommission", victim_id, "--wait")
     victim.stop()
-    r = fleet.http.delete(f"/v1/nodes/{victim_id}")
-    assert r.status_code == 200, r.text
+    assert f"forgot {victim_id}" in squall(fleet, "nodes", "forget", victim_id)
     assert victim_id not in [n["node_id"] for n in fleet.info()["nodes"]]
 
     load.finish()
