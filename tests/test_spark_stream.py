@@ -84,13 +84,13 @@ def drain(start: Callable[[], StreamingQuery], cl: Cluster, src: str, dst: str, 
         return total(cl.client, src) == 0 and total(cl.client, dst) == n
 
     try:
-        wait_for(finished, timeout=240, interval=0.2, what="the stream to drain the queue")
+        wait_for(finished, timeout=900, interval=0.2, what="the stream to drain the queue")
     finally:
         q.stop()
     return failures
 
 
-@pytest.mark.timeout(900)  # two Spark drivers start; slow on a loaded machine
+@pytest.mark.timeout(1800)  # two Spark drivers start; slow on a loaded machine
 def test_stream_killed_and_restarted_from_checkpoint_moves_each_task_once(
         spark: SparkSession, cluster: Cluster, tmp_path: Path) -> None:
     src, dst, ckpt = "str#in", "str#out", str(tmp_path / "ckpt")
@@ -103,8 +103,11 @@ def test_stream_killed_and_restarted_from_checkpoint_moves_each_task_once(
         job = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
                                stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: total(cluster.client, dst) >= 80 or job.poll() is not None,
-                 timeout=240, interval=0.05, what="the first query under way")
+        try:
+            wait_for(lambda: total(cluster.client, dst) >= 80 or job.poll() is not None,
+                     timeout=600, interval=0.05, what="the first query under way")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}: {log.read_text()[-3000:]}") from None
         assert job.poll() is None, f"the job ended by itself: {log.read_text()[-3000:]}"
         os.killpg(job.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers
     finally:
@@ -120,7 +123,7 @@ def test_stream_killed_and_restarted_from_checkpoint_moves_each_task_once(
 
 
 @pytest.mark.slow  # a cluster of its own
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_stream_survives_a_data_node_killed_mid_batch(spark: SparkSession,
                                                       tmp_path: Path) -> None:
     cl = Cluster(tmp_path)
@@ -131,7 +134,7 @@ def test_stream_survives_a_data_node_killed_mid_batch(spark: SparkSession,
         killed = threading.Event()
 
         def killer() -> None:
-            wait_for(lambda: total(cl.client, dst) >= 60, timeout=240, interval=0.02,
+            wait_for(lambda: total(cl.client, dst) >= 60, timeout=600, interval=0.02,
                      what="the query under way")
             cl.nodes[0].kill9()
             killed.set()
