@@ -41,7 +41,7 @@ def test_short_chaos_soak_keeps_the_ledger(tmp_path: Path) -> None:
     assert ran == want, f"fault kinds that never ran: {want - ran}"
     led = s["ledger"]
     assert led["acked_puts"] > 200 and led["acked_dones"] > 50, led
-    assert s["swarm"]["clients"] == 128 and s["swarm"]["puts"] > 0, s["swarm"]
+    assert s["swarm"]["clients"] == 128 and s["swarm"]["puts"] > 0, json.dumps(s["swarm"])
 
 
 def test_the_ledger_checker_catches_each_broken_promise() -> None:
