@@ -22,7 +22,10 @@ async def healthz() -> JSON:
 
 @router.get("/readyz")
 async def readyz(m: MasterDep) -> JSON:
-    """Recovery is done and the WAL accepts writes."""
+    """Recovery is done and the WAL accepts writes (503 with the reason otherwise)."""
+    reason = m.ready()
+    if reason is not None:
+        return JSON({"ok": False, "reason": reason, "ticket": m.wal.last_ticket}, 503)
     return JSON({"ok": True, "ticket": m.wal.last_ticket, "recovery_secs": m.recovery_secs})
 
 
@@ -42,8 +45,15 @@ class MasterCollector:
         yield g
         yield GaugeMetricFamily("squall_queues", "queues holding tasks",
                                 value=sum(1 for q in qs if q.size))
-        yield CounterMetricFamily("squall_tasks_completed", "tasks dequeued",
-                                  value=sum(q.completed for q in qs))
+        yield CounterMetricFamily("squall_tasks_completed", "tasks dequeued (ever: queue "
+                                  "deletion does not take them back)",
+                                  value=m.index.completed_total)
+        yield CounterMetricFamily("squall_tasks_enqueued", "tasks enqueued (ever)",
+                                  value=m.index.enqueued_total)
+        yield CounterMetricFamily("squall_wal_failures", "WAL writes or syncs that failed",
+                                  value=m.wal.failures)
+        yield GaugeMetricFamily("squall_wal_healthy", "1 while the WAL accepts writes",
+                                value=0 if m.ready() else 1)
         yield CounterMetricFamily("squall_wal_records", "WAL records written",
                                   value=m.wal.records)
         yield CounterMetricFamily("squall_wal_syncs", "WAL fdatasync calls", value=m.wal.syncs)
