@@ -45,14 +45,12 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.client_bench
 
-## soak: long-running tests excluded from `make test`; the chaos soak: 10 minutes of
-##       seeded faults against a master and 5 data nodes, checked against a ledger
-##       (docs/testing.md; replay with `$(BIN)/python -m bench.soak --seed N`); then the
-##       master's model test on MODEL_SEEDS random seeds (each printed; a failure stops
-##       with its seed)
+## soak: long-running tests excluded from `make test`, then the master's model test on
+##       MODEL_SEEDS random seeds (each printed; a failure stops with its seed), then the
+##       chaos soak: 10 minutes of seeded faults against a master and 5 data nodes, checked
+##       against a ledger (docs/testing.md; replay with `$(BIN)/python -m bench.soak --seed N`)
 soak: $(STAMP)
 	$(BIN)/pytest -q -m slow
-	$(BIN)/python -m bench.soak --minutes 10
 	@for i in $$(seq 1 $(MODEL_SEEDS)); do \
 	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
 	  echo "model test $$i/$(MODEL_SEEDS): --hypothesis-seed=$$seed"; \
@@ -60,6 +58,7 @@ soak: $(STAMP)
 	    --hypothesis-seed=$$seed > .model-seed.log 2>&1 || { tail -40 .model-seed.log; \
 	    echo "FAILED: SQUALL_MODEL_EXAMPLES=10 $(BIN)/pytest tests/test_model.py --hypothesis-seed=$$seed replays it"; exit 1; }; \
 	done; rm -f .model-seed.log
+	$(BIN)/python -m bench.soak --minutes 10
 
 clean:
 	rm -rf $(VENV) .squall build *.egg-info

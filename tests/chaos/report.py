@@ -78,8 +78,9 @@ def write_report(path: str, s: dict[str, Any]) -> None:
         if isinstance(c, dict):
             out.append(f"| {q} | {c['completed']} | {c['enqueued_total']} | "
                        f"{c['ledger_tasks']} | {c['left']} |")
-    out.append(f"\n`squall_tasks_completed_total` = "
-               f"{s.get('counters', {}).get('squall_tasks_completed_total')}\n")
+    for name in ("squall_tasks_completed_total", "squall_tasks_enqueued_total"):
+        out.append(f"\n`{name}` = {s.get('counters', {}).get(name)}")
+    out.append("")
     out += ["## Fault episodes", "",
             "| fault | episodes | hold s (min/mean/max) | time to RF s (min/mean/max) | "
             "other |", "|---|---:|---|---|---|"]
