@@ -17,11 +17,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 ## run: the example pipeline on Spark: `squall dev` (a master and 3 data nodes, data in
 ##      .squall/example), index the Python standard library in three stages, then keep the
-##      cluster running until Ctrl-C. `make run ARGS=--once` stops it at the end.
+##      cluster running until Ctrl-C (the dashboard URL is printed).
+##      `make run ARGS=--once` stops the cluster at the end instead.
 run: $(STAMP)
 	$(BIN)/python examples/stdlib_index.py $(ARGS)
 
-## test: lint, then the whole test suite (real servers on 127.0.0.1)
+## test: lint, then the test suite except the slow soak tests (real servers on 127.0.0.1);
+##       `make soak` runs the slow ones
 test: $(STAMP) lint
 	$(BIN)/pytest -q -m "not slow"
 

@@ -147,8 +147,7 @@ class Master:
     def _record(self, plan: Plan) -> None:
         now = self.clock.now()
         for (group, queue, kind), n in plan.events.items():
-            if kind != "dead_letter":
-                self.meters.record((group, queue), kind, n, now)
+            self.meters.record((group, queue), kind, n, now)
         for group, queue, secs in plan.lease_secs:
             self.meters.lease_done((group, queue), secs)
 
@@ -181,6 +180,10 @@ class Master:
 
     async def reset_leases(self, group: str, queue: str) -> dict[str, Any]:
         return await self._execute(lambda txn: admin.plan_reset(self.engine, group, queue))
+
+    async def cancel(self, group: str, queue: str, pid: str) -> dict[str, Any]:
+        return await self._execute(
+            lambda txn: admin.plan_cancel(self.engine, txn, group, queue, pid))
 
     async def redrive(self, group: str, queue: str, max_tasks: int) -> dict[str, Any]:
         return await self._execute(
@@ -243,7 +246,9 @@ class Master:
     def sweep_once(self) -> int:
         try:
             with self.index.begin_write() as txn:
-                return self.engine.sweep(txn, self.settings.sweep_batch)
+                n = self.engine.sweep(txn, self.settings.sweep_batch)
+            self.meters.count("expire", self.engine.swept_expired)  # counted once committed
+            return n
         except BaseException:
             self.index.reload()  # the txn aborted: in-memory counters must follow
             raise

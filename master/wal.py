@@ -41,7 +41,9 @@ import itertools
 import os
 import struct
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import google_crc32c
@@ -147,6 +149,8 @@ class WAL:
         self.durable_ticket = tail.last_ticket
         self.syncs = 0  # fdatasync calls, for metrics
         self.records = 0
+        # metrics hook, called on the writer thread: (write secs, fdatasync secs, records)
+        self.on_write: Callable[[float, float, int], None] | None = None
         self._cv = threading.Condition()
         self._pending: list[bytes] = []
         self._pending_last = 0
@@ -246,16 +250,20 @@ class WAL:
             self._wake()
 
     def _write(self, frames: list[bytes], last: int) -> None:
+        t0 = time.perf_counter()
         data = b"".join(frames)
         view = memoryview(data)
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
         self._size += len(data)
+        t1 = time.perf_counter()
         if self.fsync:
             os.fdatasync(self._fd)
         self.syncs += 1
         self.records += len(frames)
+        if self.on_write is not None:
+            self.on_write(t1 - t0, time.perf_counter() - t1, len(frames))
         if self._size >= self.segment_bytes or self._roll_requested:
             self._roll_requested = False
             self._roll(last + 1)

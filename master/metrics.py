@@ -1,0 +1,167 @@
+"""The master's Prometheus metrics (``GET /metrics``), read at scrape time from counters the
+master keeps anyway; nothing here walks all queues (see :mod:`squall.master.telemetry`).
+
+Per-queue series (``squall_queue_*``) carry labels ``group`` and ``queue`` for the
+``METRIC_QUEUES`` (50) largest queues of the last telemetry pass; every other queue is
+summed into one series with ``group="", queue="__other__"``, so a scrape has at most 51
+series per per-queue metric whatever the number of queues. Counters (``*_total``) are
+process-wide and only grow (deleting a queue does not lower them); they restart at zero
+with the process, as Prometheus counters do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from squall.common.metrics import Hist, HttpStats, build_info, histogram
+from squall.master import policies
+from squall.master.telemetry import METRIC_QUEUES, Telemetry
+
+if TYPE_CHECKING:
+    from squall.master.service import Master
+
+EVENTS = {  # Meters.counts kind -> counter name and help
+    "enqueue": ("squall_tasks_enqueued", "tasks enqueued (pid collapses not counted)"),
+    "lease": ("squall_tasks_leased", "leases granted"),
+    "dequeue": ("squall_tasks_completed", "tasks dequeued (acknowledged)"),
+    "release": ("squall_tasks_released", "leased tasks released (given back)"),
+    "expire": ("squall_leases_expired", "leases that expired (the sweeper made the task "
+               "available again)"),
+    "dead_letter": ("squall_tasks_dead_lettered", "tasks moved to a dead-letter queue"),
+    "cancel": ("squall_tasks_cancelled", "queued tasks cancelled by pid"),
+}
+
+
+class WalTimes:
+    """Latency of the WAL writer's writes and fdatasyncs (fed by the writer thread)."""
+
+    def __init__(self) -> None:
+        self.write = Hist()
+        self.sync = Hist()
+        self.frames = Hist((1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000))
+
+    def __call__(self, write_s: float, sync_s: float, frames: int) -> None:
+        self.write.observe(write_s)
+        self.sync.observe(sync_s)
+        self.frames.observe(frames)
+
+
+class MasterMetrics:
+    def __init__(self, m: Master, telemetry: Telemetry, http: HttpStats, wal: WalTimes
+                 ) -> None:
+        self.m, self.t, self.http, self.wal = m, telemetry, http, wal
+
+    def collect(self) -> Iterator[Metric]:
+        yield build_info("squall_master")
+        yield from self._tasks()
+        yield from self._queues()
+        yield from self._wal()
+        yield from self._cluster()
+        yield from self.http.collect("squall_master")
+
+    def _tasks(self) -> Iterator[Metric]:
+        m, s = self.m, self.t.current()
+        g = GaugeMetricFamily("squall_tasks", "tasks by state (all queues, as of the last "
+                              "telemetry pass)", labels=["state"])
+        for state in ("available", "leased", "delayed"):
+            g.add_metric([state], getattr(s, state))
+        yield g
+        yield GaugeMetricFamily("squall_queues", "queues holding tasks", value=s.holding)
+        yield GaugeMetricFamily("squall_queue_records", "queue records, empty ones included",
+                                value=s.queues)
+        yield GaugeMetricFamily("squall_dead_letters", "tasks in dead-letter queues",
+                                value=s.dead_letters)
+        yield GaugeMetricFamily("squall_telemetry_age_seconds", "age of the last pass over "
+                                "all queues", value=max(0.0, time.time() - s.at))
+        for kind, (name, doc) in EVENTS.items():
+            yield CounterMetricFamily(name, doc, value=m.meters.counts.get(kind, 0))
+        yield CounterMetricFamily("squall_tasks_reaped", "tasks of deleted queues reaped",
+                                  value=m.reaped)
+
+    def _queues(self) -> Iterator[Metric]:
+        m, s = self.m, self.t.snapshot
+        now = time.time()
+        lab = ["group", "queue"]
+        fams = {k: GaugeMetricFamily(f"squall_queue_{k}", doc, labels=lab) for k, doc in (
+            ("available", "available tasks of a queue"), ("leased", "leased tasks"),
+            ("delayed", "delayed tasks"),
+            ("oldest_age_seconds", "age of the oldest available task (queue latency)"),
+            ("dead_letters", "tasks in the queue's dead-letter queue"))}
+        done = CounterMetricFamily("squall_queue_completed", "tasks dequeued from a queue "
+                                   "(since it was created)", labels=lab)
+        shown = {"available": 0, "leased": 0, "delayed": 0, "completed": 0}
+        for key in s.top[:METRIC_QUEUES]:
+            row = self.t.queue_row(key, now)
+            q = m.index.queues.get(key)
+            if row is None or q is None:
+                continue
+            labels = list(key)
+            for k in ("available", "leased", "delayed"):
+                fams[k].add_metric(labels, row[k])
+                shown[k] += row[k]
+            shown["completed"] += row["completed"]
+            fams["oldest_age_seconds"].add_metric(labels, row["oldest_age_secs"] or 0.0)
+            dlq = m.index.queues.get((key[0], policies.dead_letter_queue(
+                m.engine.policy(q), key[1])))
+            fams["dead_letters"].add_metric(labels, dlq.size if dlq is not None else 0)
+            done.add_metric(labels, row["completed"])
+        other = ["", "__other__"]
+        for k in ("available", "leased", "delayed"):
+            fams[k].add_metric(other, max(0, getattr(s, k) - shown[k]))
+        done.add_metric(other, max(0, s.completed - shown["completed"]))
+        yield from fams.values()
+        yield done
+
+    def _wal(self) -> Iterator[Metric]:
+        w = self.m.wal
+        yield CounterMetricFamily("squall_wal_records", "WAL records written", value=w.records)
+        yield CounterMetricFamily("squall_wal_syncs", "WAL fdatasync calls", value=w.syncs)
+        yield GaugeMetricFamily("squall_wal_ticket", "last WAL ticket", value=w.last_ticket)
+        yield GaugeMetricFamily("squall_wal_failed", "1 when the WAL writer hit a disk error "
+                                "(the master cannot log changes)",
+                                value=int(wal_error(self.m) is not None))
+        yield CounterMetricFamily("squall_checkpoints", "checkpoints", value=self.m.checkpoints)
+        yield histogram("squall_wal_write_seconds", "time of one WAL write() of a group "
+                        "of records", self.wal.write)
+        yield histogram("squall_wal_fsync_seconds", "time of one WAL fdatasync",
+                        self.wal.sync)
+        yield histogram("squall_wal_group_records", "records per WAL group commit",
+                        self.wal.frames)
+
+    def _cluster(self) -> Iterator[Metric]:
+        info = self.m.cluster.info()
+        g = GaugeMetricFamily("squall_datanodes", "data nodes by state", labels=["state"])
+        states: dict[str, int] = {"alive": 0, "suspect": 0, "dead": 0}
+        for n in info["nodes"]:
+            states[n["state"]] = states.get(n["state"], 0) + 1
+        for st, n in sorted(states.items()):
+            g.add_metric([st], n)
+        yield g
+        yield GaugeMetricFamily("squall_blobs", "payload blobs known", value=info["blobs"])
+        yield GaugeMetricFamily("squall_blobs_under_replicated", "blobs with fewer live "
+                                "copies than the replication factor",
+                                value=info["under_replicated"])
+        yield GaugeMetricFamily("squall_blobs_lost", "blobs no live data node holds",
+                                value=info["lost"])
+        yield GaugeMetricFamily("squall_copies_in_flight", "re-replication copies ordered "
+                                "and not yet reported", value=info["copies_in_flight"])
+        cap = GaugeMetricFamily("squall_datanode_capacity_bytes", "per data node",
+                                labels=["node"])
+        used = GaugeMetricFamily("squall_datanode_used_bytes", "per data node", labels=["node"])
+        for n in info["nodes"]:
+            cap.add_metric([n["node_id"]], n["capacity_bytes"])
+            used.add_metric([n["node_id"]], n["used_bytes"])
+        yield cap
+        yield used
+
+
+def wal_error(m: Master) -> str | None:
+    """The WAL writer's disk error, if it failed (then nothing more can be logged)."""
+    e = getattr(m.wal, "error", None)
+    if e is None:
+        e = getattr(m.wal, "_error", None)
+    return None if e is None else f"{type(e).__name__}: {e}"
