@@ -21,6 +21,7 @@ from squall.client._cli_common import (
     out,
     print_json,
     say,
+    show,
     table,
 )
 from squall.client._sync import Client
@@ -44,9 +45,9 @@ def queues(regex: Annotated[str | None, typer.Argument(help="regex searched in g
     if not qs:
         say("no queues" + (" match" if regex or group else " hold tasks"))
         return
-    out.print(table(None, ["queue", "available", "leased", "delayed", "total", "completed"],
-                    [[f"{q.group}#{q.queue}", q.available, q.leased, q.delayed, q.total,
-                      q.completed] for q in qs]))
+    show(None, ["queue", "available", "leased", "delayed", "total", "completed"],
+         [[f"{q.group}#{q.queue}", q.available, q.leased, q.delayed, q.total, q.completed]
+          for q in qs])
 
 
 def _stats_view(c: Client, queue: str | None) -> RenderableType:
@@ -140,9 +141,9 @@ def dead_letters(queue: QueueArg, limit: Annotated[int, typer.Option(min=1)] = 1
     if not ts:
         say(f"no dead letters in {dlq}")
         return
-    out.print(table(f"dead letters of {queue} (in {dlq})", ["pid", "attempts", "error"],
-                    [[t.pid, t.attempts, (t.error or "").splitlines()[0][:160] if t.error
-                      else ""] for t in ts]))
+    show(f"dead letters of {queue} (in {dlq})", ["pid", "attempts", "error"],
+         [[t.pid, t.attempts, (t.error or "").splitlines()[0][:160] if t.error else ""]
+          for t in ts])
 
 
 def redrive(queue: QueueArg,
@@ -164,8 +165,8 @@ def nodes(as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070")
         return
     rows = [[n.node_id, n.address, n.state, f"{n.last_beat_secs_ago:.1f}s",
              _size(n.used_bytes), _size(n.free_bytes), n.blob_count] for n in info.nodes]
-    out.print(table("data nodes", ["node", "address", "state", "last beat", "used", "free",
-                                   "blobs"], rows, keep=2))
+    show("data nodes", ["node", "address", "state", "last beat", "used", "free", "blobs"],
+         rows)
     say(f"replication factor {info.replication_factor}, write quorum "
         f"{info.write_quorum}, {info.blobs} blob(s), {info.under_replicated} "
         f"under-replicated, {info.lost} lost, {info.copies_in_flight} copies in flight")
@@ -265,9 +266,9 @@ def schedule_list(group: Annotated[str, typer.Argument(help="the group")] = "def
         say(f"no schedules in group {group}")
         return
     now = time.time()
-    out.print(table(f"schedules of {group}", ["schedule", "queue", "every", "last", "next"],
-                    [[s.name, s.queue, f"{s.interval_secs}s" if s.interval_secs else s.cron,
-                      ago(s.last_slot, now), ago(s.next_slot, now)] for s in ss]))
+    show(f"schedules of {group}", ["schedule", "queue", "every", "last", "next"],
+         [[s.name, s.queue, f"{s.interval_secs}s" if s.interval_secs else s.cron,
+           ago(s.last_slot, now), ago(s.next_slot, now)] for s in ss])
 
 
 @schedule_app.command("set")

@@ -21,6 +21,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.box import SIMPLE_HEAD
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -131,17 +132,33 @@ def _data_node_hint(url: str) -> str | None:
     return None
 
 
-def table(title: str | None, columns: list[str], rows: list[list[Any]],
-          keep: int = 1) -> Table:
-    """A table of cleaned cells; the first `keep` columns never wrap (ids, URLs)."""
+def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
+    """A table of cleaned cells (for two-column key/value tables and wide terminals)."""
     t = Table(title=None if title is None else Text(clean(title)), title_justify="left",
               header_style="bold", box=SIMPLE_HEAD)
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i < max(keep, 1) else "right",
-                     no_wrap=i < keep, overflow="fold")
+        t.add_column(c, justify="left" if i == 0 else "right", no_wrap=i == 0,
+                     overflow="fold")
     for r in rows:
         t.add_row(*(Text("" if v is None else clean(v)) for v in r))
     return t
+
+
+def show(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    """Print rows as a table when it fits the terminal, else one block per row (its first
+    cell, then `column value` pairs), so ids and URLs are never broken inside a cell."""
+    t = table(title, columns, rows)
+    if Measurement.get(out, out.options.update_width(1 << 16), t).maximum <= out.width:
+        out.print(t)
+        return
+    if title is not None:
+        say(title, style="bold")
+    for r in rows:
+        head = Text(clean(r[0]), style="bold")
+        rest = [Text.assemble((c + " ", "dim"), clean(v)) for c, v in zip(columns[1:], r[1:],
+                                                                             strict=True)
+                if v not in (None, "")]
+        out.print(Text("  ").join([head, *rest]), soft_wrap=False)
 
 
 def dump_json(data: Any, indent: bool = False) -> str:

@@ -31,6 +31,7 @@ from squall.client._cli_common import (
     preview,
     print_json,
     say,
+    show,
     table,
 )
 from squall.client._sync import Client
@@ -135,17 +136,18 @@ def lease(queue: QueueArg,
           max_pid: Annotated[str | None, typer.Option(help="only pids <= this")] = None,
           done: Annotated[bool, typer.Option("--done", help="dequeue them right away, after "
                                                             "printing them")] = False,
-          show: Annotated[bool, typer.Option("--payload", help="show payload previews")] = False,
+          with_payload: Annotated[bool, typer.Option(
+              "--payload", help="show payload previews")] = False,
           as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
     """Lease tasks (and with --done, dequeue them: a pop)."""
     check_queue(queue)
     with connect(master) as c:
         tasks = c.lease(queue, n, lease_secs, max_pid=max_pid)
-        datas = [t.payload() if show else b"" for t in tasks]
+        datas = [t.payload() if with_payload else b"" for t in tasks]
         if as_json:
             objs = [{"queue": t.queue, "pid": t.pid, "token": t.token, "attempts": t.attempts,
                      "expires_at": t.expires_at, "size": t.size,
-                     **({"payload": d.decode("utf-8", "replace")} if show else {})}
+                     **({"payload": d.decode("utf-8", "replace")} if with_payload else {})}
                     for t, d in zip(tasks, datas, strict=True)]
             sys.stdout.write(dump_json(objs) + "\n")
         elif not tasks:
@@ -153,10 +155,11 @@ def lease(queue: QueueArg,
         else:
             now = time.time()
             cols = ["pid", "token", "attempts", "expires", "bytes"] + (
-                ["payload"] if show else [])
+                ["payload"] if with_payload else [])
             rows = [[t.pid, t.token, t.attempts, ago(t.expires_at, now), t.size]
-                    + ([preview(d)] if show else []) for t, d in zip(tasks, datas, strict=True)]
-            out.print(table(f"leased from {queue}", cols, rows))
+                    + ([preview(d)] if with_payload else [])
+                    for t, d in zip(tasks, datas, strict=True)]
+            show(f"leased from {queue}", cols, rows)
         sys.stdout.flush()
         if done and tasks:  # printed first: a failed print leaves the leases to expire
             c.done(tasks)
@@ -236,10 +239,9 @@ def tasks(queue: QueueArg,
         say(f"no tasks in {queue}" + (f" after {after}" if after else ""))
         return
     now = time.time()
-    out.print(table(f"tasks of {queue}", ["pid", "state", "attempts", "enqueued", "worker",
-                                          "last error"],
-                    [[t.pid, t.state, t.attempts, ago(t.enqueued_at, now), t.worker or "",
-                      (t.error or "").splitlines()[0][:80] if t.error else ""] for t in ts]))
+    show(f"tasks of {queue}", ["pid", "state", "attempts", "enqueued", "worker", "last error"],
+         [[t.pid, t.state, t.attempts, ago(t.enqueued_at, now), t.worker or "",
+           (t.error or "").splitlines()[0][:80] if t.error else ""] for t in ts])
     if len(ts) == limit:
         say(f"(first {limit}; more with --after {ts[-1].pid})", style="dim")
 

@@ -1,7 +1,11 @@
-"""The CLI prints server data as data (issue 10, item 7): Rich markup in payloads, pids,
-worker names, error texts and node ids prints as itself, terminal control characters are
-escaped, and ``lease --done`` prints before it dequeues, so a rendering failure can never
-lose a task. Every verb that shows server data runs against a real master and data node."""
+"""The CLI against a real master and data node.
+
+It prints server data as data (issue 10, item 7): Rich markup in payloads, pids, worker
+names, error texts and node ids prints as itself, terminal control characters are escaped,
+and ``lease --done`` prints before it dequeues, so a rendering failure can never lose a
+task; every verb that shows server data is run. And the newcomer's verbs and messages
+(issue 13): --version, tasks, ack, policy, schedule, empty piped stdin, a data node's URL,
+node ids and URLs kept whole at 80 columns."""
 
 from __future__ import annotations
 
@@ -122,3 +126,48 @@ def test_pids_workers_and_errors_through_every_verb(master: str) -> None:
 def test_node_ids_are_data(master: str) -> None:
     out = shown(sq(master, "nodes"))
     assert "[/]node\\x1b[2J" in out
+
+
+def test_version_and_empty_stdin(master: str) -> None:
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.startswith("squall ")
+    out = sq(master, "put", "new#q", input="", code=2)
+    assert "stdin holds no lines: nothing to enqueue" in out
+    assert "no queues match" in sq(master, "queues", "new#q")
+
+
+def test_tasks_ack_policy_schedule(master: str) -> None:
+    sq(master, "put", "new#t", "--count", "3")
+    rows = json.loads(sq(master, "lease", "new#t", "--json"))
+    out = sq(master, "tasks", "new#t")
+    assert out.count("available") == 2 and "leased" in out
+    assert len(json.loads(sq(master, "tasks", "new#t", "--json", "--limit", "2"))) == 2
+    assert "dequeued new#t" in sq(master, "ack", "new#t", rows[0]["pid"], "--token",
+                                  str(rows[0]["token"]))
+    assert "does not exist" in sq(master, "ack", "new#t", rows[0]["pid"], "--token",
+                                  str(rows[0]["token"]), code=1)  # already dequeued
+    assert json.loads(sq(master, "stats", "new#t", "--json"))["completed"] == 1
+    out = sq(master, "policy", "set", "new#t", "--max-attempts", "4", "--backoff-base", "2")
+    assert "4" in out and "2.0s x2.0" in out
+    assert json.loads(sq(master, "policy", "show", "new#t", "--json"))["max_attempts"] == 4
+    sq(master, "policy", "set", "new#", "--lease-secs", "30")
+    assert json.loads(sq(master, "policy", "show", "new#other", "--json"))["lease_secs"] == 30
+    assert "cleared" in sq(master, "policy", "clear", "new#t")
+    assert json.loads(sq(master, "policy", "show", "new#t", "--json"))["max_attempts"] is None
+    assert "next slot" in sq(master, "schedule", "set", "new#hourly", "--queue", "t",
+                             "--every", "3600")
+    sq(master, "schedule", "set", "new#bad", "--queue", "t", code=2)
+    out = sq(master, "schedule", "list", "new")
+    assert "hourly" in out and "3600.0s" in out
+    assert "deleted schedule" in sq(master, "schedule", "delete", "new#hourly")
+    assert "no schedules" in sq(master, "schedule", "list", "new")
+
+
+def test_a_data_node_url_and_wide_tables(master: str) -> None:
+    with Client(master) as c:
+        node = c.cluster().nodes[0]
+    out = sq(node.address, "queues", code=1)
+    assert "is a squall data node" in out and "not a master" in out
+    out = sq(master, "nodes")  # 80 columns: ids and URLs are never broken across lines
+    assert any(node.address in line for line in out.splitlines()), out
+    assert any("[/]node\\x1b[2J" in line for line in out.splitlines()), out
