@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-spark
 
-.PHONY: run test lint typecheck bench soak clean
+.PHONY: run test lint typecheck bench soak clean chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,8 +24,16 @@ run: $(STAMP)
 
 ## test: lint, then the test suite except the slow soak tests (real servers on 127.0.0.1);
 ##       `make soak` runs the slow ones
-test: $(STAMP) lint
+test: $(STAMP) lint chromium
 	$(BIN)/pytest -q -m "not slow"
+
+# the dashboard's browser test drives Debian's chromium: installed here when missing and
+# apt-get can (as root); otherwise that one test is skipped and says why
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get \
+	  >/dev/null 2>&1 && apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -q chromium >/dev/null; } || echo "note: no chromium (apt-get \
+	  install chromium); the dashboard's browser test will be skipped"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -40,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.datanode_bench
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.client_bench
+	$(BIN)/python -m bench.dashboard_bench
 
 ## soak: long-running tests excluded from `make test`
 soak: $(STAMP)

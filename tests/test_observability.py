@@ -162,3 +162,16 @@ async def test_cancel_a_queued_task(api: Api, clock: ManualClock) -> None:
     assert metric(text, "squall_tasks_cancelled_total") == 3
 
 
+
+
+async def test_a_failed_wal_shows(api: Api) -> None:
+    c, m = api
+    o = await ok(await c.get("/v1/overview"))
+    assert o["wal"]["error"] is None
+    m.wal._error = OSError(28, "No space left on device")  # what the writer thread sets
+    try:
+        o = await ok(await c.get("/v1/overview"))
+        assert "No space left on device" in o["wal"]["error"]
+        assert metric((await c.get("/metrics")).text, "squall_wal_failed") == 1
+    finally:
+        m.wal._error = None
