@@ -11,7 +11,7 @@ from starlette.staticfiles import StaticFiles
 
 from squall.common.clock import Clock
 from squall.common.docs import install_docs
-from squall.common.metrics import HttpMetrics, HttpStats, registry
+from squall.common.metrics import Exposition, HttpMetrics, HttpStats
 from squall.master.fastpath import FastPath
 from squall.master.http import BodyLimit, install_error_handlers
 from squall.master.metrics import MasterMetrics, WalTimes
@@ -41,7 +41,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
         master.wal.on_write = wal_times
         telemetry = Telemetry(master)
         app.state.telemetry = telemetry
-        app.state.metrics = registry(MasterMetrics(master, telemetry, http, wal_times).collect)
+        app.state.metrics = Exposition(MasterMetrics(master, telemetry, http, wal_times).collect)
         if background:
             master.start()
             telemetry.start()

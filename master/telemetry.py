@@ -9,7 +9,12 @@ queues created or deleted meanwhile are fine) and publishes a :class:`Snapshot` 
 pass completes: totals, queue counts, the ``TOP_QUEUES`` largest queues, and the
 dead-letter queues holding tasks (``TOP_DEAD`` at most). Requests read the last snapshot,
 and re-read the *live* counters of the few queues they show. Totals lag by at most one
-pass (about ``len(queues) / SCAN_SLICE * SCAN_PAUSE_S``: 2.5 s for 100,000 queues).
+pass (about ``len(queues) / SCAN_SLICE * SCAN_PAUSE_S``: 5 s for 100,000 queues).
+
+At most every ``ROWS_INTERVAL_S`` (1 s) the rows of the listed queues (live counters,
+rates, oldest age, dead letters) are recomputed in one read transaction, so a dashboard
+refresh or a scrape only serialises them: its cost does not grow with the number of
+queues, nor with the number of people watching.
 
 Every ``HISTORY_INTERVAL_S`` a point is added to an in-memory ring of ``HISTORY_POINTS``
 (one hour): totals, rates and cluster health, plus depth and rates of the
@@ -34,10 +39,12 @@ if TYPE_CHECKING:
     from squall.master.index import QueueRec
     from squall.master.service import Master
 
-TOP_QUEUES = 200  # queues the dashboard lists (sortable); /metrics labels the first 50
+TOP_QUEUES = 100  # queues the dashboard lists (sortable); /metrics labels the first 50
 METRIC_QUEUES = 50  # per-queue metric series: the 50 largest queues, the rest as "other"
 TOP_DEAD = 50
-SCAN_SLICE = 2000
+REASONS = 20  # dead-letter queues shown with the last error of their first task
+ROWS_INTERVAL_S = 1.0  # how often the listed queues' rows are recomputed
+SCAN_SLICE = 1000
 SCAN_PAUSE_S = 0.05
 HISTORY_INTERVAL_S = 5.0
 HISTORY_POINTS = 720  # one hour at 5 s
@@ -121,6 +128,9 @@ class Telemetry:
         self._pass: _Pass | None = None
         self._task: asyncio.Task[None] | None = None
         self._next_point = 0.0
+        self.rows: list[dict[str, Any]] = []
+        self.dead_rows: list[dict[str, Any]] = []
+        self.rows_at = 0.0
 
     # -- the paced scan ------------------------------------------------------------------
     def scan_slice(self) -> bool:
@@ -153,9 +163,11 @@ class Telemetry:
     async def _loop(self) -> None:
         while True:
             try:
-                done = self.scan_slice()
-                now = time.time()
-                if done and now >= self._next_point:
+                self.scan_slice()
+                now = time.time()  # one more step at most per turn: never a long hold
+                if now - self.rows_at >= ROWS_INTERVAL_S:
+                    self.refresh_rows(now)
+                elif now >= self._next_point:
                     self._next_point = now + HISTORY_INTERVAL_S
                     self.add_point(now)
             except Exception:  # never let the loop die; the next pass starts over
@@ -164,6 +176,7 @@ class Telemetry:
 
     def start(self) -> None:
         self.scan_all()
+        self.refresh_rows(time.time())
         self.add_point(time.time())
         self._next_point = time.time() + HISTORY_INTERVAL_S
         self._task = asyncio.create_task(self._loop(), name="telemetry")
@@ -180,29 +193,66 @@ class Telemetry:
         """The last snapshot; without the background loop (tests on an injected clock) a
         fresh pass on every read."""
         if self._task is None:
-            return self.scan_all()
+            self.scan_all()
+            self.refresh_rows(time.time())
         return self.snapshot
 
-    def queue_row(self, key: tuple[str, str], now: float, oldest: bool = True
+    def queue_row(self, key: tuple[str, str], now: float, txn: Any = None
                   ) -> dict[str, Any] | None:
-        """Live counters, rates and oldest age of one queue (None if it is gone)."""
+        """Live counters, 1-minute rates and oldest available age of one queue (None if it
+        is gone); `txn`: a read transaction to reuse (else one is opened)."""
         m = self.m
         q = m.index.queues.get(key)
         if q is None:
             return None
         meter = m.meters.queues.get(key)
-        rates = meter.snapshot(now) if meter is not None else {}
+        r = [meter.rates[k][0].at(now) if meter is not None else 0.0
+             for k in ("enqueue", "lease", "dequeue")]
         age = None
-        if oldest and q.available:
-            with m.index.env.begin() as txn:
+        if q.available:
+            if txn is None:
+                with m.index.env.begin() as t:
+                    ms = m.index.oldest_available_ms(t, q)
+            else:
                 ms = m.index.oldest_available_ms(txn, q)
             age = round(max(0.0, now - ms / 1000), 3) if ms is not None else None
         return {"queue": join_queue(*key), "available": q.available, "leased": q.leased,
                 "delayed": q.delayed, "total": q.size, "completed": q.completed,
                 "enqueued_total": q.enqueued_total, "oldest_age_secs": age,
-                "enqueue_1m": rates.get("enqueue_1m", 0.0),
-                "lease_1m": rates.get("lease_1m", 0.0),
-                "dequeue_1m": rates.get("dequeue_1m", 0.0)}
+                "enqueue_1m": round(r[0], 3), "lease_1m": round(r[1], 3),
+                "dequeue_1m": round(r[2], 3)}
+
+    def refresh_rows(self, now: float) -> None:
+        """Precompute what the dashboard and a scrape list: rows of the largest queues (with
+        whether each is a dead-letter queue and how many dead letters it has), and of the
+        dead-letter queues with the last error of their first task. Runs in the background
+        at most every ``ROWS_INTERVAL_S``, one read transaction for all."""
+        m, s = self.m, self.snapshot
+        dlqs = _dlq_names(m)
+        rows, dead = [], []
+        with m.index.env.begin() as txn:
+            for key in s.top[:TOP_QUEUES]:
+                row = self.queue_row(key, now, txn)
+                q = m.index.queues.get(key)
+                if row is None or q is None:
+                    continue
+                row["dead_letter_queue"] = (key[1].endswith(policies.DEAD_SUFFIX)
+                                            or key in dlqs)
+                dq = m.index.queues.get((key[0], policies.dead_letter_queue(
+                    m.engine.policy(q), key[1])))
+                row["dead_letters"] = dq.size if dq is not None else 0
+                rows.append(row)
+            for i, key in enumerate(s.dead):
+                row = self.queue_row(key, now, txn)
+                q = m.index.queues.get(key)
+                if row is None or q is None:
+                    continue
+                row["reasons"] = ([{"pid": t.pid, "error": (t.error or "")[:300],
+                                    "origin": t.origin, "attempts": t.attempts}
+                                   for t in m.index.iter_tasks(txn, q, b"", 1)]
+                                  if i < REASONS else [])
+                dead.append(row)
+        self.rows, self.dead_rows, self.rows_at = rows, dead, now
 
     def add_point(self, now: float) -> None:
         m, s = self.m, self.snapshot
@@ -219,10 +269,7 @@ class Telemetry:
             "nodes_alive": states.get("alive", 0),
             "nodes_down": sum(v for k, v in states.items() if k != "alive")})
         keep = set()
-        for key in s.top[:HISTORY_QUEUES]:
-            row = self.queue_row(key, now)
-            if row is None:
-                continue
+        for row in self.rows[:HISTORY_QUEUES]:
             name = row["queue"]
             keep.add(name)
             ring = self.queue_history.setdefault(name, deque(maxlen=HISTORY_POINTS))

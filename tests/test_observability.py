@@ -5,6 +5,7 @@ per-queue series are bounded, a cancelled task is gone and a leased one refused.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -175,3 +176,39 @@ async def test_a_failed_wal_shows(api: Api) -> None:
         assert metric((await c.get("/metrics")).text, "squall_wal_failed") == 1
     finally:
         m.wal._error = None
+
+
+def test_fast_exposition_matches_prometheus_client() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+
+    from squall.common.metrics import Hist, hist_text, render
+
+    h = Hist()
+    for v in (0.003, 100.0, 0.0, 0.001):
+        h.observe(v)
+
+    def fams(text: bool) -> Any:
+        g = GaugeMetricFamily("a_b", "doc \\ x\nnl", labels=["q", "n"])
+        g.add_metric(["x#y", 'we"i\\rd\n'], 3)
+        g.add_metric(["", "z"], 1.5e20)
+        yield g
+        yield CounterMetricFamily("c", "cnt", value=7)
+        if text:
+            yield hist_text("h_seconds", "hist", [({"route": "/a/{b}", "method": "GET"}, h)])
+        else:
+            fam = HistogramMetricFamily("h_seconds", "hist", labels=["route", "method"])
+            h.add_to(fam, ["/a/{b}", "GET"])
+            yield fam
+
+    class Source:
+        def collect(self) -> Any:
+            return fams(text=False)
+
+    reg = CollectorRegistry()
+    reg.register(Source())  # type: ignore[arg-type]
+    assert render(fams(text=True)) == generate_latest(reg).decode()

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fastapi import APIRouter
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.responses import Response
 
 from squall.common.errors import Unavailable
 from squall.common.http import JSON
-from squall.common.metrics import build_info, registry
+from squall.common.metrics import Exposition, build_info
 from squall.datanode.deps import NodeDep
 from squall.datanode.service import DataNode
 
@@ -40,7 +40,7 @@ class NodeCollector:
     def __init__(self, node: DataNode) -> None:
         self.node = node
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Metric | str]:
         n, s = self.node, self.node.store
         sp = s.space()
         yield GaugeMetricFamily("squall_datanode_blobs", "blobs stored", value=sp.blob_count)
@@ -92,8 +92,7 @@ class NodeCollector:
 async def metrics(node: NodeDep) -> Response:
     """Prometheus metrics: the node's counters, HTTP requests and latency per route
     (reads: GET blobs, writes: PUT blobs, replication: PUT replicate), process and Python."""
-    reg = getattr(node, "metrics_registry", None)
-    if reg is None:
-        reg = node.metrics_registry = registry(NodeCollector(node).collect)
-    data = await node.store.run(generate_latest, reg)
+    if node.metrics_registry is None:
+        node.metrics_registry = Exposition(NodeCollector(node).collect)
+    data = await node.store.run(node.metrics_registry.body)
     return Response(data, media_type=CONTENT_TYPE_LATEST)

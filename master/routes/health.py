@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from squall.master.deps import MasterDep
@@ -27,4 +27,4 @@ async def readyz(m: MasterDep) -> JSON:
 @router.get("/metrics", response_class=Response)
 async def metrics(request: Request) -> Response:
     """Prometheus metrics (names and labels in docs/operations.md)."""
-    return Response(generate_latest(request.app.state.metrics), media_type=CONTENT_TYPE_LATEST)
+    return Response(request.app.state.metrics.body(), media_type=CONTENT_TYPE_LATEST)

@@ -34,7 +34,6 @@ from squall.master.telemetry import TOP_QUEUES, Telemetry, is_dead_letter_queue
 
 router = APIRouter(tags=["dashboard"], responses=ERROR_RESPONSES)
 STATIC = Path(__file__).resolve().parent.parent / "static"
-REASONS = 20  # dead-letter queues whose first task's error is shown
 SAMPLE = 10
 
 
@@ -69,17 +68,6 @@ async def overview(request: Request, m: MasterDep,
     t = _tele(request)
     s = t.current()
     now = time.time()
-    rows = [r for k in s.top[:limit] if (r := t.queue_row(k, now)) is not None]
-    for r in rows:
-        g, _, name = r["queue"].partition("#")
-        r["dead_letter_queue"] = is_dead_letter_queue(m, g, name)
-    dead = []
-    for i, k in enumerate(s.dead):
-        r = t.queue_row(k, now, oldest=False)
-        if r is None:
-            continue
-        r["reasons"] = _first_errors(m, k, 1) if i < REASONS else []
-        dead.append(r)
     w = m.wal
     return JSON({
         "now": now,
@@ -92,8 +80,9 @@ async def overview(request: Request, m: MasterDep,
                    "dead_letters": s.dead_letters, "scan_age_secs": round(now - s.at, 3),
                    "scan_secs": round(s.scan_secs, 3),
                    "rates": m.meters.total.snapshot(now), "counters": dict(m.meters.counts)},
-        "queues": rows,
-        "dead_letter_queues": dead,
+        "rows_age_secs": round(now - t.rows_at, 3),
+        "queues": t.rows[:limit],
+        "dead_letter_queues": t.dead_rows,
         "history": [p for p in t.history if p["t"] > since],
     })
 

@@ -191,7 +191,7 @@ function trMsg(text, span) {
 }
 
 async function refreshHome() {
-  const o = await api("GET", "/v1/overview?limit=200&since=" + st.since);
+  const o = await api("GET", "/v1/overview?limit=100&since=" + st.since);
   st.hist = st.hist.concat(o.history).filter((p) => p.t > o.now - 3600);
   if (o.history.length) st.since = o.history[o.history.length - 1].t;
   renderHealth(o);
