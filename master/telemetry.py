@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from squall.master.index import QueueRec
     from squall.master.service import Master
 
+log = logging.getLogger("squall.master")
 TOP_QUEUES = 100  # queues the dashboard lists (sortable); /metrics labels the first 50
 METRIC_QUEUES = 50  # per-queue metric series: the 50 largest queues, the rest as "other"
 TOP_DEAD = 50
@@ -131,6 +133,7 @@ class Telemetry:
         self.rows: list[dict[str, Any]] = []
         self.dead_rows: list[dict[str, Any]] = []
         self.rows_at = 0.0
+        self.paced = False  # start() ran: reads use the snapshot, never scan
 
     # -- the paced scan ------------------------------------------------------------------
     def scan_slice(self) -> bool:
@@ -171,10 +174,12 @@ class Telemetry:
                     self._next_point = now + HISTORY_INTERVAL_S
                     self.add_point(now)
             except Exception:  # never let the loop die; the next pass starts over
+                log.exception("telemetry pass failed")
                 self._pass = None
             await asyncio.sleep(SCAN_PAUSE_S)
 
     def start(self) -> None:
+        self.paced = True
         self.scan_all()
         self.refresh_rows(time.time())
         self.add_point(time.time())
@@ -192,7 +197,7 @@ class Telemetry:
     def current(self) -> Snapshot:
         """The last snapshot; without the background loop (tests on an injected clock) a
         fresh pass on every read."""
-        if self._task is None:
+        if not self.paced:
             self.scan_all()
             self.refresh_rows(time.time())
         return self.snapshot

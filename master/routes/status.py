@@ -14,12 +14,13 @@ another site cannot make a browser send it: that is the CSRF defence).
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from starlette.responses import FileResponse
+from starlette.responses import Response
 
 from squall.common.errors import NotFound
 from squall.common.names import join_queue
@@ -37,10 +38,15 @@ STATIC = Path(__file__).resolve().parent.parent / "static"
 SAMPLE = 10
 
 
+@functools.cache
+def _page() -> bytes:
+    return (STATIC / "dashboard.html").read_bytes()
+
+
 @router.get("/", include_in_schema=False)
-async def dashboard() -> FileResponse:
-    return FileResponse(STATIC / "dashboard.html", media_type="text/html",
-                        headers={"Cache-Control": "no-cache"})
+async def dashboard() -> Response:
+    """The dashboard page (static: read once, served from memory)."""
+    return Response(_page(), media_type="text/html", headers={"Cache-Control": "no-cache"})
 
 
 def _tele(request: Request) -> Telemetry:
