@@ -126,7 +126,9 @@ def render(doc: dict[str, Any]) -> str:
              f"{r['telemetry_slice_ms']['max_ms']} ms); the loop yields between slices. "
              f"Recomputing the listed queues' rows (once a second): {r['refresh_rows_ms']} ms.",
              "", "Requests with the background loops stopped (each measured alone); CPU is the "
-             "event loop thread's CPU time, the cost the target is about.", "",
+             "event loop thread's CPU time, the cost the target is about. On a loaded machine "
+             "the wall time is mostly waiting for a core (compare the two for "
+             "`/v1/cluster/stats`).", "",
              "| request (in-process ASGI, incl. client) | median ms | p90 ms | CPU median ms "
              "| target |", "|---|---|---|---|---|"]
     for k, v in r.items():
