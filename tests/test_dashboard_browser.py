@@ -148,4 +148,28 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster) -> 
     page.goto(url + "/?refresh=300#/queue/shots/resize")
     page.wait_for_function("document.querySelectorAll('#qleased tbody tr td').length >= 5")
     assert page.locator("#qleased tbody tr").count() == 3
+
+    # an action: asked first (declined: nothing happens), then confirmed
+    questions: list[str] = []
+
+    def answer(accept: bool) -> Any:
+        def on_dialog(d: Any) -> None:
+            questions.append(d.message)
+            if accept or d.type == "alert":
+                d.accept()
+            else:
+                d.dismiss()
+        return on_dialog
+
+    decline = answer(False)
+    page.on("dialog", decline)
+    page.click('button[data-act="reset"]')
+    wait_for(lambda: len(questions) == 1, 10, what="the confirmation")
+    assert "make every leased task of shots#resize available" in questions[0]
+    assert httpx.get(url + "/v1/groups/shots/queues/resize").json()["leased"] == 3
+    page.remove_listener("dialog", decline)
+    page.on("dialog", answer(True))
+    page.click('button[data-act="reset"]')
+    wait_for(lambda: httpx.get(url + "/v1/groups/shots/queues/resize").json()["leased"] == 0,
+             20, what="leases reset from the page")
     page.close()
