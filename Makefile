@@ -22,10 +22,16 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/python examples/stdlib_index.py $(ARGS)
 
-## test: lint, then the test suite except the slow soak tests (real servers on 127.0.0.1);
+# Hypothesis runs one fixed, printed seed in `make test` (reproducible CI); `make soak`
+# runs MODEL_SEEDS random ones. Replay any seed: make test HYPOTHESIS_SEED=<n>
+HYPOTHESIS_SEED ?= 20261122
+MODEL_SEEDS ?= 200
+
+## test: lint, then the test suite without the `slow` soaks (real servers on 127.0.0.1);
 ##       `make soak` runs the slow ones
 test: $(STAMP) lint chromium
-	$(BIN)/pytest -q -m "not slow"
+	@echo "hypothesis seed: $(HYPOTHESIS_SEED)"
+	$(BIN)/pytest -q -m "not slow" --hypothesis-seed=$(HYPOTHESIS_SEED)
 
 # the dashboard's browser test drives Debian's chromium: installed here when missing and
 # apt-get can (as root); otherwise that one test is skipped and says why
@@ -50,9 +56,17 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.client_bench
 	$(BIN)/python -m bench.dashboard_bench
 
-## soak: long-running tests excluded from `make test`
+## soak: long-running tests excluded from `make test`, then the master's model test on
+##       MODEL_SEEDS random seeds (each printed; a failure stops with its seed)
 soak: $(STAMP)
 	$(BIN)/pytest -q -m slow
+	@for i in $$(seq 1 $(MODEL_SEEDS)); do \
+	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
+	  echo "model test $$i/$(MODEL_SEEDS): --hypothesis-seed=$$seed"; \
+	  SQUALL_MODEL_EXAMPLES=10 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_model.py \
+	    --hypothesis-seed=$$seed > .model-seed.log 2>&1 || { tail -40 .model-seed.log; \
+	    echo "FAILED: SQUALL_MODEL_EXAMPLES=10 $(BIN)/pytest tests/test_model.py --hypothesis-seed=$$seed replays it"; exit 1; }; \
+	done; rm -f .model-seed.log
 
 clean:
 	rm -rf $(VENV) .squall build *.egg-info

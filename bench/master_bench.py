@@ -10,6 +10,9 @@ Run ``python -m bench.master_bench [--quick] [--only A,B,E] [--out DIR] [--profi
 - A4x4  4 client processes x 4 threads, single-task enqueues; total puts/s (and baseline).
 - B     the same batched 100 per request: enqueue in batches of 100, lease 100 and dequeue
         those 100 in one update.
+- S     what the power-loss-safe index costs: A.put, A4x4.put, B.put and B.lease_ack with
+        the default index sync (one index fdatasync per group commit) and with
+        ``--no-index-sync`` (LMDB synced at checkpoints only), in the same run.
 - E     recovery: 900k tasks in big batches, a checkpoint (clean SIGTERM: the master syncs
         LMDB on close), ~100k single-task WAL records after it, SIGKILL; then the time from
         process start to the first successful real request, twice: after the SIGKILL as is
@@ -71,7 +74,7 @@ __all__ = ["Profiler", "Server", "fdatasync_latency", "free_port", "load1", "mac
            "pct", "proc_cpu_s"]
 
 TITLE = "squall master benchmark"
-WORKLOADS = ("A", "B", "E")
+WORKLOADS = ("A", "B", "S", "E")
 RECOVERED_RE = re.compile(r"recovered: (\d+) WAL records replayed in ([\d.]+)s")
 
 # id -> (comparison, target, what the figure is compared with)
@@ -210,6 +213,38 @@ def workload_b(ctx: Ctx) -> list[Row]:
     ]
 
 
+def workload_s(ctx: Ctx) -> list[Row]:
+    z = ctx.sizes
+    n, k = z.b_tasks, z.b_batch
+    rows: list[Row] = []
+    runs: dict[str, dict[str, Run]] = {}
+    for mode, extra in (("sync", ()), ("nosync", ("--no-index-sync",))):
+        ctx.say(f"S: index {mode}: {z.a_seq} single puts, {z.a_multi} from 4x4, {n} in "
+                f"batches of {k}, lease+ack")
+        with running(master_server(ctx.fresh_dir(f"s-{mode}"), ctx.logs, f"master-s-{mode}",
+                                   extra)) as srv:
+            runs[mode] = {
+                "put": _seq_on(srv, seq_enqueue, "s", z.a_seq, 1, z.loop_limit_s,
+                               label=f"S-put-{mode}", ctx=ctx),
+                "multi": _multi_on(srv, "s4", f"S-multi-{mode}", ctx),
+                "bput": _seq_on(srv, seq_enqueue, "sb", n, k, z.loop_limit_s,
+                                label=f"S-bput-{mode}", ctx=ctx),
+                "back": _seq_on(srv, seq_lease_ack, "sb", k, n, z.loop_limit_s,
+                                label=f"S-back-{mode}", ctx=ctx),
+            }
+    what = {"put": ("enqueue 1 task/request, sequential", "puts/s"),
+            "multi": ("enqueue 1 task/request, 4 procs x 4 threads", "puts/s"),
+            "bput": (f"enqueue {k} tasks/request, sequential", "tasks/s"),
+            "back": (f"lease({k}) + dequeue({k}), sequential", "tasks/s")}
+    for key, (desc, unit) in what.items():
+        off = runs["nosync"][key]
+        rows.append(rate_row(f"S.{key}_nosync", f"{desc}, --no-index-sync", off, unit))
+        rows.append(rate_row(f"S.{key}_sync", f"{desc}, index sync (default)",
+                             runs["sync"][key], unit, baseline=off.rate,
+                             note="baseline: the same with --no-index-sync"))
+    return rows
+
+
 def _replayed(log_path: Path) -> tuple[int, float] | None:
     found = RECOVERED_RE.findall(log_path.read_text(errors="replace"))
     return (int(found[-1][0]), float(found[-1][1])) if found else None
@@ -318,7 +353,7 @@ def workload_e(ctx: Ctx) -> list[Row]:
     return rows
 
 
-RUNNERS = {"A": workload_a, "B": workload_b, "E": workload_e}
+RUNNERS = {"A": workload_a, "B": workload_b, "S": workload_s, "E": workload_e}
 
 
 # -- main ----------------------------------------------------------------------------------

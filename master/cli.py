@@ -53,9 +53,10 @@ def register(app: typer.Typer) -> None:
             600.0, envvar="SQUALL_ORPHAN_GRACE_S",
             help="how long a written but uncommitted payload is kept before collection"),
         index_sync: bool = typer.Option(
-            False, envvar="SQUALL_INDEX_SYNC",
-            help="also fsync the LMDB index on every commit: the index survives a power "
-                 "loss or kernel crash intact, at the cost of one more fsync per request"),
+            True, envvar="SQUALL_INDEX_SYNC",
+            help="fsync the LMDB index once per WAL group commit, so it survives a power "
+                 "loss or kernel crash intact; --no-index-sync syncs it at checkpoints "
+                 "only (faster, but a power loss can corrupt the index)"),
         cluster_key_file: Path | None = typer.Option(
             None, "--cluster-key-file", envvar="SQUALL_CLUSTER_KEY_FILE",
             help="file with the cluster's HMAC key (else SQUALL_CLUSTER_KEY, else a dev key)"),

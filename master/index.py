@@ -6,6 +6,8 @@ Layout (named databases in one environment; integers big-endian so keys sort num
             b"lease_seq" -> u64  last lease token issued (tokens are global, never reused)
             b"auto_pid"  -> u64  last automatic (FIFO) pid issued, in microseconds
             b"next_qid"  -> u64  next queue id to hand out
+            b"enqueued_total", b"completed_total" -> u64  tasks ever enqueued / dequeued
+                                 (monotonic: queue deletion does not take them back)
     queues  group \\0 name -> msgpack [qid, gen, available, leased, delayed, completed,
                                        enqueued_total, created_ms]
     qids    qid(u32)      -> msgpack [group, name]
@@ -37,9 +39,12 @@ it costs O(k log n) whatever the number of leased or delayed tasks; expiry and d
 one ordered index across all queues that a sweeper walks from its start; deleting a queue
 bumps ``gen`` so its old keys become invisible at once and are reaped by key range.
 
-The environment is opened with ``sync=False``: the WAL is what makes a change durable.
-Each applied WAL record writes its ticket to ``meta/applied`` in the same transaction as
-its changes (see ``ops.py``), so replay skips what the environment already holds.
+The environment is opened ``sync=True, metasync=False`` by default: one write transaction
+per WAL group commit (``commit.py``), each fdatasyncing its pages before its meta page is
+written, so a power loss rolls the index back by at most one commit and never corrupts it.
+The WAL is what makes a change durable first. Each applied WAL record writes its ticket to
+``meta/applied`` in the same transaction as its changes (see ``ops.py``), so replay skips
+what the environment already holds.
 """
 
 from __future__ import annotations
@@ -160,10 +165,10 @@ def gname(group: str, name: str) -> bytes:
 class Index:
     """The LMDB environment and its databases. One per data directory per process."""
 
-    def __init__(self, path: str, map_size: int = 1 << 38, sync: bool = False) -> None:
-        # sync=False: the WAL makes changes durable, checkpoints sync LMDB. sync=True
-        # (--index-sync) also fsyncs every LMDB commit, so a power loss cannot leave a
-        # half-flushed B-tree behind (see docs/master.md, "Known limits").
+    def __init__(self, path: str, map_size: int = 1 << 38, sync: bool = True) -> None:
+        # sync=True (the default): every commit (one per WAL group) fdatasyncs, so a power
+        # loss cannot leave a half-flushed B-tree behind. sync=False (--no-index-sync):
+        # checkpoints sync LMDB, and a power loss can corrupt it (docs/master.md).
         self.env = lmdb.open(path, map_size=map_size, max_dbs=16, sync=sync, metasync=False,
                              writemap=False, readahead=False, max_readers=256)
         db = self.env.open_db
@@ -173,7 +178,9 @@ class Index:
         self.blobs = db(b"blobs")
         # blob ids whose last task reference went away (dequeued, deleted, reaped): soft
         # state for blob GC, which re-checks `blobs` before deleting anything. Bounded.
+        # Frees of the open batch wait in `freed_pending` until it commits (commit.py).
         self.freed: list[str] = []
+        self.freed_pending: list[str] = []
         self.queues: SortedDict[tuple[str, str], QueueRec] = SortedDict()
         self.by_qid: dict[int, QueueRec] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
@@ -196,6 +203,8 @@ class Index:
             self.lease_seq = self._meta_int(txn, b"lease_seq")
             self.auto_pid = self._meta_int(txn, b"auto_pid")
             self.next_qid = self._meta_int(txn, b"next_qid") or 1
+            self.enqueued_total = self._meta_int(txn, b"enqueued_total")
+            self.completed_total = self._meta_int(txn, b"completed_total")
             for k, v in txn.cursor(db=self.queues_db):
                 group, name = bytes(k).decode().split("\x00", 1)
                 queues[(group, name)] = QueueRec(group, name, *msgpack.unpackb(v))
@@ -309,6 +318,7 @@ class Index:
             q.count(old[0], -1)
         elif enqueue:
             q.enqueued_total += 1
+            self.enqueued_total += 1
         txn.put(key, t.pack(), db=self.tasks)
         if t.payload and (old is None or old[3] != t.payload["blob_id"]):
             self.ref_blob(txn, t.payload["blob_id"], +1)
@@ -331,6 +341,7 @@ class Index:
             self.ref_blob(txn, old[3], -1)
         if completed:
             q.completed += 1
+            self.completed_total += 1
         return True
 
     def create_queue(self, txn: lmdb.Transaction, group: str, name: str, qid: int,
@@ -352,6 +363,8 @@ class Index:
         txn.put(b"lease_seq", U64.pack(self.lease_seq), db=self.meta)
         txn.put(b"auto_pid", U64.pack(self.auto_pid), db=self.meta)
         txn.put(b"next_qid", U64.pack(self.next_qid), db=self.meta)
+        txn.put(b"enqueued_total", U64.pack(self.enqueued_total), db=self.meta)
+        txn.put(b"completed_total", U64.pack(self.completed_total), db=self.meta)
 
     def set_conf(self, txn: lmdb.Transaction, kind: bytes, group: str, name: str,
                  value: dict[str, Any] | None) -> None:
@@ -380,8 +393,8 @@ class Index:
             txn.put(k, U32.pack(n), db=self.blobs)
             return
         txn.delete(k, db=self.blobs)
-        if len(self.freed) < MAX_FREED:
-            self.freed.append(blob_id)
+        if len(self.freed) + len(self.freed_pending) < MAX_FREED:
+            self.freed_pending.append(blob_id)
 
     def blob_referenced(self, txn: lmdb.Transaction, blob_id: str) -> bool:
         return txn.get(blob_id.encode(), db=self.blobs) is not None

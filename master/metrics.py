@@ -6,7 +6,8 @@ Per-queue series (``squall_queue_*``) carry labels ``group`` and ``queue`` for t
 summed into one series with ``group="", queue="__other__"``, so a scrape has at most 51
 series per per-queue metric whatever the number of queues. Counters (``*_total``) are
 process-wide and only grow (deleting a queue does not lower them); they restart at zero
-with the process, as Prometheus counters do.
+with the process, as Prometheus counters do, except ``squall_tasks_enqueued_total`` and
+``squall_tasks_completed_total``, which the index keeps across restarts.
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ from squall.master.telemetry import METRIC_QUEUES, Telemetry
 if TYPE_CHECKING:
     from squall.master.service import Master
 
-EVENTS = {  # Meters.counts kind -> counter name and help
-    "enqueue": ("squall_tasks_enqueued", "tasks enqueued (pid collapses not counted)"),
+EVENTS = {  # Meters.counts kind -> counter name and help (enqueued, completed: the index's)
     "lease": ("squall_tasks_leased", "leases granted"),
-    "dequeue": ("squall_tasks_completed", "tasks dequeued (acknowledged)"),
     "release": ("squall_tasks_released", "leased tasks released (given back)"),
     "expire": ("squall_leases_expired", "leases that expired (the sweeper made the task "
                "available again)"),
@@ -89,6 +88,11 @@ class MasterMetrics:
                                 value=s.dead_letters)
         yield GaugeMetricFamily("squall_telemetry_age_seconds", "age of the last pass over "
                                 "all queues", value=max(0.0, time.time() - s.at))
+        yield CounterMetricFamily("squall_tasks_enqueued", "tasks enqueued (ever: kept in the "
+                                  "index, so neither queue deletion nor a restart lowers it)",
+                                  value=m.index.enqueued_total)
+        yield CounterMetricFamily("squall_tasks_completed", "tasks dequeued (ever, as above)",
+                                  value=m.index.completed_total)
         for kind, (name, doc) in EVENTS.items():
             yield CounterMetricFamily(name, doc, value=m.meters.counts.get(kind, 0))
         yield CounterMetricFamily("squall_tasks_reaped", "tasks of deleted queues reaped",
@@ -116,9 +120,10 @@ class MasterMetrics:
         yield CounterMetricFamily("squall_wal_records", "WAL records written", value=w.records)
         yield CounterMetricFamily("squall_wal_syncs", "WAL fdatasync calls", value=w.syncs)
         yield GaugeMetricFamily("squall_wal_ticket", "last WAL ticket", value=w.last_ticket)
-        yield GaugeMetricFamily("squall_wal_failed", "1 when the WAL writer hit a disk error "
-                                "(the master cannot log changes)",
-                                value=int(wal_error(self.m) is not None))
+        yield CounterMetricFamily("squall_wal_failures", "WAL writes or syncs that failed",
+                                  value=w.failures)
+        yield GaugeMetricFamily("squall_wal_healthy", "1 while the WAL accepts writes",
+                                value=0 if self.m.ready() else 1)
         yield CounterMetricFamily("squall_checkpoints", "checkpoints", value=self.m.checkpoints)
         yield histogram("squall_wal_write_seconds", "time of one WAL write() of a group "
                         "of records", self.wal.write)
@@ -155,8 +160,5 @@ class MasterMetrics:
 
 
 def wal_error(m: Master) -> str | None:
-    """The WAL writer's disk error, if it failed (then nothing more can be logged)."""
-    e = getattr(m.wal, "error", None)
-    if e is None:
-        e = getattr(m.wal, "_error", None)
-    return None if e is None else f"{type(e).__name__}: {e}"
+    """Why the WAL refuses appends right now (the master cannot log changes), or None."""
+    return m.wal.failure()

@@ -1,22 +1,23 @@
 """The master service: recovery, the commit path, checkpoints and background work.
 
-Commit path of every mutating request (all on the event loop thread, so requests are
-serialised without locks)::
+Commit path of every mutating request (see :mod:`squall.master.commit`)::
 
-    one LMDB write txn: plan (read + validate) -> apply ops, meta/applied = ticket -> commit
-    WAL.append(ticket, ops)        # queued for the writer thread
-    await WAL.durable(ticket)      # group commit: one fdatasync for everyone waiting
+    child txn of the open batch txn: plan (read + validate) -> apply ops, applied = ticket
+    the batch closes: its WAL records are written as one group and fdatasynced
+    the batch txn commits (one index fdatasync per group: power-loss safe)
     answer
 
-A request that changed nothing (all pids collapsed, an empty lease) still waits for the
-WAL's current tail, so it never reports state that could vanish in a crash.
+A request refused at any step changed nothing: its child txn (or, when the WAL fails, the
+whole batch) is aborted and the in-memory state reloaded. A request that changed nothing
+(all pids collapsed, an empty lease) still waits for its batch, so it never reports state
+that could vanish in a crash.
 
 Recovery: open LMDB (its ``applied`` ticket says how far it got), replay WAL records after
 it in large transactions, and resume appending after the larger of the two tickets.
 
 Background work (:meth:`Master.tick`, every ``sweep_interval_s``), each step in bounded
 batches so requests are never starved: the sweeper (expired leases, ended delays), due
-schedules, and reaping deleted queue generations.
+schedules, reaping deleted queue generations, and retrying a failed WAL.
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ import lmdb
 import msgpack
 
 from squall.common.clock import Clock, SystemClock
-from squall.common.errors import StatusError, Unavailable
+from squall.common.errors import Unavailable
 from squall.common.models import LeaseRequest, Policy, Schedule, TaskSpec, UpdateRequest
 from squall.common.names import check_name, check_pid
 from squall.common.tokens import load_cluster_key
 from squall.master import admin
 from squall.master.cluster import Cluster, ClusterSettings
+from squall.master.commit import GroupCommit
 from squall.master.engine import Engine, Plan
 from squall.master.index import LEASED, Index, QueueRec
 from squall.master.ops import apply, replay
@@ -68,7 +70,9 @@ class MasterSettings:
     cluster_key: bytes | None = None  # else --cluster-key-file / SQUALL_CLUSTER_KEY / dev key
     cluster_key_file: str | None = None
     require_receipts: bool = True  # payload refs need a write quorum of data-node receipts
-    index_sync: bool = False  # also fsync every LMDB commit (power-loss safe index)
+    # fdatasync each index commit (one per WAL group): a power loss cannot corrupt the
+    # index. False trades that for speed: the index is synced at checkpoints only.
+    index_sync: bool = True
 
 
 class Master:
@@ -96,6 +100,7 @@ class Master:
         self.wal = WAL(self.wal_dir, Tail(max(tail.last_ticket, self.index.applied),
                                           tail.path, tail.offset),
                        segment_bytes=settings.segment_bytes, fsync=settings.fsync)
+        self.commit = GroupCommit(self.index, self.wal, self._reapply)
         self.recovery_secs = time.monotonic() - t0
         self.last_checkpoint = time.monotonic()
         self.wal_bytes_since_checkpoint = 0
@@ -110,36 +115,29 @@ class Master:
             with self.index.begin_write() as txn:
                 replay(self.index, txn, [(t, msgpack.unpackb(body))
                                          for t, body in records[i : i + REPLAY_TXN_RECORDS]])
+            self.index.freed.extend(self.index.freed_pending)
+            self.index.freed_pending.clear()
         return len(records)
 
+    def _reapply(self, records: list[tuple[int, bytes]]) -> None:
+        """Apply durable records again after their batch's index commit failed (runs on
+        the commit thread; replay is idempotent)."""
+        with self.index.begin_write() as txn:
+            replay(self.index, txn, [(t, msgpack.unpackb(body)) for t, body in records])
+        self.index.freed.extend(self.index.freed_pending)
+        self.index.freed_pending.clear()
+
     # -- commit path ---------------------------------------------------------------------
-    async def _execute(self, build: Callable[[lmdb.Transaction], Plan]) -> dict[str, Any]:
-        ticket = self.wal.next_ticket()
-        try:
-            with self.index.begin_write() as txn:
-                plan = build(txn)
-                if plan.ops:
-                    apply(self.index, txn, plan.ops, ticket)
-        except StatusError:
-            raise
-        except lmdb.Error as e:
-            self.index.reload()
-            raise Unavailable(f"index write failed ({e}); retry later") from e
-        except BaseException:
-            self.index.reload()
-            raise
-        try:
-            if plan.ops:
-                body = msgpack.packb(plan.ops)
-                self.wal.append(ticket, body)
-                self.wal_bytes_since_checkpoint += len(body)
-                await self.wal.durable(ticket)
-            else:
-                await self.wal.durable(self.wal.last_ticket)
-                ticket = 0
-        except RuntimeError as e:  # the WAL writer hit a disk error: nothing more is durable
-            raise Unavailable(f"{e}; this master cannot log changes any more: fix the disk "
-                              "and restart it (nothing unacknowledged was promised)") from e
+    async def _execute(self, build: Callable[[lmdb.Transaction], Plan],
+                       sweep_first: bool = False) -> dict[str, Any]:
+        def work(txn: lmdb.Transaction, ticket: int) -> tuple[bytes | None, Plan]:
+            plan = build(txn)
+            if not plan.ops:
+                return None, plan
+            apply(self.index, txn, plan.ops, ticket)
+            return msgpack.packb(plan.ops), plan
+
+        ticket, plan = await self.commit.run(work, pre=self._sweep if sweep_first else None)
         self._record(plan)
         plan.result["ticket"] = ticket
         return plan.result
@@ -159,14 +157,13 @@ class Master:
 
     async def lease(self, group: str, queue: str, req: LeaseRequest, addr: str) -> dict[str, Any]:
         # a bad request changes nothing, not even the sweep; expired leases are swept in
-        # their own txn, so a plan that then fails cannot abort it under changed counters
+        # their own child txn, so a plan that then fails cannot abort it
         check_name("group", group)
         check_name("queue", queue)
         if req.max_pid is not None:
             check_pid(req.max_pid)
-        self.sweep_once()
         res = await self._execute(
-            lambda txn: self.engine.plan_lease(txn, group, queue, req, addr))
+            lambda txn: self.engine.plan_lease(txn, group, queue, req, addr), sweep_first=True)
         if res["tasks"]:
             self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in res["tasks"])
             for t in res["tasks"]:
@@ -244,23 +241,31 @@ class Master:
 
     # -- background ----------------------------------------------------------------------
     def sweep_once(self) -> int:
-        try:
-            with self.index.begin_write() as txn:
-                n = self.engine.sweep(txn, self.settings.sweep_batch)
-            self.meters.count("expire", self.engine.swept_expired)  # counted once committed
-            return n
-        except BaseException:
-            self.index.reload()  # the txn aborted: in-memory counters must follow
-            raise
+        """One sweep in its own transaction (tests; no request may be in flight)."""
+        return self.commit.run_sync(self._sweep)
+
+    def _sweep(self, txn: lmdb.Transaction) -> int:
+        n = self.engine.sweep(txn, self.settings.sweep_batch)
+        # expired leases, for metrics (a batch refused afterwards is counted all the same)
+        self.meters.count("expire", self.engine.swept_expired)
+        return n
 
     def reap_once(self) -> int:
-        """Reap one batch of a deleted queue generation. Returns tasks reaped."""
-        with self.index.begin_write() as txn:
-            pending = self.index.pending_reap(txn)
-            if pending is None:
-                return 0
-            n = self.index.reap(txn, *pending, self.settings.reap_batch)
+        """Reap one batch of a deleted queue generation (tests; no request in flight).
+        Returns tasks reaped."""
+        n = self.commit.run_sync(self._reap)
         self.reaped += n
+        return n
+
+    def _reap(self, txn: lmdb.Transaction) -> int:
+        pending = self.index.pending_reap(txn)
+        if pending is None:
+            return 0
+        return self.index.reap(txn, *pending, self.settings.reap_batch)
+
+    async def _derived(self, fn: Callable[[lmdb.Transaction], int]) -> int:
+        """Unlogged derived work (sweeps, reaps) inside the current batch."""
+        _, n = await self.commit.run(lambda txn, _ticket: (None, fn(txn)))
         return n
 
     async def fire_schedules(self) -> int:
@@ -273,9 +278,18 @@ class Master:
 
     async def tick(self) -> dict[str, int]:
         """One round of background work (tests call it after moving the clock)."""
-        swept = self.sweep_once()
-        fired = await self.fire_schedules()
-        reaped = self.reap_once()
+        if self.wal.failure() is not None:
+            await asyncio.to_thread(self.wal.retry)  # resumes by itself once the disk allows
+        await self.commit.catch_up()
+        if self.ready() is not None:
+            return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
+        try:
+            swept = await self._derived(self._sweep)
+            fired = await self.fire_schedules()
+            reaped = await self._derived(self._reap)
+        except Unavailable:  # a refused batch (the disk failed meanwhile): next tick
+            return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
+        self.reaped += reaped
         freed = self.index.freed[:FREED_PER_TICK]
         del self.index.freed[:FREED_PER_TICK]
         repair = self.cluster.tick(freed)
@@ -304,10 +318,10 @@ class Master:
         Call from the event loop thread (between requests every applied ticket is committed).
         """
         self.wal.request_roll()
-        return self._checkpoint_through(self.index.applied)
+        return self._checkpoint_through(self.commit.committed_ticket)
 
     async def checkpoint_async(self) -> int:
-        upto = self.index.applied  # read on the loop thread: all txns up to it are committed
+        upto = self.commit.committed_ticket  # every batch up to it is committed
         self.wal.request_roll()
         return await asyncio.to_thread(self._checkpoint_through, upto)
 
@@ -342,8 +356,14 @@ class Master:
                 await t
         self._tasks = []
 
+    def ready(self) -> str | None:
+        """Why this master cannot accept writes right now, or None."""
+        return self.commit.stalled or self.wal.failure()
+
     def close(self) -> None:
-        self.wal.flush()
+        with contextlib.suppress(Exception):  # a failed WAL has nothing more to flush
+            self.wal.flush()
         self.wal.close()
+        self.commit.close()
         self.index.sync()
         self.index.close()

@@ -28,6 +28,13 @@ a torn or corrupt tail: the file is truncated there and appending resumes. In an
 segment it is corruption of acknowledged data, and :class:`WALCorrupt` is raised rather
 than silently dropping everything after it.
 
+Failures: a write that fails (e.g. ENOSPC) is truncated away, its group's waiters get
+:class:`WALFailed`, and every append is refused until :meth:`WAL.retry` manages to write and
+sync a probe record (an empty op list: replaying it changes nothing) with at least 1 MiB, or
+four times the failed group, free on the disk; then appending resumes.
+A failed ``fdatasync`` is different: the kernel may have dropped the dirty pages, so what the
+file holds is unknown; the log stays failed and :meth:`WAL.failure` says a restart is needed.
+
 Checkpoint (:meth:`WAL.drop_through`): once the LMDB index is synced with every ticket up
 to T applied, segments whose records are all <= T are deleted. The current segment is
 rolled first when it is large, so the log stays bounded by the checkpoint interval.
@@ -56,6 +63,14 @@ MAX_RECORD_BYTES = 256 << 20
 
 class WALCorrupt(RuntimeError):
     """A frame before the last segment is damaged: acknowledged records would be lost."""
+
+
+class WALFailed(RuntimeError):
+    """The log could not be written: the records of the failed group are not durable."""
+
+
+PROBE_BODY = b"\x90"  # msgpack of an empty op list
+RESUME_FREE_BYTES_MIN = 1 << 20  # after a failed write, resume once this much is free
 
 
 def _crc(ticket: int, body: bytes) -> int:
@@ -140,6 +155,10 @@ def read_records(wal_dir: str, after: int = 0) -> tuple[list[tuple[int, bytes]],
 class WAL:
     """Append-only log with group commit. `append` from the event loop; one writer thread."""
 
+    # the system calls that can fail, as attributes so that tests can inject disk errors
+    _os_write = staticmethod(os.write)
+    _os_fdatasync = staticmethod(os.fdatasync)
+
     def __init__(self, wal_dir: str, tail: Tail, *, segment_bytes: int = 64 << 20,
                  fsync: bool = True) -> None:
         self.dir = wal_dir
@@ -158,7 +177,10 @@ class WAL:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._roll_requested = False
-        self._error: BaseException | None = None
+        self._error: str | None = None  # why appends are refused, or None
+        self._fatal = False  # a failed fdatasync: only a restart can tell what is durable
+        self.failures = 0  # failed writes or syncs, for metrics
+        self._resume_free_bytes = RESUME_FREE_BYTES_MIN
         if tail.path is None:
             tail = Tail(tail.last_ticket, self._new_segment_path(tail.last_ticket + 1), 0)
         self._fd = os.open(tail.path or "", os.O_WRONLY | os.O_CREAT, 0o644)
@@ -190,15 +212,22 @@ class WAL:
 
     def append(self, ticket: int, body: bytes) -> None:
         """Queue one record. Tickets must increase. Durable once `durable(ticket)` returns."""
-        if ticket <= self.last_ticket:
-            raise ValueError(f"ticket {ticket} does not increase past {self.last_ticket}")
-        frame = encode_frame(ticket, body)
+        self.append_many([(ticket, body)])
+
+    def append_many(self, records: list[tuple[int, bytes]]) -> None:
+        """Queue records that the writer will write as one group (all durable or none)."""
+        last = self.last_ticket
+        for ticket, _ in records:
+            if ticket <= last:
+                raise ValueError(f"ticket {ticket} does not increase past {last}")
+            last = ticket
+        frames = [encode_frame(t, b) for t, b in records]
         with self._cv:
             if self._error is not None:
-                raise RuntimeError("WAL writer failed") from self._error
-            self._pending.append(frame)
-            self._pending_last = ticket
-            self.last_ticket = ticket
+                raise WALFailed(self._error)
+            self._pending.extend(frames)
+            self._pending_last = last
+            self.last_ticket = last
             self._cv.notify()
 
     async def durable(self, ticket: int) -> None:
@@ -212,7 +241,7 @@ class WAL:
             if ticket <= self.durable_ticket:
                 return
             if self._error is not None:
-                raise RuntimeError("WAL writer failed") from self._error
+                raise WALFailed(self._error)
             self._waiters.append((ticket, fut))
         await fut
 
@@ -224,7 +253,11 @@ class WAL:
             while self.durable_ticket < target and self._error is None:
                 self._cv.wait(0.5)
         if self._error is not None:
-            raise RuntimeError("WAL writer failed") from self._error
+            raise WALFailed(self._error)
+
+    def failure(self) -> str | None:
+        """Why the log refuses appends right now, or None when it is healthy."""
+        return self._error
 
     # -- writer thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -236,62 +269,116 @@ class WAL:
                     return
                 frames, last = self._pending, self._pending_last
                 self._pending = []
-            try:
-                self._write(frames, last)
-            except BaseException as e:  # disk error: fail every waiter, accept nothing more
-                with self._cv:
-                    self._error = e
-                    self._cv.notify_all()
-                self._wake(error=e)
-                return
+            error = self._write(frames, last)
             with self._cv:
-                self.durable_ticket = last
+                if error is None:
+                    self.durable_ticket = last
+                else:
+                    self._error, self.last_ticket = error, self.durable_ticket
+                    self._pending = []  # appended after the failed group: refused with it
                 self._cv.notify_all()
-            self._wake()
+            self._wake(error)
 
-    def _write(self, frames: list[bytes], last: int) -> None:
+    def _write(self, frames: list[bytes], last: int) -> str | None:
+        """Write and sync one group. On failure, cut it off the file and say why."""
         t0 = time.perf_counter()
         data = b"".join(frames)
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        start = self._size
+        try:
+            view = memoryview(data)
+            while view:
+                n = self._os_write(self._fd, view)
+                view = view[n:]
+        except OSError as e:
+            self.failures += 1
+            try:  # shrinking needs no space: the log ends where the last good group ended
+                os.ftruncate(self._fd, start)
+                os.lseek(self._fd, start, os.SEEK_SET)
+                os.fdatasync(self._fd)
+            except OSError as e2:
+                self._fatal = True
+                return (f"WAL write failed ({e}) and the torn write could not be cut off "
+                        f"({e2}): restart the master once the disk is fixed")
+            self._resume_free_bytes = max(RESUME_FREE_BYTES_MIN, 4 * len(data))
+            return f"WAL write failed ({e.strerror or e}): the disk refused {len(data)} bytes"
         self._size += len(data)
         t1 = time.perf_counter()
         if self.fsync:
-            os.fdatasync(self._fd)
+            try:
+                self._os_fdatasync(self._fd)
+            except OSError as e:
+                self.failures += 1
+                self._fatal = True
+                with contextlib.suppress(OSError):  # best effort: the group was refused
+                    os.ftruncate(self._fd, start)
+                    os.fdatasync(self._fd)
+                return (f"WAL fdatasync failed ({e.strerror or e}): what the log holds is "
+                        "unknown; restart the master once the disk is fixed")
         self.syncs += 1
         self.records += len(frames)
         if self.on_write is not None:
             self.on_write(t1 - t0, time.perf_counter() - t1, len(frames))
         if self._size >= self.segment_bytes or self._roll_requested:
-            self._roll_requested = False
-            self._roll(last + 1)
+            try:
+                self._roll(last + 1)
+                self._roll_requested = False
+            except OSError:  # keep appending to the current segment; roll again later
+                self.failures += 1
+        return None
+
+    def retry(self) -> bool:
+        """After a failed write: write and sync a probe record; on success the log accepts
+        appends again. Call from a worker thread, never while appends may race (the master
+        refuses writes while the log is failed). Returns whether the log is healthy."""
+        with self._cv:
+            if self._error is None:
+                return True
+            if self._fatal or self._pending:
+                return False
+            ticket = self.durable_ticket + 1
+        st = os.statvfs(self.dir)
+        if st.f_bavail * st.f_frsize < self._resume_free_bytes:
+            return False  # a probe would fit in the space the torn group left: no flapping
+        err = self._write([encode_frame(ticket, PROBE_BODY)], ticket)
+        with self._cv:
+            if err is None:
+                self.durable_ticket = self.last_ticket = ticket
+                self._error = None
+            elif self._fatal:
+                self._error = err
+        return err is None
 
     def _roll(self, first: int) -> None:
+        path = self._new_segment_path(first)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, MAGIC)
+            os.fsync(fd)
+            self._fsync_dir()
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
         os.close(self._fd)
-        self._path = self._new_segment_path(first)
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.write(self._fd, MAGIC)
-        os.fsync(self._fd)
-        self._fsync_dir()
-        self._size = len(MAGIC)
+        self._fd, self._path, self._size = fd, path, len(MAGIC)
 
-    def _wake(self, error: BaseException | None = None) -> None:
+    def _wake(self, error: str | None = None) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
         with contextlib.suppress(RuntimeError):  # loop closed under us at shutdown
             loop.call_soon_threadsafe(self._release, error)
 
-    def _release(self, error: BaseException | None) -> None:
+    def _release(self, error: str | None) -> None:
         while self._waiters and (error is not None or self._waiters[0][0] <= self.durable_ticket):
-            _, fut = self._waiters.popleft()
-            if not fut.done():
-                if error is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(RuntimeError(f"WAL write failed: {error}"))
+            ticket, fut = self._waiters.popleft()
+            if fut.done():
+                continue
+            if ticket <= self.durable_ticket:
+                fut.set_result(None)
+            else:
+                fut.set_exception(WALFailed(error or "WAL write failed"))
 
     # -- checkpoint ------------------------------------------------------------------------
     def drop_through(self, ticket: int) -> int:

@@ -18,6 +18,7 @@ from squall.master.service import Master
 def kill9(m: Master) -> None:
     m.wal.flush()  # every answered request is durable already; this only joins the writer
     m.wal.close()
+    m.commit.close()  # an open batch nobody waits for is dropped: it was never committed
     m.index.env.close()
 
 

@@ -265,3 +265,39 @@ async def test_status_page_and_metrics(api: Api) -> None:
     assert [(q["queue"], q["available"]) for q in o["queues"]] == [("g#shown", 1)]
     r = await c.get("/metrics")
     assert 'squall_tasks{state="available"} 1.0' in r.text
+
+
+def _counter(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith(name + " "))
+
+
+async def test_task_counters_never_go_down_across_deletes_and_restarts(
+        tmp_path: Any, clock: ManualClock) -> None:
+    """Prometheus reads a counter that goes down as a reset: deleting a queue (or
+    restarting the master) must not take enqueued or completed tasks back."""
+    settings = MasterSettings(data_dir=str(tmp_path / "m"), require_receipts=False)
+    seen: list[tuple[float, float]] = []
+
+    async def scrape(c: httpx.AsyncClient) -> None:
+        text = (await c.get("/metrics")).text
+        seen.append((_counter(text, "squall_tasks_enqueued_total"),
+                     _counter(text, "squall_tasks_completed_total")))
+
+    for round_ in range(2):  # the second round runs on a restarted master
+        app = create_master_app(settings, clock=clock, background=False)
+        async with app.router.lifespan_context(app):
+            c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m")
+            await put(c, "q", *({"pid": f"{round_}-{i}"} for i in range(5)))
+            for t in await lease(c, "q", max_tasks=3):
+                await update(c, dequeue=[{"queue": "q", "pid": t["pid"], "token": t["token"]}])
+            await scrape(c)
+            await ok(await c.delete("/v1/groups/g/queues/q"))
+            await scrape(c)
+            await app.state.master.tick()  # reaping the deleted generation
+            await scrape(c)
+        app = create_master_app(settings, clock=clock, background=False)
+        async with app.router.lifespan_context(app):
+            await scrape(httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                           base_url="http://m"))
+    assert seen == sorted(seen) and seen[-1] == (10.0, 6.0), seen

@@ -169,11 +169,11 @@ async def test_a_failed_wal_shows(api: Api) -> None:
     c, m = api
     o = await ok(await c.get("/v1/overview"))
     assert o["wal"]["error"] is None
-    m.wal._error = OSError(28, "No space left on device")  # what the writer thread sets
+    m.wal._error = "WAL write failed (No space left on device)"  # as the writer sets it
     try:
         o = await ok(await c.get("/v1/overview"))
         assert "No space left on device" in o["wal"]["error"]
-        assert metric((await c.get("/metrics")).text, "squall_wal_failed") == 1
+        assert metric((await c.get("/metrics")).text, "squall_wal_healthy") == 0
     finally:
         m.wal._error = None
 

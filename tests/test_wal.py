@@ -11,11 +11,13 @@ states are compared key by key over every LMDB database (tests/crashkit.py).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import google_crc32c
 import pytest
@@ -33,7 +35,16 @@ from squall.common.models import (
 )
 from squall.master import wal as wal_mod
 from squall.master.service import Master, MasterSettings
-from squall.master.wal import MAGIC, WAL, Tail, WALCorrupt, encode_frame, read_records
+from squall.master.wal import (
+    MAGIC,
+    PROBE_BODY,
+    WAL,
+    Tail,
+    WALCorrupt,
+    WALFailed,
+    encode_frame,
+    read_records,
+)
 from tests.crashkit import dump_index, kill9, restore_index, snapshot_index
 
 HDR = struct.Struct("<IIQ")
@@ -288,14 +299,54 @@ async def test_writer_failure_fails_waiters_and_refuses_appends(tmp_path: Path) 
     os.close(ro)
     try:
         w.append(1, b"x")
-        with pytest.raises(RuntimeError, match="WAL write failed"):
+        with pytest.raises(WALFailed, match="WAL write failed"):
             await w.durable(1)
-        with pytest.raises(RuntimeError, match="WAL writer failed"):
+        with pytest.raises(WALFailed, match="restart the master"):
             w.append(2, b"y")
-        with pytest.raises(RuntimeError, match="WAL writer failed"):
+        with pytest.raises(WALFailed, match="restart the master"):
             w.flush()
+        assert not w.retry()  # the torn write could not be cut off: only a restart helps
     finally:
         w.close()
+
+
+def _enospc_after(limit: int) -> Any:
+    """An os.write that accepts `limit` bytes in all, then fails like a full disk."""
+    budget = [limit]
+
+    def write(fd: int, data: Any) -> int:
+        if budget[0] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = os.write(fd, bytes(data[: budget[0]]))
+        budget[0] -= n
+        return n
+
+    return write
+
+
+async def test_a_full_disk_cuts_the_torn_group_off_and_resumes_by_itself(tmp_path: Path) -> None:
+    w = WAL(str(tmp_path), Tail(0, None, 0))
+    try:
+        w.append(1, b"a" * 100)
+        await w.durable(1)
+        w._os_write = _enospc_after(150)  # type: ignore[method-assign]
+        w.append_many([(2, b"b" * 100), (3, b"c" * 100)])  # one group: torn after 150 bytes
+        with pytest.raises(WALFailed, match="No space left"):
+            await w.durable(3)
+        assert "No space left" in (w.failure() or "") and w.failures == 1
+        with pytest.raises(WALFailed):
+            w.append(2, b"refused while failed")
+        assert not w.retry()  # still full: the probe fails too, nothing changes
+        w._os_write = os.write  # type: ignore[method-assign]
+        assert w.retry() and w.failure() is None  # space is back: a probe record went in
+        w.append(w.last_ticket + 1, b"d")
+        await w.durable(w.last_ticket)
+    finally:
+        w.close()
+    records, _ = read_records(str(tmp_path))
+    # the torn group is gone whole; the probe is an empty op list; appending resumed
+    assert [b for _, b in records] == [b"a" * 100, PROBE_BODY, b"d"]
+    assert [t for t, _ in records] == sorted({t for t, _ in records})
 
 
 # -- recovery through Master ------------------------------------------------------------------

@@ -20,7 +20,10 @@ async def healthz() -> JSON:
 
 @router.get("/readyz")
 async def readyz(m: MasterDep) -> JSON:
-    """Recovery is done and the WAL accepts writes."""
+    """Recovery is done and the WAL accepts writes (503 with the reason otherwise)."""
+    reason = m.ready()
+    if reason is not None:
+        return JSON({"ok": False, "reason": reason, "ticket": m.wal.last_ticket}, 503)
     return JSON({"ok": True, "ticket": m.wal.last_ticket, "recovery_secs": m.recovery_secs})
 
 

@@ -1,0 +1,297 @@
+"""Group commit: one LMDB write transaction per WAL group, committed only once durable.
+
+Every mutating request runs on the event loop thread in a *child* transaction of the batch
+transaction open at that moment, and adds its WAL record to the batch. The first request of a batch
+schedules the batch's flush for the end of the current loop iteration; from then on the
+batch is closed (later requests wait for the next one). The flush hands the batch's records
+to the WAL writer as one group, waits until they are durable (one ``fdatasync``; the group
+is written whole or truncated away), then commits the batch
+transaction (with the index's own ``fdatasync`` when index sync is on, the default), and
+only then are the batch's requests answered. Hence:
+
+* **Refused means not applied.** A request that fails validation aborts only its child
+  transaction (plans validate before they change anything, in LMDB or in memory). When the
+  WAL cannot be written, the whole batch transaction is aborted, the in-memory state is
+  reloaded from the last committed index, and every request of the batch is answered 503
+  with nothing applied anywhere: index, counters, leases, freed blobs.
+* **Visible once durable.** Readers (read transactions) see a change only after its WAL
+  record is durable and its batch committed.
+* **Power-loss safe at one sync per group.** The index is opened ``sync=True,
+  metasync=False``: each commit fdatasyncs its data pages before writing its meta page, so a
+  power loss can roll the index back by at most one commit (which the WAL replays), never
+  leave a half-written B-tree. That costs one fdatasync per *group*, not per request.
+
+LMDB's writer lock belongs to the thread that began the write transaction, so one dedicated
+thread begins, commits and aborts batch transactions; the event loop uses a transaction only
+between those steps, never concurrently with them. The index's fdatasync therefore never
+blocks the event loop.
+
+Disk trouble: a failed WAL write is truncated away and the master refuses writes (503,
+``/readyz`` says why, a metric counts it) until a probe record is written successfully
+(``WAL.retry``); it then resumes by itself. A failed ``fdatasync`` leaves the log's state
+unknown: the master then needs a restart, and ``/readyz`` says so. A failed index commit
+after the WAL was durable acknowledges the batch (it is in the log) and refuses writes
+until :meth:`GroupCommit.catch_up` has applied those records to the index again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import lmdb
+
+from squall.common.errors import StatusError, Unavailable
+from squall.master.index import Index
+from squall.master.wal import WAL, WALFailed
+
+log = logging.getLogger("squall.master")
+T = TypeVar("T")
+Work = Callable[[lmdb.Transaction, int], tuple[bytes | None, T]]
+
+
+@dataclass
+class _Batch:
+    txn: lmdb.Transaction
+    done: asyncio.Future[None]
+    next_ticket: int
+    records: list[tuple[int, bytes]] = field(default_factory=list)
+    members: int = 0  # requests waiting for this batch
+    dirty: bool = False  # some child transaction committed into it
+    closed: bool = False
+    aborted: bool = False
+
+
+class GroupCommit:
+    def __init__(self, index: Index, wal: WAL,
+                 reapply: Callable[[list[tuple[int, bytes]]], None]) -> None:
+        self.index, self.wal = index, wal
+        self._reapply = reapply  # replays records onto the index (after a failed commit)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="index-commit")
+        self._open: _Batch | None = None
+        self._closing: asyncio.Future[None] | None = None
+        self.committed_ticket = index.applied
+        self.batches = 0
+        self.aborted_batches = 0
+        self.stalled: str | None = None  # why writes are refused while the index is behind
+        self.behind: list[tuple[int, bytes]] = []  # durable records the index lacks
+
+    # -- the request side ----------------------------------------------------------------
+    async def run(self, work: Work[T], pre: Callable[[lmdb.Transaction], Any] | None = None
+                  ) -> tuple[int, T]:
+        """Apply `work(txn, ticket) -> (WAL body or None, value)` in the current batch and
+        return (ticket, value) once the batch is durable; ticket is 0 when nothing was
+        logged. `pre(txn)` (e.g. a sweep) runs first in its own child transaction, so a
+        refused `work` cannot take it back."""
+        self.refuse_if_unhealthy()
+        batch = await self._current()
+        batch.members += 1
+        try:
+            if pre is not None:
+                self._child(batch, lambda txn, _t: (None, pre(txn)))
+            ticket, (body, value) = self._child(batch, work)
+            if body is not None:  # handed to the WAL as one group when the batch closes
+                batch.records.append((ticket, body))
+                batch.next_ticket = ticket + 1
+            await asyncio.shield(batch.done)
+        finally:
+            batch.members -= 1
+            if not (batch.members or batch.dirty or batch.closed or batch.aborted):
+                self._discard(batch)  # opened by a refused request alone: nothing to commit
+        return (ticket if body is not None else 0), value
+
+    def _child(self, batch: _Batch, work: Work[T]) -> tuple[int, tuple[bytes | None, T]]:
+        ticket = batch.next_ticket
+        self.index.hints.clear()  # hints are valid within one (child) transaction
+        child = self.index.env.begin(write=True, parent=batch.txn)
+        try:
+            out = work(child, ticket)
+        except StatusError:
+            child.abort()  # validation failed before anything changed
+            raise
+        except BaseException as e:
+            child.abort()
+            self._abort(batch, e)  # in-memory state may be half-changed: drop the batch
+            if isinstance(e, lmdb.Error):
+                raise Unavailable(f"index write failed ({e}); nothing was applied, "
+                                  "retry later") from e
+            raise
+        child.commit()
+        batch.dirty = True
+        return ticket, out
+
+    async def _current(self) -> _Batch:
+        while True:
+            b = self._open
+            if b is not None and not b.closed and not b.aborted:
+                return b
+            if self._closing is not None:
+                await asyncio.shield(self._closing)
+                continue
+            loop = asyncio.get_running_loop()
+            txn = self._thread.submit(self.index.begin_write).result()
+            b = _Batch(txn, loop.create_future(), self.wal.last_ticket + 1)
+            b.done.add_done_callback(_consume)
+            self._open = b
+            loop.call_soon(lambda b=b: asyncio.ensure_future(self._flush(b)))
+            return b
+
+    # -- the flush -------------------------------------------------------------------------
+    async def _flush(self, b: _Batch) -> None:
+        if b.closed or b.aborted:  # committed by run_sync, or dropped
+            return
+        b.closed = True
+        loop = asyncio.get_running_loop()
+        closing = self._closing = loop.create_future()
+        try:
+            if b.records:  # one WAL group per batch: it fails or succeeds whole
+                try:
+                    self.wal.append_many(b.records)
+                    await self.wal.durable(b.records[-1][0])
+                except WALFailed as e:
+                    self._abort(b, e)
+                    return
+            try:
+                await loop.run_in_executor(self._thread, self._commit_txn, b.txn)
+            except lmdb.Error as e:
+                self._commit_failed(b, e)
+            else:
+                if b.records:
+                    self.committed_ticket = b.records[-1][0]
+            self.batches += 1
+            self._committed()
+            if not b.done.done():
+                b.done.set_result(None)
+        finally:
+            self._closing = None
+            closing.set_result(None)
+
+    @staticmethod
+    def _commit_txn(txn: lmdb.Transaction) -> None:  # an attribute, for injected failures
+        txn.commit()
+
+    def _commit_failed(self, b: _Batch, e: lmdb.Error) -> None:
+        """The batch is durable in the WAL but its index commit failed (e.g. a full disk).
+        Its requests are acknowledged (a restart replays them). The index is behind the
+        log: refuse writes until :meth:`catch_up` applies the records again."""
+        self.index.freed_pending.clear()
+        self.index.reload()
+        if not b.records:  # nothing logged, nothing acknowledged yet: refuse it all
+            log.warning("index commit failed, nothing was applied: %s", e)
+            b.done.set_exception(Unavailable(f"index write failed ({e}); nothing was "
+                                             "applied, retry later"))
+            return
+        self.behind.extend(b.records)
+        self.stalled = (f"the index cannot be written ({e}); {len(self.behind)} acknowledged "
+                      "record(s) wait in the WAL and are applied again as soon as the disk "
+                      "accepts writes")
+        log.error("%s", self.stalled)
+
+    async def catch_up(self) -> bool:
+        """Apply records whose index commit failed again (idempotent replay). Returns
+        whether the index is whole again."""
+        if not self.behind:
+            return True
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._thread, self._reapply, list(self.behind))
+        except Exception as e:
+            self.index.freed_pending.clear()
+            self.index.reload()
+            log.warning("index still cannot be written: %s", e)
+            return False
+        self.index.reload()
+        self.committed_ticket = max(self.committed_ticket, self.behind[-1][0])
+        self.behind.clear()
+        self.stalled = None
+        log.info("the index caught up with the WAL: writes are accepted again")
+        return True
+
+    def _abort(self, b: _Batch, e: BaseException) -> None:
+        """Roll the whole batch back: LMDB, in-memory state, pending frees; refuse its
+        requests."""
+        if b.aborted:
+            return
+        b.aborted = True
+        self.aborted_batches += 1
+        self._thread.submit(b.txn.abort).result()
+        self.index.freed_pending.clear()
+        self.index.reload()
+        if self._open is b:
+            self._open = None
+        log.error("refused a batch of changes, nothing applied: %s", e)
+        if not b.done.done():
+            b.done.set_exception(self._refusal(e))
+
+    def _discard(self, b: _Batch) -> None:
+        b.aborted = True
+        self._thread.submit(b.txn.abort).result()
+        if self._open is b:
+            self._open = None
+
+    def _refusal(self, e: BaseException) -> Unavailable:
+        if isinstance(e, WALFailed):
+            return Unavailable(f"{e}; nothing was applied, retry later")
+        return Unavailable(f"write failed ({e}); nothing was applied, retry later")
+
+    # -- health and synchronous use --------------------------------------------------------
+    def refuse_if_unhealthy(self) -> None:
+        if self.stalled is not None:
+            raise Unavailable(self.stalled)
+        reason = self.wal.failure()
+        if reason is not None:
+            raise Unavailable(f"{reason}; nothing was applied, retry later")
+
+    def busy(self) -> bool:
+        return (self._open is not None and not self._open.closed) or self._closing is not None
+
+    def run_sync(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """Unlogged (derived) work in its own committed transaction, outside any batch:
+        for tests and start-up, called while the event loop is not running. From the loop,
+        while batches may be in flight, use :meth:`run` instead."""
+        b = self._open
+        if b is not None and not b.closed and not b.aborted and not b.members:
+            # a batch nobody waits for (its requests were refused) whose flush is still
+            # scheduled: commit it now, it holds at most unlogged derived changes
+            assert not b.records
+            b.closed = True
+            self._thread.submit(self._commit_txn, b.txn).result()
+            self._committed()
+            if not b.done.done():
+                b.done.set_result(None)
+        if self.busy():
+            raise RuntimeError("a batch is in flight: use GroupCommit.run from the loop "
+                               f"({self._open!r:.300}, closing={self._closing!r})")
+        txn = self._thread.submit(self.index.begin_write).result()
+        try:
+            out = fn(txn)
+        except BaseException:
+            self._thread.submit(txn.abort).result()
+            self.index.freed_pending.clear()
+            self.index.reload()
+            raise
+        self._thread.submit(self._commit_txn, txn).result()
+        self._committed()
+        return out
+
+    def _committed(self) -> None:
+        self.index.freed.extend(self.index.freed_pending)
+        self.index.freed_pending.clear()
+
+    def close(self) -> None:
+        """Stop; a batch still open (nobody waits for it) is dropped, as a crash would."""
+        b = self._open
+        if b is not None and not b.closed and not b.aborted:
+            b.aborted = True
+            self._thread.submit(b.txn.abort).result()
+            self.index.freed_pending.clear()
+        self._thread.shutdown(wait=True)
+
+
+def _consume(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # a refused batch nobody awaited any more is not an error to log
