@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-spark
 
-.PHONY: run test lint typecheck bench soak clean
+.PHONY: run test lint typecheck bench soak clean chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 ## run: the example pipeline on Spark: `squall dev` (a master and 3 data nodes, data in
 ##      .squall/example), index the Python standard library in three stages, then keep the
-##      cluster running until Ctrl-C. `make run ARGS=--once` stops it at the end.
+##      cluster running until Ctrl-C (the dashboard URL is printed).
+##      `make run ARGS=--once` stops the cluster at the end instead.
 run: $(STAMP)
 	$(BIN)/python examples/stdlib_index.py $(ARGS)
 
@@ -26,10 +27,19 @@ run: $(STAMP)
 HYPOTHESIS_SEED ?= 20261122
 MODEL_SEEDS ?= 200
 
-## test: lint, then the test suite without the `slow` soaks (real servers on 127.0.0.1)
-test: $(STAMP) lint
+## test: lint, then the test suite without the `slow` soaks (real servers on 127.0.0.1);
+##       `make soak` runs the slow ones
+test: $(STAMP) lint chromium
 	@echo "hypothesis seed: $(HYPOTHESIS_SEED)"
 	$(BIN)/pytest -q -m "not slow" --hypothesis-seed=$(HYPOTHESIS_SEED)
+
+# the dashboard's browser test drives Debian's chromium: installed here when missing and
+# apt-get can (as root); otherwise that one test is skipped and says why
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get \
+	  >/dev/null 2>&1 && apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -q chromium >/dev/null; } || echo "note: no chromium (apt-get \
+	  install chromium); the dashboard's browser test will be skipped"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -44,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.datanode_bench
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.client_bench
+	$(BIN)/python -m bench.dashboard_bench
 
 ## soak: long-running tests excluded from `make test`, then the master's model test on
 ##       MODEL_SEEDS random seeds (each printed; a failure stops with its seed), then the

@@ -13,10 +13,11 @@ import httpx
 
 from squall.client import _http
 from squall.client._effects import Call, Close, Emit, Read, Reply, Retry, Sleep
-from squall.client._protocol import Core, default_master
+from squall.client._protocol import Core, default_master, held_wire
 from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder
 from squall.common.errors import SquallError
 from squall.common.models import (
+    CancelResponse,
     ClusterInfo,
     ClusterStats,
     DeleteResponse,
@@ -257,6 +258,15 @@ class AsyncClient:
 
     def iter_tasks(self, queue: str, *, after: str | None = None) -> AsyncIterator[TaskInfo]:
         return self._iter(self._core.iter_tasks(queue, after))
+
+    async def cancel(self, queue: str, pid: str) -> CancelResponse:
+        """Remove a queued (available or delayed) task by pid without leasing it."""
+        return await self._run(self._core.cancel(queue, pid))
+
+    def held(self, queue: str, pid: str, token: int) -> AsyncLeasedTask:
+        """A task leased elsewhere (e.g. by ``squall lease``), known by pid and lease token,
+        to ``done()``, ``release()`` or ``renew()`` (its payload reference is not known)."""
+        return self._task(*held_wire(queue, pid, token))
 
     async def delete(self, queue: str) -> DeleteResponse:
         return await self._run(self._core.delete(queue))

@@ -3,6 +3,9 @@ folder (``master/``, ``node-1/``, …, logs in ``logs/``). Ports: the master on 
 node i on ``--port`` + i, the same on every start so the data nodes keep their addresses
 and a restart keeps the data. The cluster key is the built-in development key unless
 ``SQUALL_CLUSTER_KEY`` is set. Ctrl-C (or SIGTERM) stops the nodes, then the master.
+A data node that exits does not stop the cluster: it is reported, the master marks it dead
+and re-replicates its blobs, and ``restart N`` typed on stdin (or SIGHUP, for every dead
+node) starts it again on the same port and folder.
 
 The servers are started as ``python -m squall.master`` / ``python -m squall.datanode``:
 this package never imports them.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -23,7 +27,7 @@ from typing import Annotated
 import httpx
 import typer
 
-from squall.client._cli_common import err, fail, out
+from squall.client._cli_common import err, fail, say
 
 STOP_TIMEOUT_S = 15.0
 
@@ -145,6 +149,94 @@ class DevCluster:
                     p.wait(STOP_TIMEOUT_S)
 
 
+HELP = ("commands (type + Enter): `restart N` restarts data node N (`restart`: every dead "
+        "one), `kill N` kills node N (watch re-replication), `status`, `help`; "
+        "`kill -HUP {pid}` also restarts dead nodes")
+
+
+class _Console:
+    """What `squall dev` does after start-up: report nodes that exit (the cluster keeps
+    running; the master marks them dead and re-replicates), restart them on request (a
+    command on stdin, or SIGHUP), and stop on Ctrl-C / SIGTERM. Only the master exiting
+    stops the cluster."""
+
+    def __init__(self, cluster: DevCluster) -> None:
+        self.cluster = cluster
+        self.stopping = False
+        self.restart_dead = False
+        self.reported: set[int] = set()
+        self.stdin_open = True
+
+    def log(self, i: int) -> Path:
+        return self.cluster.data_dir / "logs" / f"node-{i}.log"
+
+    def check(self) -> None:
+        c = self.cluster
+        if c.master_proc is not None and c.master_proc.poll() is not None:
+            fail(f"the master exited (code {c.master_proc.returncode}); see "
+                 f"{c.data_dir / 'logs' / 'master.log'}")
+        for i, p in c.node_procs.items():
+            if p.poll() is not None and i not in self.reported:
+                self.reported.add(i)
+                say(f"node-{i} exited (code {p.returncode}); the cluster keeps running and "
+                    f"the master will mark it dead. Log: {self.log(i)}. Type `restart {i}` "
+                    "to start it again.")
+        if self.restart_dead:
+            self.restart_dead = False
+            self.restart(None)
+
+    def dead(self) -> list[int]:
+        return [i for i, p in self.cluster.node_procs.items() if p.poll() is not None]
+
+    def restart(self, i: int | None) -> None:
+        for n in [i] if i is not None else self.dead():
+            if self.cluster.node_procs[n].poll() is None:
+                say(f"node-{n} is running")
+                continue
+            self.cluster.start_node(n)
+            self.reported.discard(n)
+            say(f"node-{n} restarted at {self.cluster.node_url(n)}")
+
+    def status(self) -> None:
+        for i, p in self.cluster.node_procs.items():
+            state = "running" if p.poll() is None else f"exited (code {p.returncode})"
+            say(f"  node-{i}  {self.cluster.node_url(i)}  {state}")
+
+    def command(self, line: str) -> None:
+        words = line.split()
+        if not words:
+            return
+        verb, args = words[0], words[1:]
+        nodes = self.cluster.node_procs
+        if len(args) > 1 or (args and (not args[0].isdigit() or int(args[0]) not in nodes)):
+            say(f"no such node: {' '.join(args)} (nodes are 1..{len(nodes)})")
+        elif verb == "restart":
+            self.restart(int(args[0]) if args else None)
+        elif verb == "kill" and args:
+            self.cluster.kill_node(int(args[0]))
+        elif verb == "status":
+            self.status()
+        else:
+            say(HELP.format(pid=os.getpid()))
+
+    def read_stdin(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for a command line on stdin (if stdin is open)."""
+        if not self.stdin_open:
+            time.sleep(timeout_s)
+            return
+        try:
+            ready, _, _ = select.select([sys.stdin], [], [], timeout_s)
+        except (OSError, ValueError):  # no selectable stdin (closed, or not a file)
+            self.stdin_open = False
+            return
+        if ready:
+            line = sys.stdin.readline()
+            if not line:
+                self.stdin_open = False  # EOF: keep running without commands
+            else:
+                self.command(line)
+
+
 def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to start")] = 3,
         data_dir: Annotated[Path, typer.Option(envvar="SQUALL_DEV_DIR",
                                                help="where all data and logs live")
@@ -154,40 +246,45 @@ def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to st
         replication_factor: Annotated[int | None, typer.Option(
             min=1, max=16, help="payload copies (default: 2, or 1 with one node)")] = None,
         ) -> None:
-    """Run a local cluster: one master and N data nodes on 127.0.0.1 (Ctrl-C stops it)."""
+    """Run a local cluster: one master and N data nodes on 127.0.0.1 (Ctrl-C stops it).
+    A data node that dies is reported and can be restarted (`restart N` on stdin)."""
     if replication_factor is not None and replication_factor > max(nodes, 1):
         fail(f"replication factor {replication_factor} needs at least that many nodes", 2)
     cluster = DevCluster(data_dir, port, nodes, replication_factor)
-    stopping = False
+    con = _Console(cluster)
 
     def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+        con.stopping = True
+
+    def on_hup(signum: int, frame: object) -> None:
+        con.restart_dead = True
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
     try:
         try:
             cluster.start()
         except RuntimeError as e:
             fail(str(e))
-        out.print(f"squall dev cluster is up (data in {cluster.data_dir})")
-        out.print(f"  master     {cluster.master_url}   (status page /, API docs /docs)")
+        say(f"squall dev cluster is up (data in {cluster.data_dir})")
+        say(f"  master     {cluster.master_url}   (dashboard /, API docs /docs)")
         for i in range(1, nodes + 1):
-            out.print(f"  data node  {cluster.node_url(i)}")
-        out.print(f"  logs       {cluster.data_dir / 'logs'}")
-        out.print(f"try: squall put demo#hello 'hi there' --master {cluster.master_url}")
-        out.print("Ctrl-C to stop", style="dim")
+            say(f"  data node  {cluster.node_url(i)}")
+        say(f"  logs       {cluster.data_dir / 'logs'}")
+        say(f"try: squall put demo#hello 'hi there' --master {cluster.master_url}")
+        say(HELP.format(pid=os.getpid()), style="dim")
+        say("Ctrl-C to stop", style="dim")
         sys.stdout.flush()
-        while not stopping:
-            if (gone := cluster.failed()) is not None:
-                fail(f"{gone} exited; see {cluster.data_dir / 'logs' / (gone + '.log')}")
-            time.sleep(0.2)
+        while not con.stopping:
+            con.check()
+            sys.stdout.flush()
+            con.read_stdin(0.2)
         err.print("stopping…")
     finally:
         cluster.stop()
         for s, h in old.items():
             signal.signal(s, h)
-    out.print("stopped; start again to continue with the same data")
+    say("stopped; start again to continue with the same data")
 
 
 def register(app: typer.Typer) -> None:

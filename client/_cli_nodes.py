@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from squall.client._cli_common import JsonOpt, MasterOpt, connect, err, fail, out, print_json, table
+from squall.client._cli_common import (
+    JsonOpt,
+    MasterOpt,
+    clean,
+    connect,
+    err,
+    fail,
+    print_json,
+    say,
+    show,
+)
 from squall.client._sync import Client
 from squall.common.errors import Conflict, NotFound, StatusError, TransportError
 from squall.common.models import NodeStatus
@@ -32,11 +42,11 @@ def nodes(ctx: typer.Context, as_json: JsonOpt = False, master: MasterOpt = DEFA
         return
     rows = [[n.node_id, n.address, n.state, _ago(n.last_beat_secs_ago), _size(n.used_bytes),
              _size(n.free_bytes), n.blob_count, _remaining(n)] for n in info.nodes]
-    out.print(table("data nodes", ["node", "address", "state", "last beat", "used", "free",
-                                   "blobs", "to move"], rows))
-    out.print(f"replication factor {info.replication_factor}, write quorum "
-              f"{info.write_quorum}, {info.blobs} blob(s), {info.under_replicated} "
-              f"under-replicated, {info.lost} lost, {info.copies_in_flight} copies in flight")
+    show("data nodes", ["node", "address", "state", "last beat", "used", "free", "blobs",
+                        "to move"], rows)
+    say(f"replication factor {info.replication_factor}, write quorum "
+        f"{info.write_quorum}, {info.blobs} blob(s), {info.under_replicated} "
+        f"under-replicated, {info.lost} lost, {info.copies_in_flight} copies in flight")
 
 
 @app.command()
@@ -60,9 +70,9 @@ def decommission(
             try:
                 n = c.decommission(node, cancel=True)
             except NotFound:  # a node the master never heard of has nothing to cancel
-                out.print(f"{node}: not known to the master, nothing to cancel")
+                say(f"{node}: not known to the master, nothing to cancel")
                 return
-            out.print(f"{node}: not decommissioning, now {n.state}")
+            say(f"{node}: not decommissioning, now {n.state}")
             return
         n = c.decommission(node)
         if wait and n.state != "decommissioned":
@@ -70,10 +80,10 @@ def decommission(
     if as_json:
         print_json(n)
     elif n.state == "decommissioned":
-        out.print(f"{node} is decommissioned: every blob it held has its replication factor "
+        say(f"{node} is decommissioned: every blob it held has its replication factor "
                   f"on other nodes. Stop it, then `squall nodes forget {node}`.")
     else:
-        out.print(f"{node} is {n.state}: {_remaining(n) or 'counting'} blob(s) to move. "
+        say(f"{node} is {n.state}: {_remaining(n) or 'counting'} blob(s) to move. "
                   f"Follow with `squall nodes decommission {node} --wait`.")
 
 
@@ -103,8 +113,8 @@ def _wait(c: Client, node: str, n: NodeStatus, timeout: float, interval: float) 
                      f"({'?' if left is None else left} blob(s) to move)")
             if not err.is_terminal and now - last_line >= 10:
                 last_line = now
-                err.print(f"{node}: {n.state}, {'?' if left is None else left} blob(s) "
-                          "to move", markup=False)
+                err.print(clean(f"{node}: {n.state}, {'?' if left is None else left} "
+                                "blob(s) to move"), markup=False)
             time.sleep(min(interval, max(0.0, deadline - now)))
             try:
                 n = c.node(node)
@@ -122,7 +132,7 @@ def forget(node: NodeArg, master: MasterOpt = DEFAULT) -> None:
             c.forget(node)
         except Conflict as e:
             fail(str(e))
-    out.print(f"forgot {node}")
+    say(f"forgot {node}")
 
 
 def _remaining(n: NodeStatus) -> str:

@@ -1,9 +1,13 @@
-"""The ``squall`` user verbs: put, lease, queues, stats, task, delete, reset-leases,
-dead-letters, redrive (``nodes`` is in ``_cli_nodes.py``). Every verb takes ``--master``
-(or ``SQUALL_MASTER``)."""
+"""The ``squall`` task verbs: put, lease, ack, release, cancel, task, tasks. Every verb takes
+``--master`` (or ``SQUALL_MASTER``). Queue-level verbs are in ``_cli_admin.py``.
+
+What a verb prints comes from the server: it goes through :mod:`._cli_common`'s cleaning
+printers. ``lease --done`` prints the tasks *before* dequeueing them, so nothing about
+printing can lose a task: a failure before the dequeue leaves the lease to expire."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from collections.abc import Iterator
@@ -11,36 +15,34 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Group, RenderableType
-from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from squall.client._cli_common import (
     JsonOpt,
     MasterOpt,
     ago,
+    check_queue,
+    clean,
     connect,
+    dump_json,
     err,
     fail,
     out,
     preview,
     print_json,
+    say,
+    show,
     table,
 )
 from squall.client._sync import Client
 from squall.client._tasks import NewTask, Payload
-from squall.common.models import ClusterStats, EnqueueResult, QueueStats
-from squall.common.names import split_queue
+from squall.common.errors import NotFound
+from squall.common.models import EnqueueResult
 
 QueueArg = Annotated[str, typer.Argument(help="queue, written group#name (group: default)")]
-
-
-def _check_queue(queue: str) -> str:
-    try:
-        split_queue(queue)
-    except Exception as e:
-        fail(str(e), 2)
-    return queue
+PidArg = Annotated[str, typer.Argument(help="the task's pid")]
+TokenOpt = Annotated[int, typer.Option("--token", "-t", help="the lease token (from `squall "
+                                                             "lease`)")]
 
 
 def _lines(source: str) -> Iterator[bytes]:
@@ -63,7 +65,13 @@ def _items(payloads: list[str], files: list[Path], lines: str | None, count: int
     if lines is None and not payloads and not files and not sys.stdin.isatty():
         lines = "-"
     if lines is not None:
-        return _lines(lines), None
+        it = _lines(lines)
+        first = next(it, None)
+        if first is None:
+            where = "stdin" if lines == "-" else lines
+            fail(f"{where} holds no lines: nothing to enqueue (give payloads as arguments, "
+                 "--count N for tasks without payload, or pipe one line per task)", 2)
+        return itertools.chain([first], it), None
     if payloads or files:
         items: list[Payload] = [p.encode() for p in payloads]
         return iter(items + list(files)), len(items) + len(files)
@@ -88,30 +96,29 @@ def put(queue: QueueArg,
         batch: Annotated[int, typer.Option(min=1, max=1000, help="tasks per request")] = 100,
         master: MasterOpt = "http://127.0.0.1:7070") -> None:
     """Enqueue tasks: payloads from arguments, files or lines (a progress bar for many)."""
-    _check_queue(queue)
+    check_queue(queue)
     items, count = _items(payloads or [], file or [], lines, count)
     with connect(master) as c:
         if count == 1:
             only = next(items)
             r = c.put(queue, only, pid=pid, delay=delay)
-            out.print(f"{r.queue} {r.pid}" + (" (already queued: collapsed)" if r.collapsed
-                                                  else ""))
+            say(f"{r.queue} {r.pid}" + (" (already queued: collapsed)" if r.collapsed else ""))
             return
         if pid is not None:
             fail("--pid names one task; give exactly one payload", 2)
         tasks = (NewTask(p, delay=delay) for p in items)
         added, seen = _put_with_progress(c, queue, tasks, count, batch)
-        out.print(f"enqueued {added} task(s) into {queue}"
-                  + (f" ({seen - added} collapsed)" if seen > added else ""))
+        say(f"enqueued {added} task(s) into {queue}"
+            + (f" ({seen - added} collapsed)" if seen > added else ""))
 
 
 def _put_with_progress(c: Client, queue: str, tasks: Iterator[NewTask], count: int | None,
                        batch: int) -> tuple[int, int]:
     seen = 0
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True,
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True,
                   disable=not err.is_terminal) as bar:
-        tid = bar.add_task(f"put {queue}", total=count)
+        tid = bar.add_task(clean(f"put {queue}"), total=count)
 
         def progress(res: list[EnqueueResult]) -> None:
             nonlocal seen
@@ -127,119 +134,77 @@ def lease(queue: QueueArg,
           lease_secs: Annotated[float | None, typer.Option(
               help="lease length (default: the queue's policy, or 60)")] = None,
           max_pid: Annotated[str | None, typer.Option(help="only pids <= this")] = None,
-          done: Annotated[bool, typer.Option("--done", help="dequeue them right away")] = False,
-          show: Annotated[bool, typer.Option("--payload", help="show payload previews")] = False,
+          done: Annotated[bool, typer.Option("--done", help="dequeue them right away, after "
+                                                            "printing them")] = False,
+          with_payload: Annotated[bool, typer.Option(
+              "--payload", help="show payload previews")] = False,
           as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
     """Lease tasks (and with --done, dequeue them: a pop)."""
-    _check_queue(queue)
+    check_queue(queue)
     with connect(master) as c:
         tasks = c.lease(queue, n, lease_secs, max_pid=max_pid)
-        datas = [t.payload() if show else b"" for t in tasks]
-        if done and tasks:
-            c.done(tasks)
-    if as_json:
-        import orjson
-
-        objs = [{"queue": t.queue, "pid": t.pid, "token": t.token, "attempts": t.attempts,
-                 "expires_at": t.expires_at, "size": t.size,
-                 **({"payload": d.decode("utf-8", "replace")} if show else {})}
-                for t, d in zip(tasks, datas, strict=True)]
-        sys.stdout.write(orjson.dumps(objs).decode() + "\n")
-        return
-    if not tasks:
-        out.print(f"no task available in {queue}")
-        return
-    now = time.time()
-    cols = ["pid", "token", "attempts", "expires", "bytes"] + (["payload"] if show else [])
-    rows = [[t.pid, t.token, t.attempts, "dequeued" if done else ago(t.expires_at, now), t.size]
-            + ([preview(d)] if show else []) for t, d in zip(tasks, datas, strict=True)]
-    out.print(table(f"leased from {queue}", cols, rows))
-
-
-def queues(regex: Annotated[str | None, typer.Argument(help="regex searched in group#name")
-                            ] = None,
-           group: Annotated[str | None, typer.Option(help="only this group")] = None,
-           all_: Annotated[bool, typer.Option("--all", help="include empty queues")] = False,
-           limit: Annotated[int, typer.Option(min=1)] = 1000,
-           as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
-    """List queues with their task counts."""
-    with connect(master) as c:
-        qs = c.queues(regex, group=group, min_tasks=0 if all_ else 1, limit=limit)
-    if as_json:
-        print_json(qs)
-        return
-    if not qs:
-        out.print("no queues" + (" match" if regex or group else " hold tasks"))
-        return
-    out.print(table(None, ["queue", "available", "leased", "delayed", "total", "completed"],
-                    [[f"{q.group}#{q.queue}", q.available, q.leased, q.delayed, q.total,
-                      q.completed] for q in qs]))
-
-
-def _stats_view(c: Client, queue: str | None) -> RenderableType:
-    s = c.stats(queue)
-    if isinstance(s, ClusterStats):
-        top = sorted(c.queues(limit=1000), key=lambda q: -q.total)[:20]
-        head = table("cluster", ["", "value"], [
-            ["queues holding tasks", s.queues], ["available", s.available],
-            ["leased", s.leased], ["delayed", s.delayed], ["completed", s.completed],
-            ["enqueue/s (1m)", f"{s.rates.enqueue_1m:.1f}"],
-            ["lease/s (1m)", f"{s.rates.lease_1m:.1f}"],
-            ["dequeue/s (1m)", f"{s.rates.dequeue_1m:.1f}"], ["WAL ticket", s.wal_ticket]])
-        return Group(head, table("busiest queues", ["queue", "available", "leased",
-                                                    "delayed", "completed"],
-                                 [[f"{q.group}#{q.queue}", q.available, q.leased, q.delayed,
-                                   q.completed] for q in top]))
-    assert isinstance(s, QueueStats)
-    r = s.rates
-    rows = [["available", s.available], ["leased", s.leased], ["delayed", s.delayed],
-            ["total", s.total], ["completed", s.completed], ["enqueued (all time)",
-                                                             s.enqueued_total],
-            ["enqueue/s 1m / 5m", f"{r.enqueue_1m:.1f} / {r.enqueue_5m:.1f}"],
-            ["lease/s 1m / 5m", f"{r.lease_1m:.1f} / {r.lease_5m:.1f}"],
-            ["dequeue/s 1m / 5m", f"{r.dequeue_1m:.1f} / {r.dequeue_5m:.1f}"],
-            ["mean lease (s)", f"{s.mean_lease_secs:.2f}" if s.mean_lease_secs else "-"],
-            ["oldest available (s)", s.oldest_available_age_secs or "-"]]
-    for x in s.leased_sample[:5]:
-        rows.append([f"leased {x.pid}", f"{x.worker} {x.worker_addr} {x.lease_age_secs:.1f}s"])
-    return table(f"{s.group}#{s.queue}", ["", "value"], rows)
-
-
-def stats(queue: Annotated[str | None, typer.Argument(help="a queue (default: the cluster)")
-                           ] = None,
-          watch: Annotated[bool, typer.Option("--watch", "-w", help="refresh until Ctrl-C")
-                           ] = False,
-          interval: Annotated[float, typer.Option(min=0.1, help="seconds between refreshes")
-                              ] = 2.0,
-          times: Annotated[int, typer.Option(hidden=True, help="stop after N refreshes")] = 0,
-          as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
-    """Queue statistics (counts, rates, lease times), or cluster totals."""
-    if queue is not None:
-        _check_queue(queue)
-    with connect(master) as c:
+        datas = [t.payload() if with_payload else b"" for t in tasks]
         if as_json:
-            print_json(c.stats(queue))
-            return
-        if not watch:
-            out.print(_stats_view(c, queue))
-            return
-        n = 0
-        try:
-            with Live(_stats_view(c, queue), console=out, auto_refresh=False) as live:
-                while not times or n < times:
-                    time.sleep(interval)
-                    live.update(_stats_view(c, queue), refresh=True)
-                    n += 1
-        except KeyboardInterrupt:
-            pass
+            objs = [{"queue": t.queue, "pid": t.pid, "token": t.token, "attempts": t.attempts,
+                     "expires_at": t.expires_at, "size": t.size,
+                     **({"payload": d.decode("utf-8", "replace")} if with_payload else {})}
+                    for t, d in zip(tasks, datas, strict=True)]
+            sys.stdout.write(dump_json(objs) + "\n")
+        elif not tasks:
+            say(f"no task available in {queue}")
+        else:
+            now = time.time()
+            cols = ["pid", "token", "attempts", "expires", "bytes"] + (
+                ["payload"] if with_payload else [])
+            rows = [[t.pid, t.token, t.attempts, ago(t.expires_at, now), t.size]
+                    + ([preview(d)] if with_payload else [])
+                    for t, d in zip(tasks, datas, strict=True)]
+            show(f"leased from {queue}", cols, rows)
+        sys.stdout.flush()
+        if done and tasks:  # printed first: a failed print leaves the leases to expire
+            c.done(tasks)
+            if not as_json:
+                say(f"dequeued {len(tasks)} task(s)")
 
 
-def task(queue: QueueArg, pid: Annotated[str, typer.Argument(help="the task's pid")],
-         as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
+def ack(queue: QueueArg, pid: PidArg, token: TokenOpt,
+        master: MasterOpt = "http://127.0.0.1:7070") -> None:
+    """Dequeue (acknowledge) a task you hold: its pid and lease token."""
+    check_queue(queue)
+    with connect(master) as c:
+        c.held(queue, pid, token).done()
+    say(f"dequeued {queue} {pid}")
+
+
+def release(queue: QueueArg, pid: PidArg, token: TokenOpt,
+            delay: Annotated[float | None, typer.Option(help="seconds before it may be "
+                                                            "leased again")] = None,
+            error: Annotated[str | None, typer.Option(
+                help="the attempt failed: counts toward max_attempts and applies the retry "
+                     "backoff")] = None,
+            master: MasterOpt = "http://127.0.0.1:7070") -> None:
+    """Give back a task you hold (its pid and lease token) so it can be leased again."""
+    check_queue(queue)
+    with connect(master) as c:
+        c.held(queue, pid, token).release(delay=delay, error=error)
+    say(f"released {queue} {pid}")
+
+
+def cancel(queue: QueueArg,
+           pids: Annotated[list[str], typer.Argument(help="pids of queued tasks")],
+           master: MasterOpt = "http://127.0.0.1:7070") -> None:
+    """Remove queued (available or delayed) tasks by pid without leasing them."""
+    check_queue(queue)
+    with connect(master) as c:
+        for pid in pids:
+            c.cancel(queue, pid)
+            say(f"cancelled {queue} {pid}")
+
+
+def task(queue: QueueArg, pid: PidArg, as_json: JsonOpt = False,
+         master: MasterOpt = "http://127.0.0.1:7070") -> None:
     """Look up one task: state, attempts, lease holder, last error, payload."""
-    _check_queue(queue)
-    from squall.common.errors import NotFound
-
+    check_queue(queue)
     with connect(master) as c:
         try:
             t = c.task(queue, pid)
@@ -259,54 +224,28 @@ def task(queue: QueueArg, pid: Annotated[str, typer.Argument(help="the task's pi
     out.print(table(f"{queue} {pid}", ["", "value"], [r for r in rows if r[1] not in (None, "")]))
 
 
-def delete(queue: QueueArg,
-           yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
-           master: MasterOpt = "http://127.0.0.1:7070") -> None:
-    """Delete a queue and all its tasks."""
-    _check_queue(queue)
-    if not yes and not typer.confirm(f"delete {queue} and all its tasks?"):
-        raise typer.Exit(1)
+def tasks(queue: QueueArg,
+          after: Annotated[str | None, typer.Option(help="start after this pid")] = None,
+          limit: Annotated[int, typer.Option(min=1, max=100_000)] = 100,
+          as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
+    """List a queue's tasks in pid order: state, attempts, lease holder, last error."""
+    check_queue(queue)
     with connect(master) as c:
-        r = c.delete(queue)
-    out.print(f"deleted {queue} ({r.deleted} task(s))")
-
-
-def reset_leases(queue: QueueArg, master: MasterOpt = "http://127.0.0.1:7070") -> None:
-    """Make every leased task of a queue available again now."""
-    _check_queue(queue)
-    with connect(master) as c:
-        r = c.reset_leases(queue)
-    out.print(f"reset {r.reset} lease(s) in {queue}")
-
-
-def dead_letters(queue: QueueArg, limit: Annotated[int, typer.Option(min=1)] = 100,
-                 as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
-    """List a queue's dead letters (tasks that failed max_attempts times)."""
-    _check_queue(queue)
-    with connect(master) as c:
-        dlq = c.dead_letter_queue(queue)
-        ts = c.dead_letters(queue, limit=limit)
+        ts = c.tasks(queue, after=after, limit=limit)
     if as_json:
         print_json(ts)
         return
     if not ts:
-        out.print(f"no dead letters in {dlq}")
+        say(f"no tasks in {queue}" + (f" after {after}" if after else ""))
         return
-    out.print(table(f"dead letters of {queue} (in {dlq})", ["pid", "attempts", "error"],
-                    [[t.pid, t.attempts, (t.error or "").splitlines()[0][:160] if t.error
-                      else ""] for t in ts]))
-
-
-def redrive(queue: QueueArg,
-            max_tasks: Annotated[int, typer.Option("--max", min=1, max=1000)] = 1000,
-            master: MasterOpt = "http://127.0.0.1:7070") -> None:
-    """Move dead letters back into their queue (attempts reset)."""
-    _check_queue(queue)
-    with connect(master) as c:
-        r = c.redrive(queue, max_tasks)
-    out.print(f"moved {r.moved} task(s) from {r.source} back into {queue}")
+    now = time.time()
+    show(f"tasks of {queue}", ["pid", "state", "attempts", "enqueued", "worker", "last error"],
+         [[t.pid, t.state, t.attempts, ago(t.enqueued_at, now), t.worker or "",
+           (t.error or "").splitlines()[0][:80] if t.error else ""] for t in ts])
+    if len(ts) == limit:
+        say(f"(first {limit}; more with --after {ts[-1].pid})", style="dim")
 
 
 def register(app: typer.Typer) -> None:
-    for fn in (put, lease, queues, stats, task, delete, reset_leases, dead_letters, redrive):
+    for fn in (put, lease, ack, release, cancel, task, tasks):
         app.command(fn.__name__.replace("_", "-"))(fn)

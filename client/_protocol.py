@@ -19,6 +19,7 @@ from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder, as_sourc
 from squall.common.errors import BadRequest, NotFound
 from squall.common.models import (
     MAX_BATCH,
+    CancelResponse,
     ClusterInfo,
     ClusterStats,
     DeleteResponse,
@@ -48,6 +49,21 @@ def default_master() -> str:
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def pid_segment(pid: str) -> str:
+    """`pid` as one URL path segment: every reserved character percent-encoded, and the
+    dot segments ``.`` and ``..`` too (else URL normalisation would turn ``/tasks/..``
+    into a different path)."""
+    seg = quote(pid, safe="")
+    return seg.replace(".", "%2E") if seg in (".", "..") else seg
+
+
+def held_wire(queue: str, pid: str, token: int) -> tuple[WireTask, str]:
+    """The wire form of a task known only by queue, pid and lease token (and its group)."""
+    group, name = split_queue(queue)
+    return WireTask(queue=name, pid=pid, token=token, expires_at=0.0, attempts=0,
+                    enqueued_at=0.0), group
 
 
 def _qpath(queue: str) -> tuple[str, str, str]:
@@ -229,8 +245,14 @@ class Core:
         return QueueStats.model_validate(ans)
 
     def task(self, queue: str, pid: str) -> Proto[TaskInfo]:
-        ans = yield from self._call("GET", f"{_qpath(queue)[2]}/tasks/{quote(pid, safe='')}")
+        ans = yield from self._call("GET", f"{_qpath(queue)[2]}/tasks/{pid_segment(pid)}")
         return TaskInfo.model_validate(ans)
+
+    def cancel(self, queue: str, pid: str) -> Proto[CancelResponse]:
+        """Remove a queued (available or delayed) task without leasing it."""
+        ans = yield from self._call("DELETE", f"{_qpath(queue)[2]}/tasks/{pid_segment(pid)}",
+                                    idempotent=False)
+        return CancelResponse.model_validate(ans)
 
     def _task_page(self, queue: str, after: str | None, n: int
                    ) -> Proto[tuple[list[TaskInfo], str | None]]:

@@ -1,34 +1,49 @@
 """The `squall` command line.
 
-User verbs (``put``, ``lease``, ``queues``, ``stats``, ``task``, ``delete``, ``reset-leases``,
-``dead-letters``, ``redrive``) live in ``_cli_verbs.py``, ``nodes`` (list, decommission,
-forget) in ``_cli_nodes.py``, the local cluster (``squall dev``) in ``_cli_dev.py``.
-Server commands (``squall master``, ``squall datanode``) are plugins found through the
-``squall.cli`` entry-point group, so this package never imports the server packages; a
-plugin that cannot load (e.g. a client-only install) is skipped with a note instead of
-breaking the user verbs.
+Task verbs (``put``, ``lease``, ``ack``, ``release``, ``cancel``, ``task``, ``tasks``) live in
+``_cli_verbs.py``, queue verbs (``queues``, ``stats``, ``delete``, ``reset-leases``,
+``dead-letters``, ``redrive``, ``policy …``, ``schedule …``) in ``_cli_admin.py``, ``nodes``
+(list, decommission, forget) in ``_cli_nodes.py``, the local cluster (``squall dev``) in
+``_cli_dev.py``. Server commands (``squall master``, ``squall datanode``) are plugins found
+through the ``squall.cli`` entry-point group, so this package never imports the server
+packages; a plugin that cannot load (e.g. a client-only install) is skipped with a note
+instead of breaking the user verbs.
 """
 
 from __future__ import annotations
 
 import os
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
+from typing import Annotated
 
 import typer
 
-from squall.client import _cli_dev, _cli_nodes, _cli_verbs
+from squall.client import _cli_admin, _cli_dev, _cli_nodes, _cli_verbs
 
 app = typer.Typer(help="squall: a distributed, durable, priority task queue.",
                   no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)
 
 
+def _version(value: bool) -> None:
+    if value:
+        try:
+            v = version("squall")
+        except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+            v = "unknown (not installed)"
+        typer.echo(f"squall {v}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(_v: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="print the version and exit")
+        ] = False) -> None:
     """squall: a distributed, durable, priority task queue."""
 
 
 _cli_verbs.register(app)
+_cli_admin.register(app)
 app.add_typer(_cli_nodes.app, name="nodes")
 _cli_dev.register(app)
 _plugins_loaded = False

@@ -158,6 +158,12 @@ class TaskInfo(_M):
     payload: PayloadRef | None = None
 
 
+class CancelResponse(_M):
+    ticket: int
+    cancelled: str = Field(description="pid of the task removed")
+    state: str = Field(description="what it was: available | delayed")
+
+
 class QueueCounts(_M):
     group: str
     queue: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -12,8 +13,10 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from squall.common.clock import Clock
+from squall.common.docs import install_docs
 from squall.common.errors import BadRequest
 from squall.common.http import BodyLimit, error_response, install_error_handlers
+from squall.common.metrics import HttpMetrics, HttpStats
 from squall.datanode.config import DataNodeSettings
 from squall.datanode.fastpath import FastPath
 from squall.datanode.routes import batch, blobs, health, replicate
@@ -35,6 +38,12 @@ async def _on_disconnect(request: Request, _: Exception) -> Response:
     return error_response(BadRequest("client disconnected before the end of the body"))
 
 
+# routes served by FastPath below the router, for request metrics
+FAST_ROUTES = [(re.compile(r"^/v1/blobs/[^/:]+$"), "/v1/blobs/{blob_id}"),
+               (re.compile(r"^/v1/replicate/[^/]+$"), "/v1/replicate/{blob_id}"),
+               (re.compile(r"^/static/"), "/static/{path}")]
+
+
 def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
                         background: bool = True) -> FastAPI:
     """The data node app. `background=False` starts no heartbeat or scrubber loop (tests
@@ -43,6 +52,7 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         node = DataNode(settings, clock)
+        node.http_stats = http
         app.state.node = node
         node.start(background)
         try:
@@ -51,7 +61,9 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
             await node.stop()
             node.close()
 
-    app = FastAPI(title="squall data node", version="1", lifespan=lifespan,
+    http = HttpStats()
+    app = FastAPI(title="squall data node", version="1", lifespan=lifespan, docs_url=None,
+                  redoc_url=None,
                   description="Payload storage of squall: blobs in LMDB with CRC32C checks, "
                   "replicated node to node, under tokens the master signs. Errors are "
                   "`{\"error\": {\"code\", \"message\"}}`.")
@@ -61,6 +73,8 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
     app.include_router(batch.router)
     app.include_router(replicate.router)
     app.include_router(health.router)
+    install_docs(app)
     app.add_middleware(FastPath)  # inside BodyLimit: the last added is the outermost
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, skip=_streams)
+    app.add_middleware(HttpMetrics, stats=http, fallbacks=FAST_ROUTES)
     return app

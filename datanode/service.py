@@ -8,7 +8,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from squall.common.clock import Clock, SystemClock
 from squall.common.tokens import TokenClaims, bearer, sign, sign_receipt, verify
@@ -34,6 +34,9 @@ class DataNode:
         self.store = BlobStore(os.path.join(settings.data_dir, "blobs"),
                                chunk_bytes=settings.chunk_bytes, txn_bytes=settings.txn_bytes,
                                map_size=settings.map_size, map_size_max=settings.map_size_max)
+        self.store.name = f"{self.node_id} ({self.address})"
+        self.http_stats: Any = None  # the app's HttpStats (request metrics)
+        self.metrics_registry: Any = None  # built on the first scrape
         self.peers: Peers | None = None
         self.repair_pacer = Pacer(settings.repair_bytes_per_s)
         self.puts = self.gets = self.forwarded = self.peer_errors = 0

@@ -94,6 +94,7 @@ class BlobStore:
         self.pool = ThreadPoolExecutor(read_threads, thread_name_prefix="blob-read")
         self.bytes_written = self.bytes_read = self.corrupt_found = 0
         self.uploads_open = 0  # Upload objects neither committed nor aborted
+        self.name = "this data node"  # the owner sets its id and address (error messages)
         self._leaked: set[int] = set()
         with self.env.read() as txn:
             stale = [_U64.unpack(k)[0] for k, _ in txn.cursor(db=self.db[b"pending"])]
@@ -176,11 +177,14 @@ class BlobStore:
 
     def check_space(self, nbytes: int) -> None:
         """InsufficientStorage now, rather than after streaming `nbytes` that cannot fit."""
-        need = nbytes + nbytes // 64 + 2 * self.chunk_bytes
+        reserve = nbytes // 64 + 2 * self.chunk_bytes
         free = self.space().free_bytes
-        if need > free:
-            raise InsufficientStorage(f"data node has {free} bytes free; a {nbytes}-byte blob "
-                                      "does not fit")
+        if nbytes + reserve > free:
+            raise InsufficientStorage(
+                f"data node {self.name} is full: {free} bytes free, and a {nbytes}-byte blob "
+                f"does not fit with its {reserve}-byte reserve (1/64 of the blob for LMDB "
+                f"pages plus two {self.chunk_bytes}-byte chunks); free disk space there or add "
+                "data nodes")
 
     # -- writes ------------------------------------------------------------------------------
     async def _submit(self, fn: Callable[[lmdb.Transaction], T], durable: bool,

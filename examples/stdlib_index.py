@@ -13,7 +13,7 @@ Spark (``make run``).
    into an inverted index (term -> files, occurrences) and print the top terms.
 
 It checks its own result (every file exactly once in ``docs#terms`` by pid, none left in
-``docs#raw``, none dead-lettered), prints the master's status page, and keeps the cluster
+``docs#raw``, none dead-lettered), prints the dashboard URL, and keeps the cluster
 running until Ctrl-C (``--once``: stop at the end, for scripted runs).
 
     python examples/stdlib_index.py [--once] [--port 7470] [--master URL] [--data-dir D]
@@ -75,7 +75,7 @@ def dev_cluster(port: int, data_dir: Path, keep: bool) -> Iterator[str]:
         console.print(f"[green]squall dev is up[/] at {url} (data and logs in {data_dir})")
         yield url
         if keep:
-            console.print(f"\nstatus page: [bold]{url}/[/]   API docs: {url}/docs   "
+            console.print(f"\ndashboard: [bold]{url}/[/]   API docs: {url}/docs   "
                           "— the cluster keeps running; Ctrl-C to stop it")
             with contextlib.suppress(KeyboardInterrupt):
                 while proc.poll() is None:
@@ -264,8 +264,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         console.print(f"[green]check passed[/]: each of the {n} files was tokenised exactly "
                       f"once (by pid); total {time.monotonic() - t0:.0f} s")
-        if args.once or args.master:  # otherwise dev_cluster prints it as it waits
-            console.print(f"status page: [bold]{url}/[/]")
+        if args.master:  # our own cluster: dev_cluster prints it as it waits (or stops it)
+            console.print(f"dashboard: [bold]{url}/[/]")
+    if args.once and not args.master:
+        console.print("the cluster is stopped (--once); its data stays in "
+                      f"{args.data_dir}: `make run` starts it again")
     return 0
 
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import lmdb
 
-from squall.common.errors import BadRequest, NotFound
+from squall.common.errors import BadRequest, Conflict, NotFound
 from squall.common.models import Policy, Schedule, TaskSpec
 from squall.common.names import check_name, check_pid, join_queue
 from squall.master import policies, schedules
 from squall.master.engine import Engine, Plan, View
-from squall.master.index import QueueRec, Task, pidkey, qprefix
+from squall.master.index import LEASED, STATE_NAMES, QueueRec, Task, pidkey, qprefix
 
 MAX_SCHEDULES_PER_TICK = 1000
 
@@ -39,6 +39,26 @@ def plan_delete(e: Engine, group: str, queue: str) -> Plan:
 def plan_reset(e: Engine, group: str, queue: str) -> Plan:
     q = _queue(e, group, queue)
     return Plan([("R", q.qid, q.gen)], {"reset": q.leased})
+
+
+def plan_cancel(e: Engine, txn: lmdb.Transaction, group: str, queue: str, pid: str) -> Plan:
+    """Remove one queued task (available or delayed) by pid without leasing it; a task under
+    a live lease is refused (its holder would otherwise finish work nobody tracks)."""
+    v = View(e, txn, group)
+    q = v.queue(check_name("queue", queue))
+    raw = check_pid(pid)
+    t = v.task(q, raw) if q is not None else None
+    where = f"task {pid!r} in queue {join_queue(group, queue)}"
+    if q is None or t is None:
+        raise NotFound(f"{where} does not exist (done, deleted, or never enqueued)")
+    if t.state == LEASED and t.expiry_ms > e.now_ms():
+        raise Conflict(f"{where} is leased (by {t.worker or 'a worker'}) until its lease "
+                       "expires: it cannot be cancelled now. Release it with its lease token, "
+                       "reset the queue's leases, or cancel it after the lease ends.")
+    state = "available" if t.state == LEASED else STATE_NAMES[t.state]
+    v.delete(q, t.pid, completed=False)
+    v.plan.events[(q.group, q.name, "cancel")] += 1
+    return v.finish({"cancelled": t.pid, "state": state})
 
 
 def plan_redrive(e: Engine, txn: lmdb.Transaction, group: str, queue: str, max_tasks: int

@@ -144,6 +144,7 @@ class Engine:
         self.index = index
         self.clock = clock
         self.store_payload = store_payload  # checks a payload's write receipts
+        self.swept_expired = 0
 
     def now_ms(self) -> int:
         return ms(self.clock.now())
@@ -225,6 +226,7 @@ class Engine:
 
     def _release(self, v: View, r: ReleaseItem, now: int) -> None:
         q, t = self.held(v, r)
+        v.plan.events[(q.group, q.name, "release")] += 1
         t = t.copy()
         t.live, t.expiry_ms = False, 0
         delay = ms(r.delay_secs) if r.delay_secs is not None else 0
@@ -285,6 +287,7 @@ class Engine:
         idx = self.index
         now = self.now_ms()
         due = idx.due_timers(txn, now, limit)
+        self.swept_expired = 0  # expired leases in this sweep (metrics, once it committed)
         touched: dict[int, QueueRec] = {}
         for due_key, qid, gen, pk in due:
             q = idx.by_qid.get(qid)
@@ -296,6 +299,7 @@ class Engine:
             if t.state == LEASED:
                 retry_at = t.expiry_ms + policies.backoff_ms(self.policy(q), t.attempts, t.pid)
                 t.error = "lease expired"
+                self.swept_expired += 1
             if retry_at > now:
                 t.state, t.expiry_ms, t.not_before_ms = DELAYED, 0, retry_at
             else:

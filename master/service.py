@@ -142,10 +142,7 @@ class Master:
             apply(self.index, txn, plan.ops, ticket)
             return msgpack.packb(plan.ops), plan
 
-        def sweep(txn: lmdb.Transaction) -> int:
-            return self.engine.sweep(txn, self.settings.sweep_batch)
-
-        ticket, plan = await self.commit.run(work, pre=sweep if sweep_first else None)
+        ticket, plan = await self.commit.run(work, pre=self._sweep if sweep_first else None)
         self._record(plan)
         plan.result["ticket"] = ticket
         return plan.result
@@ -153,8 +150,7 @@ class Master:
     def _record(self, plan: Plan) -> None:
         now = self.clock.now()
         for (group, queue, kind), n in plan.events.items():
-            if kind != "dead_letter":
-                self.meters.record((group, queue), kind, n, now)
+            self.meters.record((group, queue), kind, n, now)
         for group, queue, secs in plan.lease_secs:
             self.meters.lease_done((group, queue), secs)
 
@@ -186,6 +182,10 @@ class Master:
 
     async def reset_leases(self, group: str, queue: str) -> dict[str, Any]:
         return await self._execute(lambda txn: admin.plan_reset(self.engine, group, queue))
+
+    async def cancel(self, group: str, queue: str, pid: str) -> dict[str, Any]:
+        return await self._execute(
+            lambda txn: admin.plan_cancel(self.engine, txn, group, queue, pid))
 
     async def redrive(self, group: str, queue: str, max_tasks: int) -> dict[str, Any]:
         return await self._execute(
@@ -277,7 +277,13 @@ class Master:
     # -- background ----------------------------------------------------------------------
     def sweep_once(self) -> int:
         """One sweep in its own transaction (tests; no request may be in flight)."""
-        return self.commit.run_sync(lambda txn: self.engine.sweep(txn, self.settings.sweep_batch))
+        return self.commit.run_sync(self._sweep)
+
+    def _sweep(self, txn: lmdb.Transaction) -> int:
+        n = self.engine.sweep(txn, self.settings.sweep_batch)
+        # expired leases, for metrics (a batch refused afterwards is counted all the same)
+        self.meters.count("expire", self.engine.swept_expired)
+        return n
 
     def reap_once(self) -> int:
         """Reap one batch of a deleted queue generation (tests; no request in flight).
@@ -313,8 +319,7 @@ class Master:
         if self.ready() is not None:
             return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
         try:
-            swept = await self._derived(
-                lambda txn: self.engine.sweep(txn, self.settings.sweep_batch))
+            swept = await self._derived(self._sweep)
             fired = await self.fire_schedules()
             reaped = await self._derived(self._reap)
         except Unavailable:  # a refused batch (the disk failed meanwhile): next tick

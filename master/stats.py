@@ -13,7 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 TAUS = (60.0, 300.0)
-KINDS = ("enqueue", "lease", "dequeue")
+KINDS = ("enqueue", "lease", "dequeue")  # with rates
+COUNTED = (*KINDS, "release", "expire", "dead_letter", "cancel")  # process-wide counters
 LEASE_SAMPLE = 32
 
 
@@ -54,9 +55,14 @@ class QueueMeter:
 
 
 class Meters:
+    """Per-queue meters, their total, and process-wide event counters (``counts``: every
+    event kind, e.g. enqueue, lease, dequeue, release, dead_letter, cancel). The counters
+    only grow: deleting a queue forgets its meter, never its part of the counts."""
+
     def __init__(self) -> None:
         self.queues: dict[tuple[str, str], QueueMeter] = {}
         self.total = QueueMeter()
+        self.counts: dict[str, int] = dict.fromkeys(COUNTED, 0)
 
     def get(self, key: tuple[str, str]) -> QueueMeter:
         m = self.queues.get(key)
@@ -66,8 +72,14 @@ class Meters:
 
     def record(self, key: tuple[str, str], kind: str, n: int, now: float) -> None:
         if n:
-            self.get(key).add(kind, n, now)
-            self.total.add(kind, n, now)
+            self.counts[kind] = self.counts.get(kind, 0) + n
+            if kind in KINDS:
+                self.get(key).add(kind, n, now)
+                self.total.add(kind, n, now)
+
+    def count(self, kind: str, n: int = 1) -> None:
+        """An event counted without a rate (e.g. expired leases, found by the sweeper)."""
+        self.counts[kind] = self.counts.get(kind, 0) + n
 
     def lease_done(self, key: tuple[str, str], secs: float) -> None:
         m = self.get(key)

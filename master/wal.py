@@ -48,7 +48,9 @@ import itertools
 import os
 import struct
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import google_crc32c
@@ -166,6 +168,8 @@ class WAL:
         self.durable_ticket = tail.last_ticket
         self.syncs = 0  # fdatasync calls, for metrics
         self.records = 0
+        # metrics hook, called on the writer thread: (write secs, fdatasync secs, records)
+        self.on_write: Callable[[float, float, int], None] | None = None
         self._cv = threading.Condition()
         self._pending: list[bytes] = []
         self._pending_last = 0
@@ -277,6 +281,7 @@ class WAL:
 
     def _write(self, frames: list[bytes], last: int) -> str | None:
         """Write and sync one group. On failure, cut it off the file and say why."""
+        t0 = time.perf_counter()
         data = b"".join(frames)
         start = self._size
         try:
@@ -297,6 +302,7 @@ class WAL:
             self._resume_free_bytes = max(RESUME_FREE_BYTES_MIN, 4 * len(data))
             return f"WAL write failed ({e.strerror or e}): the disk refused {len(data)} bytes"
         self._size += len(data)
+        t1 = time.perf_counter()
         if self.fsync:
             try:
                 self._os_fdatasync(self._fd)
@@ -310,6 +316,8 @@ class WAL:
                         "unknown; restart the master once the disk is fixed")
         self.syncs += 1
         self.records += len(frames)
+        if self.on_write is not None:
+            self.on_write(t1 - t0, time.perf_counter() - t1, len(frames))
         if self._size >= self.segment_bytes or self._roll_requested:
             try:
                 self._roll(last + 1)

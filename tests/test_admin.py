@@ -261,7 +261,8 @@ async def test_status_page_and_metrics(api: Api) -> None:
     await put(c, "shown", {"pid": "1"})
     r = await c.get("/")
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
-    assert "<td>g#shown</td><td>1</td>" in r.text
+    o = (await c.get("/v1/overview")).json()
+    assert [(q["queue"], q["available"]) for q in o["queues"]] == [("g#shown", 1)]
     r = await c.get("/metrics")
     assert 'squall_tasks{state="available"} 1.0' in r.text
 

@@ -63,7 +63,9 @@ def test_full_disk_gives_507_and_loses_nothing_acknowledged(tiny_fs: str, tmp_pa
                     break
             assert 5 <= len(acked) < 16 and len(refusals) == 3
             # a declared length that cannot fit is refused before any byte is stored
-            with pytest.raises(InsufficientStorage, match="does not fit"):
+            # ... and the answer names the node and the reserve
+            with pytest.raises(InsufficientStorage, match=rf"data node dn-\S+ \({node.url}\) "
+                               r"is full: .* does not fit with its \d+-byte reserve"):
                 payload.put_blob(c, node.url, "too-big", chunks(8 * MIB), tok("write", "too-big"),
                                  size=8 * MIB)
             assert c.get(node.url + "/readyz").status_code == 200

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import time
 from collections.abc import Iterator
 
@@ -204,6 +205,16 @@ def test_health_metrics_and_openapi(nodes: list[DataNodeProcess], client: httpx.
     assert ready["ok"] and ready["address"] == url and ready["node_id"].startswith("dn-")
     text = client.get(url + "/metrics").text
     assert "squall_datanode_blobs" in text and "squall_datanode_syncs_total" in text
+    for name in ("squall_datanode_scrubbed_blobs_total", "squall_datanode_scrub_corrupt_total",
+                 "squall_datanode_build_info", "process_cpu_seconds_total", "python_info"):
+        assert name in text, name
+    # reads and writes by route template (the fast path's routes included), with latency
+    assert re.search(r'^squall_datanode_http_request_duration_seconds_count\{method="PUT",'
+                     r'route="/v1/blobs/\{blob_id\}"\} [1-9]', text, re.M), text
+    assert re.search(r'^squall_datanode_http_requests_total\{method="GET",'
+                     r'route="/v1/blobs/\{blob_id\}",status="2xx"\} [1-9]', text, re.M)
+    docs = client.get(url + "/docs")
+    assert docs.status_code == 200 and "/static/swagger-ui/swagger-ui-bundle.js" in docs.text
     paths = client.get(url + "/openapi.json").json()["paths"]
     for p in ("/v1/blobs/{blob_id}", "/v1/blobs:batch-put", "/v1/blobs:batch-get",
               "/v1/replicate/{blob_id}", "/v1/replicate:batch-put"):

@@ -36,6 +36,8 @@ ROUTES = {
     ("POST", "/v1/groups/{group}/queues/{queue}/tasks"),
     ("POST", "/v1/groups/{group}/queues/{queue}/lease"),
     ("GET", "/v1/groups/{group}/queues/{queue}/tasks/{pid}"),
+    ("DELETE", "/v1/groups/{group}/queues/{queue}/tasks/{pid}"),
+    ("GET", "/v1/overview"),
     ("GET", "/v1/groups/{group}/queues/{queue}"),
     ("GET", "/v1/queues"),
     ("GET", "/healthz"),

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fastapi import APIRouter
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.responses import Response
 
 from squall.common.errors import Unavailable
 from squall.common.http import JSON
+from squall.common.metrics import Exposition, build_info
 from squall.datanode.deps import NodeDep
 from squall.datanode.service import DataNode
 
@@ -39,7 +40,7 @@ class NodeCollector:
     def __init__(self, node: DataNode) -> None:
         self.node = node
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Metric | str]:
         n, s = self.node, self.node.store
         sp = s.space()
         yield GaugeMetricFamily("squall_datanode_blobs", "blobs stored", value=sp.blob_count)
@@ -73,14 +74,25 @@ class NodeCollector:
              n.heartbeat.failures if n.heartbeat else 0),
             ("scrubbed_bytes", "bytes re-verified by the scrubber",
              n.scrubber.bytes_checked if n.scrubber else 0),
+            ("scrubbed_blobs", "blobs re-verified by the scrubber",
+             n.scrubber.blobs_checked if n.scrubber else 0),
+            ("scrub_passes", "scrubber passes over every blob completed",
+             n.scrubber.passes if n.scrubber else 0),
+            ("scrub_corrupt", "corrupt replicas the scrubber found",
+             n.scrubber.corrupt_found if n.scrubber else 0),
         ):
             yield CounterMetricFamily(f"squall_datanode_{name}", doc, value=value)
+        yield build_info("squall_datanode")
+        http = getattr(self.node, "http_stats", None)
+        if http is not None:
+            yield from http.collect("squall_datanode")
 
 
 @router.get("/metrics", response_class=Response)
 async def metrics(node: NodeDep) -> Response:
-    """Prometheus metrics."""
-    reg = CollectorRegistry()
-    reg.register(NodeCollector(node))  # type: ignore[arg-type]
-    data = await node.store.run(generate_latest, reg)
+    """Prometheus metrics: the node's counters, HTTP requests and latency per route
+    (reads: GET blobs, writes: PUT blobs, replication: PUT replicate), process and Python."""
+    if node.metrics_registry is None:
+        node.metrics_registry = Exposition(NodeCollector(node).collect)
+    data = await node.store.run(node.metrics_registry.body)
     return Response(data, media_type=CONTENT_TYPE_LATEST)

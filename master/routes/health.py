@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from squall.master.deps import MasterDep
 from squall.master.http import JSON
-from squall.master.service import Master
 
 router = APIRouter(tags=["health"])
 
@@ -29,64 +27,7 @@ async def readyz(m: MasterDep) -> JSON:
     return JSON({"ok": True, "ticket": m.wal.last_ticket, "recovery_secs": m.recovery_secs})
 
 
-class MasterCollector:
-    """Reads the master's counters at scrape time (no per-request metric cost)."""
-
-    def __init__(self, m: Master) -> None:
-        self.m = m
-
-    def collect(self):  # type: ignore[no-untyped-def]
-        m = self.m
-        qs = list(m.index.queues.values())
-        g = GaugeMetricFamily("squall_tasks", "tasks by state", labels=["state"])
-        g.add_metric(["available"], sum(q.available for q in qs))
-        g.add_metric(["leased"], sum(q.leased for q in qs))
-        g.add_metric(["delayed"], sum(q.delayed for q in qs))
-        yield g
-        yield GaugeMetricFamily("squall_queues", "queues holding tasks",
-                                value=sum(1 for q in qs if q.size))
-        yield CounterMetricFamily("squall_tasks_completed", "tasks dequeued (ever: queue "
-                                  "deletion does not take them back)",
-                                  value=m.index.completed_total)
-        yield CounterMetricFamily("squall_tasks_enqueued", "tasks enqueued (ever)",
-                                  value=m.index.enqueued_total)
-        yield CounterMetricFamily("squall_wal_failures", "WAL writes or syncs that failed",
-                                  value=m.wal.failures)
-        yield GaugeMetricFamily("squall_wal_healthy", "1 while the WAL accepts writes",
-                                value=0 if m.ready() else 1)
-        yield CounterMetricFamily("squall_wal_records", "WAL records written",
-                                  value=m.wal.records)
-        yield CounterMetricFamily("squall_wal_syncs", "WAL fdatasync calls", value=m.wal.syncs)
-        yield CounterMetricFamily("squall_checkpoints", "checkpoints", value=m.checkpoints)
-        yield CounterMetricFamily("squall_tasks_reaped", "tasks of deleted queues reaped "
-                                  "since start", value=m.reaped)
-        yield GaugeMetricFamily("squall_wal_ticket", "last WAL ticket", value=m.wal.last_ticket)
-        yield from _cluster_metrics(m)
-
-
-def _cluster_metrics(m: Master):  # type: ignore[no-untyped-def]
-    """Replication health: under-replicated and lost blobs, copies in flight and done."""
-    c = m.cluster
-    copies, nbytes = c.repair.in_flight()
-    yield GaugeMetricFamily("squall_blobs_under_replicated", "referenced blobs below the "
-                            "replication factor", value=len(c.under))
-    yield GaugeMetricFamily("squall_blobs_lost", "referenced blobs no live data node reports "
-                            "(block reports and the blob scan)", value=len(c.lost))
-    yield GaugeMetricFamily("squall_blob_copies_in_flight", "re-replication copies running",
-                            value=copies)
-    yield GaugeMetricFamily("squall_blob_copy_bytes_in_flight", "bytes of re-replication "
-                            "copies running", value=nbytes)
-    yield CounterMetricFamily("squall_blob_copies", "re-replication copies finished since "
-                              "start", value=c.repair.copies_done)
-    yield CounterMetricFamily("squall_blob_copy_bytes", "bytes re-replicated since start",
-                              value=c.repair.bytes_done)
-    yield CounterMetricFamily("squall_blob_scan_passes", "passes of the scan for referenced "
-                              "blobs no live node reports", value=c.scan.passes)
-
-
 @router.get("/metrics", response_class=Response)
-async def metrics(m: MasterDep) -> Response:
-    """Prometheus metrics."""
-    reg = CollectorRegistry()
-    reg.register(MasterCollector(m))  # type: ignore[arg-type]
-    return Response(generate_latest(reg), media_type=CONTENT_TYPE_LATEST)
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics (names and labels in docs/operations.md)."""
+    return Response(request.app.state.metrics.body(), media_type=CONTENT_TYPE_LATEST)

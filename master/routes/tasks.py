@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query, Request
 
 from squall.common.models import (
     NAME_PATTERN,
+    CancelResponse,
     EnqueueRequest,
     EnqueueResponse,
     LeaseRequest,
@@ -49,6 +50,13 @@ async def lease(group: GroupP, queue: QueueP, body: LeaseRequest, m: MasterDep,
 async def task_info(group: GroupP, queue: QueueP, pid: str, m: MasterDep) -> JSON:
     """Look up one task by pid: state, attempts, lease holder, payload reference."""
     return JSON(m.task_info(group, queue, pid))
+
+
+@router.delete("/queues/{queue}/tasks/{pid:path}", response_model=CancelResponse)
+async def cancel_task(group: GroupP, queue: QueueP, pid: str, m: MasterDep) -> JSON:
+    """Cancel a queued task (available or delayed) by pid without leasing it. A task under
+    a live lease is refused with 409. Role: admin."""
+    return JSON(await m.cancel(group, queue, pid))
 
 
 @router.get("/queues/{queue}/tasks", response_model=TaskList)

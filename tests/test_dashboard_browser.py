@@ -1,0 +1,175 @@
+"""The dashboard in a real browser: Playwright drives Debian's chromium against a real local
+cluster (a master and three data nodes as subprocesses). It checks the page's numbers
+against the REST API, kills a data node and watches the page show it dead and the
+under-replicated count rise, then fall back to 0 once the master re-replicated every blob,
+and saves screenshots to docs/img/ (shown by docs/operations.md).
+
+Set-up: the `playwright` package (dev extra) and a chromium binary. Where chromium is
+missing the set-up installs Debian's (`apt-get install chromium`, as root); where that
+cannot be done the test is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from squall.client import Client
+from squall.client._cli_dev import DevCluster
+from tests.helpers import wait_for
+from tests.test_e2e import start_cluster
+
+IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run"]
+TASKS = 60
+
+
+def chromium() -> str:
+    """Path of a chromium binary, installing Debian's package if needed; else skip."""
+    for name in ("chromium", "chromium-browser"):
+        if path := shutil.which(name):
+            return path
+    if os.environ.get("SQUALL_NO_APT") or shutil.which("apt-get") is None or os.geteuid():
+        pytest.skip("no chromium binary, and apt-get cannot install it here (not root, no "
+                    "apt-get, or SQUALL_NO_APT set): apt-get install chromium")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=300,
+                       check=True)
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], env=env,
+                       capture_output=True, timeout=600, check=True)
+    except (subprocess.SubprocessError, OSError) as e:
+        pytest.skip(f"could not install chromium with apt-get: {e}")
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("apt-get install chromium left no chromium binary on PATH")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason="the playwright package is not installed")
+    path = chromium()
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=FLAGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    # one copy at a time per node: re-replication takes a few seconds, long enough to see
+    c = start_cluster(tmp_path_factory.mktemp("dash"), 3,
+                      extra_env={"SQUALL_MAX_COPIES_PER_NODE": "1"})
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def card(page: Any, key: str) -> str:
+    return str(page.locator(f'#health .card[data-k="{key}"] .v').inner_text())
+
+
+def num(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster) -> None:
+    url = cluster.master_url
+    with Client(url) as c:
+        c.put_many("shots#resize", [os.urandom(2000) for _ in range(TASKS)])
+        c.put_many("shots#thumbs", [b"x"] * 7)
+        c.set_policy("shots#thumbs", max_attempts=1)
+        [t] = c.lease("shots#thumbs", lease_secs=300)
+        t.release(error="PIL.UnidentifiedImageError: cannot identify image file")
+        c.lease("shots#resize", 3, lease_secs=600)
+    page = browser.new_page(viewport={"width": 1400, "height": 1300})
+    page.goto(url + "/?refresh=300")
+    page.wait_for_selector('#queues tbody tr a[href="#/queue/shots/resize"]')
+    # the page's numbers are the API's
+    api = httpx.get(url + "/v1/cluster/stats").json()
+    wait_for(lambda: num(card(page, "available")) == api["available"], 10,
+             what="available as in the API")
+    assert num(card(page, "leased")) == api["leased"] == 3
+    assert num(card(page, "nodes alive")) == 3
+    assert page.locator("#nodes tbody tr").count() == 3
+    row = page.locator("#queues tbody tr", has_text="shots#resize")
+    cells = row.locator("td").all_inner_texts()
+    assert num(cells[1]) == TASKS and num(cells[3]) == 3
+    dead = page.locator("#dead tbody tr", has_text="shots#thumbs.dead")
+    assert "UnidentifiedImageError" in dead.inner_text()
+    assert "dlq" in (page.locator("#queues tbody tr", has_text="shots#thumbs.dead")
+                     .get_attribute("class") or "")
+    assert page.locator("#walbanner").is_hidden()
+    IMG.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(IMG / "dashboard.png"), full_page=True)
+
+    # a data node dies: the page shows it dead and blobs under-replicated, then repaired
+    info = httpx.get(url + "/v1/cluster").json()
+    victim = max(info["nodes"], key=lambda n: n["blob_count"])
+    idx = next(i for i in cluster.node_procs if cluster.node_url(i) == victim["address"])
+    cluster.kill_node(idx)
+    seen_under = 0
+
+    def dead_and_under() -> bool:
+        nonlocal seen_under
+        seen_under = max(seen_under, num(card(page, "under-replicated blobs")))
+        return num(card(page, "dead")) == 1 and seen_under > 0
+
+    wait_for(dead_and_under, 30, interval=0.1, what="the page showing a dead node and "
+             "under-replicated blobs")
+    state = page.locator("#nodes tbody tr", has_text=victim["node_id"]).locator(
+        ".state-dead")
+    assert state.count() == 1
+    page.screenshot(path=str(IMG / "dashboard-node-dead.png"), full_page=True)
+    wait_for(lambda: num(card(page, "under-replicated blobs")) == 0, 90, interval=0.2,
+             what="under-replicated back to 0 on the page")
+    assert httpx.get(url + "/v1/cluster").json()["under_replicated"] == 0
+    assert num(card(page, "lost blobs")) == 0
+
+    # a queue's page: leased sample, policy, dead letters with their reason
+    page.click('#queues tbody tr a[href="#/queue/shots/thumbs"]')
+    page.wait_for_selector("#queue:not([hidden]) #qdlq tbody tr.dlq")
+    assert "UnidentifiedImageError" in page.locator("#qdlq").inner_text()
+    assert '"max_attempts": 1' in page.locator("#qpolicy").inner_text()
+    page.screenshot(path=str(IMG / "dashboard-queue.png"), full_page=True)
+    page.goto(url + "/?refresh=300#/queue/shots/resize")
+    page.wait_for_function("document.querySelectorAll('#qleased tbody tr td').length >= 5")
+    assert page.locator("#qleased tbody tr").count() == 3
+
+    # an action: asked first (declined: nothing happens), then confirmed
+    questions: list[str] = []
+
+    def answer(accept: bool) -> Any:
+        def on_dialog(d: Any) -> None:
+            questions.append(d.message)
+            if accept or d.type == "alert":
+                d.accept()
+            else:
+                d.dismiss()
+        return on_dialog
+
+    decline = answer(False)
+    page.on("dialog", decline)
+    page.click('button[data-act="reset"]')
+    wait_for(lambda: len(questions) == 1, 10, what="the confirmation")
+    assert "make every leased task of shots#resize available" in questions[0]
+    assert httpx.get(url + "/v1/groups/shots/queues/resize").json()["leased"] == 3
+    page.remove_listener("dialog", decline)
+    page.on("dialog", answer(True))
+    page.click('button[data-act="reset"]')
+    wait_for(lambda: httpx.get(url + "/v1/groups/shots/queues/resize").json()["leased"] == 0,
+             20, what="leases reset from the page")
+    page.close()
