@@ -153,6 +153,7 @@ class Cluster:
             n = self.nodes[req.node_id] = Node(req.node_id, req.address, req.started_at, now)
         if fresh:
             n.reported_full = False
+            n.vouched.clear()  # (re)joined: receipts from before do not outlive a restart
         n.address, n.started_at, n.last_beat, n.dead = req.address, req.started_at, now, False
         if fresh:
             self.repair.dirty = True  # a new target
