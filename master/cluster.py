@@ -83,6 +83,9 @@ class Node:
     dead: bool = False
     blobs: set[str] = field(default_factory=set)
     reported_full: bool = False  # a full block report arrived since it (re)joined
+    # blobs receipts (copies, writes) proved it holds since its last beat: its next report
+    # may have been made before they landed, so a full one that lacks them drops nothing
+    vouched: set[str] = field(default_factory=set)
     drain_remaining: int = -1  # draining: blobs still short of RF elsewhere (-1: not known)
 
 
@@ -104,6 +107,9 @@ class Cluster:
         self._planned_at = 0.0
         self.full_reports: set[str] = set()  # nodes that sent a full report since start
         self.commands: dict[str, list[Any]] = {}
+        # node -> blobs whose delete went out with its last answer: it runs before the node's
+        # next report, and until then no copy of them goes there (see `_deleting`)
+        self.delivered_deletes: dict[str, set[str]] = {}
         self.allocated: dict[str, float] = {}  # blob -> allocation time (orphan grace)
         self.unreferenced_since: dict[str, float] = {}
         self.under: set[str] = set()
@@ -147,11 +153,15 @@ class Cluster:
             n = self.nodes[req.node_id] = Node(req.node_id, req.address, req.started_at, now)
         if fresh:
             n.reported_full = False
+            n.vouched.clear()  # (re)joined: receipts from before do not outlive a restart
         n.address, n.started_at, n.last_beat, n.dead = req.address, req.started_at, now, False
         if fresh:
             self.repair.dirty = True  # a new target
         n.capacity_bytes, n.used_bytes = req.capacity_bytes, req.used_bytes
         n.free_bytes, n.blob_count = req.free_bytes, req.blob_count
+        # deletes sent with its last answer ran before this report was made (or the answer
+        # was lost and this is a full report of what it still holds): it is the truth now
+        self.delivered_deletes.pop(n.node_id, None)
         # blobs this node is about to delete (commands not yet delivered) are listed in a
         # report made before the delete: re-adding them would count a copy that is going
         # away, and a trim could then delete a second, real copy
@@ -159,7 +169,7 @@ class Cluster:
         if req.full:
             self.full_reports.add(n.node_id)  # since this master started
             listed = set(req.blob_ids) - doomed
-            for b in n.blobs - listed:
+            for b in n.blobs - listed - n.vouched:
                 self._drop(b, n.node_id)
             self._add(listed, n)
             n.reported_full = True
@@ -169,6 +179,7 @@ class Cluster:
             self._sizes(req.added, req.added_sizes)
             for b in req.deleted:
                 self._drop(b, n.node_id)
+        n.vouched.clear()  # its next report is made after this answer: after they landed
         for b in req.corrupt:
             self._drop(b, n.node_id)
         if req.replicated:
@@ -177,6 +188,9 @@ class Cluster:
         if len(cmds) > MAX_COMMANDS:
             self.commands[n.node_id] = cmds[MAX_COMMANDS:]
             cmds = cmds[:MAX_COMMANDS]
+        gone = {b for c in cmds if isinstance(c, DeleteCommand) for b in c.blob_ids}
+        if gone:
+            self.delivered_deletes[n.node_id] = gone
         need_full = fresh and not req.full
         return HeartbeatResponse(commands=cmds, full_report=need_full)
 
@@ -211,12 +225,18 @@ class Cluster:
             n = self.nodes.get(i)
             if n is not None:
                 self._add([blob_id], n)
+                n.vouched.add(blob_id)
         if size is not None and blob_id in self.holders:
             self.repair.sizes[blob_id] = size
 
     def _pending_deletes(self, node_id: str) -> set[str]:
         return {b for c in self.commands.get(node_id, ()) if isinstance(c, DeleteCommand)
                 for b in c.blob_ids}
+
+    def _deleting(self, node_id: str) -> set[str]:
+        """Blobs the node was asked to delete and has not reported on since: a copy of one
+        of them sent there could land before the delete runs and be counted, then deleted."""
+        return self._pending_deletes(node_id) | self.delivered_deletes.get(node_id, set())
 
     def _send(self, node_id: str, cmd: Any) -> None:
         self.commands.setdefault(node_id, []).append(cmd)
@@ -257,6 +277,7 @@ class Cluster:
                 n.dead = True
                 self.check.update(n.blobs)
                 self.commands.pop(n.node_id, None)  # never delivered: replanned elsewhere
+                self.delivered_deletes.pop(n.node_id, None)
 
     def _expire_copies(self, now: float, force: bool = False) -> None:
         """Forget copies that timed out or whose source or target died; re-examine them."""
@@ -329,9 +350,13 @@ class Cluster:
         for rep in reports:
             target = by_address.get(rep.target.rstrip("/"))
             if target is not None:
-                self.repair.finished(rep.blob_id, target.node_id, rep.ok)
-                if rep.ok:
+                copy = self.repair.finished(rep.blob_id, target.node_id, rep.ok)
+                # only a copy still in flight proves the target holds the blob now: a late
+                # report (the target's own report ended the copy, then a trim deleted it)
+                # would count a copy that is gone; the target's reports tell the rest
+                if rep.ok and copy is not None:
                     self._add([rep.blob_id], target)
+                    target.vouched.add(rep.blob_id)
             self.check.add(rep.blob_id)
         if self.repair.waiting:  # the budget this freed goes to the next copies at once
             self._plan(now)
@@ -356,8 +381,8 @@ class Cluster:
     def _plan(self, now: float) -> int:
         self._planned_at = now
         candidates = self.live(now, strict=True)
-        deleting = {i: d for i in self.commands if (d := self._pending_deletes(i))
-                    } if self.repair.waiting else {}
+        deleting = {i: d for i in {*self.commands, *self.delivered_deletes}
+                    if (d := self._deleting(i))} if self.repair.waiting else {}
         planned = self.repair.plan(now, candidates, lambda b: self._need(b, now, deleting))
         for src, cmd in planned:
             self._send(src, cmd)

@@ -150,6 +150,7 @@ def forget(c: Cluster, node_id: str) -> None:
     c.draining.pop(node_id, None)
     n = c.nodes.pop(node_id, None)
     c.commands.pop(node_id, None)
+    c.delivered_deletes.pop(node_id, None)
     if n is not None:
         for b in list(n.blobs):
             c._drop(b, node_id)

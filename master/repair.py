@@ -136,14 +136,15 @@ class Repair:
             self.dirty = True
         return c
 
-    def finished(self, blob_id: str, target: str, ok: bool) -> None:
-        """The source reported the outcome of a copy."""
+    def finished(self, blob_id: str, target: str, ok: bool) -> Copy | None:
+        """The source reported the outcome of a copy; the copy if it was still in flight."""
         c = self.end(blob_id, target)
         if ok:
             self.copies_done += 1
             self.bytes_done += c.nbytes if c is not None else self.cost(blob_id)
         else:
             self.copies_failed += 1
+        return c
 
     def expire(self, now: float, gone: Callable[[str], bool], force: bool = False
                ) -> list[str]:

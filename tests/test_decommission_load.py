@@ -111,12 +111,13 @@ def copies_on_nodes(http: httpx.Client, nodes: list[DataNodeProcess], blobs: dic
 
 
 class Load:
-    """A producer adding N_PRODUCED tasks to WORK and two workers consuming WORK (checking
-    every payload), in threads, until stopped; errors are kept for the test to raise."""
+    """A producer adding N_PRODUCED tasks to WORK once `go` is set (after the decommission
+    was asked: its payloads must all avoid the draining node) and two workers consuming WORK
+    (checking every payload), in threads, until stopped; errors are kept for the test."""
 
     def __init__(self, url: str, work_pids: list[str]) -> None:
         self.url, self.work_pids = url, work_pids
-        self.stop = threading.Event()
+        self.stop, self.go = threading.Event(), threading.Event()
         self.consumed: list[str] = []
         self.errors: list[BaseException] = []
         self.threads = [threading.Thread(target=self._guard, args=(f,), daemon=True)
@@ -131,6 +132,8 @@ class Load:
             self.errors.append(e)
 
     def producer(self) -> None:
+        if not self.go.wait(180):
+            raise TimeoutError("the producer was never told to start")
         with Client(self.url) as pc:
             for i in range(N_WORK, N_WORK + N_PRODUCED, 20):
                 if self.stop.is_set():
@@ -153,6 +156,7 @@ class Load:
 
     def finish(self) -> None:
         self.stop.set()
+        self.go.set()
         for t in self.threads:
             t.join(60)
         assert not self.errors, self.errors
@@ -203,6 +207,7 @@ def test_decommission_under_load(fleet: Fleet) -> None:
     assert fleet.node(victim_id)["blob_count"] > N_KEEP // 3
     r = fleet.http.post(f"/v1/nodes/{victim_id}/decommission")
     assert r.status_code == 200 and r.json()["state"] == "draining", r.text
+    load.go.set()  # a payload allocated before that could rightly go to the victim
     listing = squall(fleet, "nodes")
     assert victim_id in listing and "draining" in listing and "to move" in listing
     refused = squall(fleet, "nodes", "forget", victim_id, code=1)

@@ -11,12 +11,14 @@ import pytest
 
 from squall.common.clock import ManualClock
 from squall.common.cluster import (
+    DeleteCommand,
     HeartbeatRequest,
     ReplicateBatchCommand,
     ReplicateCommand,
     ReplicationReport,
 )
 from squall.common.tokens import verify
+from squall.master import drain
 from squall.master.cluster import Cluster, ClusterSettings
 from squall.master.repair import BATCH_BYTES
 
@@ -39,14 +41,15 @@ class World:
         return [b for b in sorted(self.refs) if after is None or b > after][:limit]
 
     def beat(self, node: str, *, full: list[str] | None = None, sizes: list[int] | None = None,
-             replicated: list[ReplicationReport] | None = None, free: int = 1 << 40
+             replicated: list[ReplicationReport] | None = None, free: int = 1 << 40,
+             used: int = 0, added: list[str] | None = None, deleted: list[str] | None = None
              ) -> list[Any]:
         self.started.setdefault(node, 1.0)
         req = HeartbeatRequest(
             node_id=node, address=f"http://{node}", started_at=self.started[node],
-            seq=0, capacity_bytes=1 << 40, used_bytes=0, free_bytes=free, blob_count=0,
+            seq=0, capacity_bytes=1 << 40, used_bytes=used, free_bytes=free, blob_count=0,
             full=full is not None, blob_ids=full or [], blob_sizes=sizes or [],
-            replicated=replicated or [])
+            added=added or [], deleted=deleted or [], replicated=replicated or [])
         return list(self.c.heartbeat(req).commands)
 
     def tick(self) -> dict[str, int]:
@@ -296,3 +299,71 @@ def test_the_scan_waits_for_every_live_node_s_full_report() -> None:
     w.beat("z")
     w.tick()
     assert w.c.scan.passes == 1 and w.c.info()["lost"] == 2  # ... for three graces at most
+
+
+def deletes(cmds: list[Any]) -> list[str]:
+    return [b for c in cmds if isinstance(c, DeleteCommand) for b in c.blob_ids]
+
+
+def drained(w: World) -> World:
+    """k on a and on v, which is decommissioning; x and y hold nothing (x: the least used)."""
+    w.refs.add("k")
+    w.beat("a", full=["k"], sizes=[10], used=1)
+    w.beat("v", full=["k"], sizes=[10], used=1)
+    w.beat("x", full=[], used=1)
+    w.beat("y", full=[], used=100)
+    drain.start(w.c, "v", w.clock.now())
+    w.tick()
+    return w
+
+
+def test_a_late_copy_report_does_not_count_a_trimmed_copy() -> None:
+    """The race behind a decommission that ended with blobs on one node: the target's own
+    report ends a copy, an extra copy gets trimmed there, and then the source's report of
+    that copy comes in. It must not count the deleted copy again (a second trim would then
+    delete a real one, and the drain would count a copy that is gone)."""
+    w = drained(World())
+    assert copies(w.beat("a") + w.beat("v")) == [("k", "http://x")]
+    w.beat("x", added=["k"], used=500)  # landed; x reports it before the source does
+    w.beat("y", added=["k"], used=100)  # another copy (an earlier one that timed out)
+    w.tick()  # three copies besides v's: the most used node's is trimmed
+    assert deletes(w.beat("x", used=1)) == ["k"]  # delivered: x deletes it now
+    w.beat("a", replicated=[ReplicationReport(blob_id="k", target="http://x", ok=True,
+                                              receipt="r")])  # late
+    w.tick()
+    assert live(w, "k") == {"a", "y", "v"}
+    assert not any(deletes(w.beat(n)) for n in ("a", "y"))  # no second trim
+    w.beat("x", deleted=["k"])
+    w.clock.advance(1.0)
+    w.tick()
+    assert live(w, "k") == {"a", "y", "v"} and w.c.nodes["v"].drain_remaining == 0
+
+
+def test_a_full_report_made_before_a_copy_landed_does_not_drop_it() -> None:
+    """The source's receipt proves the copy landed; the target's full report, made before
+    that, lacks it: dropping it would plan an extra copy (and a trim later)."""
+    w = drained(World())
+    assert copies(w.beat("a") + w.beat("v")) == [("k", "http://x")]
+    w.beat("a", replicated=[ReplicationReport(blob_id="k", target="http://x", ok=True,
+                                              receipt="r")])
+    w.beat("x", full=[])  # made before the copy landed
+    w.tick()
+    assert live(w, "k") == {"a", "x", "v"}
+    assert not copies(w.beat("a") + w.beat("v")) and w.c.info()["copies_waiting"] == 0
+    w.beat("x", full=[])  # made after it landed, and still without it: it is gone
+    assert live(w, "k") == {"a", "v"}
+
+
+def test_no_copy_goes_to_a_node_before_it_reported_on_a_delete_it_was_sent() -> None:
+    """A delete delivered with a node's answer runs before its next report: until then a
+    copy of that blob sent there could land first and be deleted after it was counted."""
+    w = drained(World())
+    assert copies(w.beat("a") + w.beat("v")) == [("k", "http://x")]
+    w.beat("x", added=["k"], used=500)
+    w.beat("y", added=["k"], used=100)
+    w.tick()  # a, x, y (and v): x's copy is trimmed
+    assert deletes(w.beat("x", used=1)) == ["k"]  # delivered; x is now the least used
+    w.beat("y", deleted=["k"], used=100)  # y lost its copy: k needs one more
+    w.tick()
+    # not to x, the least used node, which has yet to report on its delete
+    assert copies(w.beat("a") + w.beat("v")) == [("k", "http://y")]
