@@ -5,7 +5,10 @@ tmpfs), 128 concurrent clients for a few seconds, then the ledger checks. The lo
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,14 +27,31 @@ KINDS_SHORT = ("kill_master", "kill_node", "kill_worker", "fill_master_disk",
                "partition_node")
 
 
+def run_bounded(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run the soak in its own session; past `timeout`, SIGTERM it (it stops its servers),
+    then SIGKILL whatever of its process group is left, so no server outlives the test."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate(timeout=30)
+    return subprocess.CompletedProcess(cmd, p.returncode, out, "")
+
+
 @pytest.mark.timeout(600)  # ~90 s on a quiet machine; 4.5 minutes at a load average of 45
 def test_short_chaos_soak_keeps_the_ledger(tmp_path: Path) -> None:
     summary = tmp_path / "summary.json"
     cmd = [sys.executable, "-m", "tests.chaos.run", "--seed", str(SEED), "--seconds", "20",
            "--swarm-seconds", "8", "--rate", "40", "--dir", str(tmp_path / "work"),
            "--kinds", ",".join(KINDS_SHORT), "--json", str(summary)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=560, check=False)
-    assert summary.exists(), r.stdout[-4000:] + r.stderr[-4000:]
+    r = run_bounded(cmd, timeout=540)
+    assert summary.exists(), r.stdout[-4000:]
     s = json.loads(summary.read_text())
     assert s["failures"] == [], "\n".join(s["failures"]) + "\n" + r.stdout[-6000:]
     assert r.returncode == 0, r.stdout[-4000:]
