@@ -95,6 +95,9 @@ def drain(start: Callable[[], StreamingQuery], cl: Cluster, src: str, dst: str, 
     return failures
 
 
+# not yet seen passing end to end (Spark's Python workers missed their 10 s connect-back
+# limit on the loaded machine it was written on): `make soak` runs it until it is proven
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # two Spark drivers start; slow on a loaded machine
 def test_stream_killed_and_restarted_from_checkpoint_moves_each_task_once(
         spark: SparkSession, cluster: Cluster, tmp_path: Path) -> None:
