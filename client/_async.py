@@ -168,21 +168,25 @@ class AsyncTransaction(TxBuilder):
 
 class AsyncClient:
     """An asyncio squall client. ``master`` defaults to ``$SQUALL_MASTER``, else
-    ``http://127.0.0.1:7070``."""
+    ``http://127.0.0.1:7070``; ``token`` (the bearer credential
+    for the master) defaults to ``$SQUALL_TOKEN``."""
 
     def __init__(self, master: str | None = None, *,
                  transport: httpx.AsyncBaseTransport | None = None, timeout: float = 30.0,
                  blob_timeout: float = 300.0, retries: int = 4, worker: str | None = None,
-                 max_connections: int = 100) -> None:
+                 max_connections: int = 100, token: str | None = None) -> None:
         self.master = (master or default_master()).rstrip("/")
         self.transport = transport
         self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
-                        "worker": worker, "max_connections": max_connections}
+                        "worker": worker, "max_connections": max_connections,
+                        "token": token}
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         self._core = Core(Retry(attempts=retries), blob_timeout, worker)
-        self._http = httpx.AsyncClient(base_url=self.master, transport=transport, timeout=timeout,
-                                  limits=limits)
+        auth = _http.MasterAuth(self.master, token)
+        self.token = auth.token
+        self._http = httpx.AsyncClient(base_url=self.master, transport=transport,
+                                       timeout=timeout, limits=limits, auth=auth)
         self._run = _AsyncDriver(self._http).run
         self._iter = _AsyncDriver(self._http).iterate
 

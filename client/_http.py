@@ -4,6 +4,8 @@ This is the one place raw httpx errors are translated (see ``common/errors.py``)
 
 from __future__ import annotations
 
+import os
+from collections.abc import Generator
 from typing import Any
 
 import httpx
@@ -13,6 +15,24 @@ from squall.client._effects import Call, ConnectError, Reply
 from squall.common.errors import ServerError, StatusError, TransportError, from_response
 
 _CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+class MasterAuth(httpx.Auth):
+    """Adds ``Authorization: Bearer <credential>`` to requests for the master only (data
+    nodes get the payload tokens the master hands out, never the credential). The
+    credential is `token`, else ``$SQUALL_TOKEN``."""
+
+    def __init__(self, master: str, token: str | None) -> None:
+        self.token = token or os.environ.get("SQUALL_TOKEN") or None
+        self.origin = httpx.URL(master).copy_with(path="/", query=None, fragment=None)
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        u = request.url
+        if (self.token and "authorization" not in request.headers
+                and (u.scheme, u.host, u.port) == (self.origin.scheme, self.origin.host,
+                                                   self.origin.port)):
+            request.headers["Authorization"] = f"Bearer {self.token}"
+        yield request
 
 
 def request_args(c: Call) -> dict[str, Any]:

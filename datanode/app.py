@@ -11,8 +11,11 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Scope
 
+from squall.common.access import DATANODE_RULES, RuleTable
+from squall.common.auth import load_auth_keys
 from squall.common.clock import Clock
 from squall.common.errors import BadRequest
+from squall.common.guard import Access, Guard, default_hosts
 from squall.common.http import BodyLimit, error_response, install_error_handlers
 from squall.datanode.config import DataNodeSettings
 from squall.datanode.fastpath import FastPath
@@ -44,6 +47,7 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         node = DataNode(settings, clock)
         app.state.node = node
+        access.now = node.clock.now
         node.start(background)
         try:
             yield
@@ -55,6 +59,11 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
                   description="Payload storage of squall: blobs in LMDB with CRC32C checks, "
                   "replicated node to node, under tokens the master signs. Errors are "
                   "`{\"error\": {\"code\", \"message\"}}`.")
+    access = Access(RuleTable(DATANODE_RULES, settings.public),
+                    settings.auth_keys or load_auth_keys(), cluster_key=settings.cluster_key,
+                    allowed_hosts=default_hosts(settings.advertise_url, *settings.allowed_hosts),
+                    body_timeout_s=settings.body_timeout_s)
+    app.state.access = access
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnect, _on_disconnect)
     app.include_router(blobs.router)
@@ -63,4 +72,5 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
     app.include_router(health.router)
     app.add_middleware(FastPath)  # inside BodyLimit: the last added is the outermost
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, skip=_streams)
+    app.add_middleware(Guard)  # outermost: nothing is read before the credential is checked
     return app

@@ -7,22 +7,32 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from squall.common.access import MASTER_RULES, RuleTable
 from squall.common.clock import Clock
+from squall.common.guard import Access, Guard, default_hosts
 from squall.master.fastpath import FastPath
 from squall.master.http import BodyLimit, install_error_handlers
 from squall.master.routes import config, health, nodes, queues, status, tasks
+from squall.master.security import CredentialStore, SecuritySettings
+from squall.master.security import router as auth_router
 from squall.master.service import Master, MasterSettings
 
 
 def create_master_app(settings: MasterSettings, clock: Clock | None = None,
-                      background: bool = True) -> FastAPI:
+                      background: bool = True, security: SecuritySettings | None = None
+                      ) -> FastAPI:
     """The master app. `background=False` leaves the sweeper and checkpoints to the caller
-    (tests drive them on an injected clock)."""
+    (tests drive them on an injected clock). `security`: auth keys, allowed hosts and
+    public routes (default: keys from the environment, else kept in the data folder)."""
+    security = security or SecuritySettings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         master = Master(settings, clock)
         app.state.master = master
+        app.state.credentials = CredentialStore.open(settings.data_dir)
+        access.cluster_key, access.now = master.key, master.clock.now
+        access.revoked = app.state.credentials.is_revoked
         if background:
             master.start()
         try:
@@ -34,6 +44,11 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     app = FastAPI(title="squall master", version="1", lifespan=lifespan,
                   description="Metadata, leases and placement of squall, a durable priority "
                   "task queue. Errors are `{\"error\": {\"code\", \"message\"}}`.")
+    access = Access(RuleTable(MASTER_RULES, security.public),
+                    security.resolve_keys(settings.data_dir),
+                    allowed_hosts=default_hosts(*security.allowed_hosts),
+                    body_timeout_s=security.body_timeout_s)
+    app.state.access = access
     install_error_handlers(app)
     app.include_router(tasks.router)
     app.include_router(queues.router)
@@ -41,6 +56,8 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     app.include_router(nodes.router)
     app.include_router(health.router)
     app.include_router(status.router)
+    app.include_router(auth_router)
     app.add_middleware(FastPath)  # inside BodyLimit: the last added is the outermost
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(Guard)  # outermost: nothing is read before the credential is checked
     return app

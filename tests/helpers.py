@@ -17,6 +17,24 @@ import httpx
 
 T = TypeVar("T")
 
+# Every server a test starts (in process or as a subprocess) checks credentials under this
+# auth key, and every client sends the admin credential from SQUALL_TOKEN; tests of access
+# control mint their own (see tests/test_access.py).
+TEST_AUTH_KEY = b"squall-test-auth-key-0123456789abcdef"
+os.environ["SQUALL_AUTH_KEY"] = TEST_AUTH_KEY.decode()
+
+
+def mint(*roles: str, ttl_s: float = 20 * 365 * 86400.0, **kw: Any) -> str:
+    """A credential under the tests' auth key."""
+    from squall.common.auth import mint as _mint
+
+    return _mint(TEST_AUTH_KEY, roles, ttl_s, time.time(), **kw)
+
+
+ADMIN_TOKEN = mint("admin")
+os.environ["SQUALL_TOKEN"] = ADMIN_TOKEN
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # headers for raw HTTP calls
+
 
 def free_port() -> int:
     with socket.socket() as s:

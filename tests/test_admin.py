@@ -11,6 +11,7 @@ import pytest
 from squall.common.clock import ManualClock
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
+from tests.helpers import ADMIN
 from tests.test_api import info, lease, put, update
 
 Api = tuple[httpx.AsyncClient, Master]
@@ -230,7 +231,8 @@ async def test_config_and_counters_survive_restart(tmp_path: Any, clock: ManualC
     async def run(body: Any) -> Any:
         app = create_master_app(settings, clock=clock, background=False)
         async with app.router.lifespan_context(app):
-            c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m")
+            c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                  base_url="http://127.0.0.1", headers=ADMIN)
             return await body(c, app.state.master)
 
     async def first(c: httpx.AsyncClient, m: Master) -> None:
