@@ -48,6 +48,7 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
         node = DataNode(settings, clock)
         app.state.node = node
         access.now = node.clock.now
+        access.revoked = lambda cid: cid in node.revoked
         node.start(background)
         try:
             yield

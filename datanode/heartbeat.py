@@ -43,6 +43,7 @@ log = logging.getLogger("squall.datanode.heartbeat")
 _COMMAND: TypeAdapter[Command] = TypeAdapter(Command)
 MAX_PENDING_REPORTS = 10_000
 DELETE_TXN_IDS = 1000
+MAX_REVOKED = 100_000
 
 
 class Heartbeat:
@@ -104,7 +105,8 @@ class Heartbeat:
             r = await self._client.post(
                 self.url, content=orjson.dumps(req.model_dump()),
                 headers={"Content-Type": "application/json", "Authorization": "Bearer "
-                         + self.node.node_token("heartbeat", [self.node.node_id])})
+                         + (self.node.settings.node_credential
+                            or self.node.node_token("heartbeat", [self.node.node_id]))})
             if r.status_code != 200:
                 raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
             body = orjson.loads(r.content)
@@ -118,6 +120,9 @@ class Heartbeat:
         self.consecutive_failures = 0
         self.last_ok_at = self.node.clock.now()
         self.need_full = bool(body.get("full_report"))
+        revoked = body.get("revoked")
+        if isinstance(revoked, list):  # the master's revocation list, whole every beat
+            self.node.revoked = frozenset(str(x) for x in revoked[:MAX_REVOKED])
         del self._corrupt[:len(req.corrupt)]
         await self.execute(body.get("commands") or [])
         return True

@@ -27,6 +27,7 @@ class DataNode:
     def __init__(self, settings: DataNodeSettings, clock: Clock | None = None) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
+        self.revoked: frozenset[str] = frozenset()  # credential ids, from heartbeat answers
         self.node_id = settings.resolve_node_id()
         self.address = settings.advertise_url.rstrip("/")
         self.key = settings.cluster_key

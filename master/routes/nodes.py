@@ -23,7 +23,9 @@ async def heartbeat(body: HeartbeatRequest, request: Request, m: MasterDep) -> J
     if not check_node(request.scope.get(PRINCIPAL), body.node_id):
         verify(m.key, bearer(request.headers.get("authorization")), "heartbeat", body.node_id,
                m.clock.now())
-    return JSON(m.cluster.heartbeat(body).model_dump())
+    answer = m.cluster.heartbeat(body).model_dump()
+    answer["revoked"] = sorted(request.app.state.credentials.revoked)
+    return JSON(answer)
 
 
 @router.post("/v1/blobs/allocate", response_model=AllocateResponse)
