@@ -186,7 +186,8 @@ class AsyncClient:
         auth = _http.MasterAuth(self.master, token)
         self.token = auth.token
         self._http = httpx.AsyncClient(base_url=self.master, transport=transport,
-                                       timeout=timeout, limits=limits, auth=auth)
+                                       timeout=timeout, limits=limits, auth=auth,
+                                       verify=_http.tls_verify())
         self._run = _AsyncDriver(self._http).run
         self._iter = _AsyncDriver(self._http).iterate
 
@@ -301,4 +302,19 @@ class AsyncClient:
 
     async def ready(self) -> dict[str, Any]:
         return await self._run(self._core.ready())
+
+    async def mint_credential(self, *roles: str, groups: Iterable[str] | None = None,
+                        node: str | None = None, ttl_secs: float = 30 * 86400.0,
+                        note: str = "") -> dict[str, Any]:
+        """Mint a credential (needs an admin one): roles, optional groups, node id (for role
+        node). The answer's ``credential`` is shown once; the master keeps only its claims."""
+        return await self._run(self._core.mint_credential(roles, groups, node, ttl_secs, note))
+
+    async def credentials(self) -> list[dict[str, Any]]:
+        """Credentials minted through the master (their claims), revoked or not."""
+        return await self._run(self._core.credentials())
+
+    async def revoke_credential(self, cred_id: str) -> dict[str, Any]:
+        """Revoke a credential by its id: refused everywhere from now on."""
+        return await self._run(self._core.revoke_credential(cred_id))
 

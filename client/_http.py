@@ -5,6 +5,7 @@ This is the one place raw httpx errors are translated (see ``common/errors.py``)
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Generator
 from typing import Any
 
@@ -13,6 +14,7 @@ import orjson
 
 from squall.client._effects import Call, ConnectError, Reply
 from squall.common.errors import ServerError, StatusError, TransportError, from_response
+from squall.common.tls import TLSConfig
 
 _CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
@@ -33,6 +35,12 @@ class MasterAuth(httpx.Auth):
                                                    self.origin.port)):
             request.headers["Authorization"] = f"Bearer {self.token}"
         yield request
+
+
+def tls_verify() -> ssl.SSLContext | bool:
+    """How clients verify servers: ``SQUALL_TLS_CA`` (else the system's CAs), presenting
+    ``SQUALL_TLS_CERT`` / ``SQUALL_TLS_KEY`` to servers that want mutual TLS."""
+    return TLSConfig.from_env().client_context()
 
 
 def request_args(c: Call) -> dict[str, Any]:

@@ -180,7 +180,7 @@ class Client:
         auth = _http.MasterAuth(self.master, token)
         self.token = auth.token
         self._http = httpx.Client(base_url=self.master, transport=transport, timeout=timeout,
-                                  limits=limits, auth=auth)
+                                  limits=limits, auth=auth, verify=_http.tls_verify())
         self._run = _Driver(self._http).run
         self._iter = _Driver(self._http).iterate
 
@@ -291,3 +291,18 @@ class Client:
 
     def ready(self) -> dict[str, Any]:
         return self._run(self._core.ready())
+
+    def mint_credential(self, *roles: str, groups: Iterable[str] | None = None,
+                        node: str | None = None, ttl_secs: float = 30 * 86400.0,
+                        note: str = "") -> dict[str, Any]:
+        """Mint a credential (needs an admin one): roles, optional groups, node id (for role
+        node). The answer's ``credential`` is shown once; the master keeps only its claims."""
+        return self._run(self._core.mint_credential(roles, groups, node, ttl_secs, note))
+
+    def credentials(self) -> list[dict[str, Any]]:
+        """Credentials minted through the master (their claims), revoked or not."""
+        return self._run(self._core.credentials())
+
+    def revoke_credential(self, cred_id: str) -> dict[str, Any]:
+        """Revoke a credential by its id: refused everywhere from now on."""
+        return self._run(self._core.revoke_credential(cred_id))

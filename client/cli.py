@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 
 import typer
 
-from squall.client import _cli_dev, _cli_verbs
+from squall.client import _cli_auth, _cli_dev, _cli_verbs
 
 app = typer.Typer(help="squall: a distributed, durable, priority task queue.",
                   no_args_is_help=True, add_completion=False,
@@ -23,12 +23,17 @@ app = typer.Typer(help="squall: a distributed, durable, priority task queue.",
 
 
 @app.callback()
-def _root() -> None:
+def _root(token: str = typer.Option(
+        "", "--token", envvar="SQUALL_TOKEN", show_default=False,
+        help="bearer credential for the master (default: $SQUALL_TOKEN)")) -> None:
     """squall: a distributed, durable, priority task queue."""
+    if token:
+        os.environ["SQUALL_TOKEN"] = token  # every client this command makes sends it
 
 
 _cli_verbs.register(app)
 _cli_dev.register(app)
+_cli_auth.register(app)
 _plugins_loaded = False
 
 

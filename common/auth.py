@@ -201,3 +201,29 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(h).is_loopback
     except ValueError:
         return False
+
+
+def check_bind(host: str, cluster_key_set: bool, auth_key_set: bool, insecure: bool,
+               role: str) -> None:
+    """Refuse (SystemExit) to serve beyond loopback without a cluster key and client auth
+    configured, unless `insecure` (then warn loudly)."""
+    if is_loopback(host) or (cluster_key_set and auth_key_set):
+        return
+    missing = [n for n, ok in (("a cluster key (--cluster-key-file)", cluster_key_set),
+                               ("an auth key (--auth-key-file)", auth_key_set)) if not ok]
+    msg = (f"squall {role} bound to {host} without {' and '.join(missing)}: anyone who can "
+           "reach it could forge tokens or credentials")
+    if not insecure:
+        raise SystemExit(f"refusing to start: {msg}. Configure them, bind to 127.0.0.1, or "
+                         "pass --insecure to run like this anyway.")
+    log.warning("!!! INSECURE: %s (--insecure) !!!", msg)
+
+
+def cluster_key_configured(key_file: str | None, env: dict[str, str] | None = None) -> bool:
+    from squall.common.tokens import DEV_CLUSTER_KEY
+
+    env = dict(os.environ) if env is None else env
+    if key_file:
+        return True
+    k = env.get("SQUALL_CLUSTER_KEY", "")
+    return bool(k) and k.encode() != DEV_CLUSTER_KEY

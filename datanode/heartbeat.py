@@ -62,7 +62,8 @@ class Heartbeat:
         self._reports: list[ReplicationReport] = []
         self._copies: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._sem = asyncio.Semaphore(max(1, s.copies_max))
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0))
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0),
+                                         verify=s.tls.client_context())
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
