@@ -11,17 +11,15 @@ from squall.common.auth import check_bind, cluster_key_configured, load_auth_key
 from squall.common.tls import TLSConfig
 from squall.datanode.config import DataNodeSettings
 
-HEADER_TIMEOUT_S = 10  # idle keep-alive connections are closed after this
-
 
 def serve(settings: DataNodeSettings, host: str, port: int) -> None:
     import uvicorn
 
+    from squall.common.serving import uvicorn_options
     from squall.datanode.app import create_datanode_app
 
-    uvicorn.run(create_datanode_app(settings), host=host, port=port, loop="uvloop",
-                http="httptools", access_log=False, log_level="warning", lifespan="on",
-                timeout_keep_alive=HEADER_TIMEOUT_S, **settings.tls.uvicorn_kwargs())
+    uvicorn.run(create_datanode_app(settings), host=host, port=port,
+                **uvicorn_options(settings.tls.uvicorn_kwargs()))
 
 
 def register(app: typer.Typer) -> None:

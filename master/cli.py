@@ -13,20 +13,17 @@ from squall.master.cluster import ClusterSettings
 from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
 
-HEADER_TIMEOUT_S = 10  # idle keep-alive connections are closed after this
-
 
 def serve(settings: MasterSettings, host: str, port: int,
           security: SecuritySettings | None = None, tls: TLSConfig | None = None) -> None:
     import uvicorn
 
+    from squall.common.serving import uvicorn_options
     from squall.master.app import create_master_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     uvicorn.run(create_master_app(settings, security=security), host=host, port=port,
-                loop="uvloop", http="httptools", access_log=False, log_level="warning",
-                lifespan="on", timeout_keep_alive=HEADER_TIMEOUT_S,
-                **(tls or TLSConfig()).uvicorn_kwargs())
+                **uvicorn_options((tls or TLSConfig()).uvicorn_kwargs()))
 
 
 def register(app: typer.Typer) -> None:

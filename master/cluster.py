@@ -36,7 +36,8 @@ from squall.common.cluster import (
     HeartbeatResponse,
     ReplicateCommand,
 )
-from squall.common.tokens import sign
+from squall.common.errors import Unauthorized
+from squall.common.tokens import sign, verify_receipt
 
 CHECK_BATCH = 20_000
 DELETE_BATCH = 1000
@@ -77,6 +78,9 @@ class Cluster:
         self.clock, self.s, self.key, self.referenced = clock, settings, key, referenced
         self.nodes: dict[str, Node] = {}
         self.holders: dict[str, set[str]] = {}
+        # blob -> nodes whose copy a signed receipt proved (a write, or a replicate report
+        # carrying the target's receipt); a node's own report alone never trims these
+        self.verified: dict[str, set[str]] = {}
         self.check: set[str] = set()
         # blob -> target node -> (source node, deadline)
         self.inflight: dict[str, dict[str, tuple[str, float]]] = {}
@@ -135,6 +139,8 @@ class Cluster:
                 if rep.ok:
                     self.copies_done += 1
                     self._add([rep.blob_id], self.nodes[target])
+                    if self._receipt_ok(rep.receipt, rep.blob_id, target):
+                        self.verified.setdefault(rep.blob_id, set()).add(target)
             self.check.add(rep.blob_id)
         cmds = self.commands.pop(n.node_id, [])
         if len(cmds) > MAX_COMMANDS:
@@ -159,7 +165,19 @@ class Cluster:
             hs.discard(node_id)
             if not hs:
                 del self.holders[blob_id]
+        vs = self.verified.get(blob_id)
+        if vs is not None:  # a node may always report the loss of its own copy
+            vs.discard(node_id)
+            if not vs:
+                del self.verified[blob_id]
         self.check.add(blob_id)
+
+    def _receipt_ok(self, receipt: str | None, blob_id: str, node_id: str) -> bool:
+        try:
+            verify_receipt(self.key, receipt, blob_id, node_id=node_id)
+        except Unauthorized:
+            return False
+        return True
 
     def record_holders(self, blob_id: str, node_ids: Iterable[str]) -> None:
         """Write receipts proved these nodes hold the blob (before their next report)."""
@@ -167,6 +185,7 @@ class Cluster:
             n = self.nodes.get(i)
             if n is not None:
                 self._add([blob_id], n)
+                self.verified.setdefault(blob_id, set()).add(i)
 
     def _send(self, node_id: str, cmd: Any) -> None:
         self.commands.setdefault(node_id, []).append(cmd)
@@ -235,7 +254,15 @@ class Cluster:
             self.under.add(b)
             needy.append((len(live), b, live))
         elif len(live) > rf and not self.inflight.get(b):
-            for extra in sorted(live, key=lambda x: -x.used_bytes)[:len(live) - rf]:
+            # trim only while rf proven copies stay: unproven claims (a node's own report,
+            # e.g. a fake node's) go first, and a proven copy only above rf proven ones
+            proven = {n.node_id for n in live} & self.verified.get(b, set())
+            extras = sorted(live, key=lambda x: (x.node_id in proven, -x.used_bytes))
+            for extra in extras[:len(live) - rf] if len(proven) >= rf else ():
+                if extra.node_id in proven:
+                    if len(proven) <= rf:
+                        break
+                    proven.discard(extra.node_id)
                 self._delete(b, [extra])
 
     def _maybe_orphan(self, b: str, live: list[Node], now: float) -> None:

@@ -190,19 +190,20 @@ def running_master(data_dir: str, **kw: Any) -> Iterator[MasterProcess]:
 
 
 @contextlib.contextmanager
-def running_app(app: Any, timeout: float = 20.0) -> Iterator[str]:
+def running_app(app: Any, timeout: float = 20.0, **config: Any) -> Iterator[str]:
     """Serve an ASGI app (e.g. a fake master) with uvicorn in a thread of this process, on an
-    ephemeral 127.0.0.1 port; yields its base URL."""
+    ephemeral 127.0.0.1 port; yields its base URL. `config`: more uvicorn.Config options."""
     import threading
 
     import uvicorn
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
-                            access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
+    cfg = uvicorn.Config(app, **{"host": "127.0.0.1", "port": free_port(),
+                                 "log_level": "warning", "access_log": False,
+                                 "lifespan": "off", **config})
+    server = uvicorn.Server(cfg)
     thread = threading.Thread(target=server.run, name="uvicorn-test-app", daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{config.port}"
+    url = f"{'https' if cfg.ssl_certfile else 'http'}://127.0.0.1:{cfg.port}"
     try:
         wait_for(lambda: server.started, timeout, what=f"test app on {url}")
         yield url
