@@ -30,6 +30,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import orjson
 
@@ -133,7 +134,7 @@ def mint(key: bytes, roles: Iterable[str], ttl_s: float, now: float, *,
     return f"{CRED_PREFIX}{_b64(raw)}.{_b64(_mac(key, _DOMAIN, raw))}"
 
 
-def _strs(v: object) -> bool:
+def _strs(v: object) -> TypeGuard[list[str]]:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
@@ -166,7 +167,7 @@ def verify(keys: Sequence[bytes], cred: object, now: float,
         raise Unauthorized("malformed credential claims")
     cid, roles, groups, node = c.get("id"), c.get("r"), c.get("g"), c.get("n")
     iat, exp = c.get("iat", 0.0), c.get("exp")
-    if (not isinstance(cid, str) or not _strs(roles) or not set(roles) <= set(ROLES)
+    if (not isinstance(cid, str) or not _strs(roles) or not roles or not set(roles) <= set(ROLES)
             or not (groups is None or _strs(groups))
             or not (node is None or isinstance(node, str))
             or not all(isinstance(t, int | float) and not isinstance(t, bool)
