@@ -11,7 +11,7 @@ import httpx
 
 from bench.dn_cluster import ClusterSpec, CpuMeter, Payloads, running_cluster
 from bench.dn_rows import Ctx, Row, ms
-from bench.harness import pct
+from bench.harness import AUTH, pct
 
 
 class Foreground:
@@ -60,7 +60,7 @@ def workload_r(ctx: Ctx) -> list[Row]:
             f"--max-copies-per-node {z.copies_per_node}")
     spec = ClusterSpec(rf=2, copies_per_node=z.copies_per_node, beat_s=0.5)
     rows: list[Row] = []
-    with running_cluster(spec, ctx.fresh("r")) as cl, httpx.Client(timeout=10) as mc:
+    with running_cluster(spec, ctx.fresh("r")) as cl, httpx.Client(timeout=10, headers=AUTH) as mc:
         cli = Payloads(cl.url, "r")
         data = os.urandom(z.r_bytes)
         holders: dict[str, int] = {}

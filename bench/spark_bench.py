@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from bench.dn_cluster import ClusterSpec, running_cluster
+from bench.harness import AUTH
 from bench.master_bench import machine_info
 from squall.client import Client, NewTask
 
@@ -98,7 +99,7 @@ def bench_write(spark: Any, url: str, rows: int, size: int, partitions: int) -> 
 
 
 def _naive_partition(url: str, node: str, rows: Any) -> None:
-    with httpx.Client(timeout=120) as http:
+    with httpx.Client(timeout=120, headers=AUTH) as http:  # AUTH: for the master only
         batch: list[bytes] = []
 
         def flush() -> None:
