@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -36,6 +36,7 @@ from squall.common.errors import (
 from squall.common.http import error_response
 
 PRINCIPAL = "squall.principal"
+VERIFIED_MAX = 10_000  # credentials remembered as verified (then the memory starts over)
 _SIMPLE = ("text/", "application/x-www-form-urlencoded", "multipart/form-data")
 _BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
@@ -51,12 +52,29 @@ class Access:
     now: Callable[[], float] = time.time
     revoked: Callable[[str], bool] = lambda _id: False
     body_timeout_s: float = 30.0
+    _verified: dict[str, auth.Credential] = field(default_factory=dict)
 
     def credential(self, header: str | None) -> auth.Credential:
+        """The claims of the request's credential, or Unauthorized. Verified credentials are
+        remembered (their claims are fixed by their text), so a client's every request
+        costs a lookup, plus the expiry and revocation checks."""
         if self.keys is None:
             raise Unauthorized("this server has no auth key (--auth-key-file); it cannot "
                                "check credentials")
-        return auth.verify(self.keys, tokens.bearer(header), self.now(), self.revoked)
+        tok = tokens.bearer(header)
+        now = self.now()
+        c = self._verified.get(tok)
+        if c is None:
+            c = auth.verify(self.keys, tok, now, self.revoked)
+            if len(self._verified) >= VERIFIED_MAX:
+                self._verified.clear()
+            self._verified[tok] = c
+        elif now >= c.expires_at:
+            raise Unauthorized(f"credential expired {now - c.expires_at:.0f}s ago; mint a "
+                               "new one")
+        elif self.revoked(c.id):
+            raise Unauthorized(f"credential {c.id} was revoked")
+        return c
 
 
 def default_hosts(*extra: str) -> frozenset[str] | None:
