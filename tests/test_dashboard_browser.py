@@ -2,7 +2,8 @@
 cluster (a master and three data nodes as subprocesses). It checks the page's numbers
 against the REST API, kills a data node and watches the page show it dead and the
 under-replicated count rise, then fall back to 0 once the master re-replicated every blob,
-and saves screenshots to docs/img/ (shown by docs/operations.md).
+and saves screenshots (to a temporary folder; `SQUALL_SCREENSHOTS=docs/img` refreshes the
+ones docs/operations.md shows).
 
 Set-up: the `playwright` package (dev extra) and a chromium binary. Where chromium is
 missing the set-up installs Debian's (`apt-get install chromium`, as root); where that
@@ -26,7 +27,7 @@ from squall.client._cli_dev import DevCluster
 from tests.helpers import ADMIN, ADMIN_TOKEN, wait_for
 from tests.test_e2e import start_cluster
 
-IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]
 TASKS = 60
@@ -86,8 +87,11 @@ def num(text: str) -> int:
     return int(text.replace(",", ""))
 
 
-def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster) -> None:
+def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
+                                          tmp_path: Path) -> None:
     url = cluster.master_url
+    img = ROOT / os.environ["SQUALL_SCREENSHOTS"] if os.environ.get("SQUALL_SCREENSHOTS") \
+        else tmp_path
     with Client(url) as c:
         c.put_many("shots#resize", [os.urandom(2000) for _ in range(TASKS)])
         c.put_many("shots#thumbs", [b"x"] * 7)
@@ -120,8 +124,8 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster) -> 
     assert "dlq" in (page.locator("#queues tbody tr", has_text="shots#thumbs.dead")
                      .get_attribute("class") or "")
     assert page.locator("#walbanner").is_hidden()
-    IMG.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(IMG / "dashboard.png"), full_page=True)
+    img.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(img / "dashboard.png"), full_page=True)
 
     # a data node dies: the page shows it dead and blobs under-replicated, then repaired
     info = httpx.get(url + "/v1/cluster", headers=ADMIN).json()
@@ -140,7 +144,7 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster) -> 
     state = page.locator("#nodes tbody tr", has_text=victim["node_id"]).locator(
         ".state-dead")
     assert state.count() == 1
-    page.screenshot(path=str(IMG / "dashboard-node-dead.png"), full_page=True)
+    page.screenshot(path=str(img / "dashboard-node-dead.png"), full_page=True)
     wait_for(lambda: num(card(page, "under-replicated blobs")) == 0, 90, interval=0.2,
              what="under-replicated back to 0 on the page")
     assert httpx.get(url + "/v1/cluster", headers=ADMIN).json()["under_replicated"] == 0
@@ -151,7 +155,7 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster) -> 
     page.wait_for_selector("#queue:not([hidden]) #qdlq tbody tr.dlq")
     assert "UnidentifiedImageError" in page.locator("#qdlq").inner_text()
     assert '"max_attempts": 1' in page.locator("#qpolicy").inner_text()
-    page.screenshot(path=str(IMG / "dashboard-queue.png"), full_page=True)
+    page.screenshot(path=str(img / "dashboard-queue.png"), full_page=True)
     page.goto(url + "/?refresh=300#/queue/shots/resize")
     page.wait_for_function("document.querySelectorAll('#qleased tbody tr td').length >= 5")
     assert page.locator("#qleased tbody tr").count() == 3

@@ -12,7 +12,12 @@ import httpx
 import pytest
 
 from squall.common.clock import ManualClock
-from squall.common.cluster import HeartbeatRequest, ReplicateCommand, ReplicationReport
+from squall.common.cluster import (
+    HeartbeatRequest,
+    ReplicateBatchCommand,
+    ReplicateCommand,
+    ReplicationReport,
+)
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
 from tests.helpers import ADMIN
@@ -52,13 +57,14 @@ class Fleet:
         for node, cmds in self.commands.items():
             reports = []
             for c in cmds:
-                if isinstance(c, ReplicateCommand):
-                    assert c.blob_id in self.held[node], "copy from a node that lacks the blob"
+                if isinstance(c, ReplicateCommand | ReplicateBatchCommand):
+                    ids = c.blob_ids if isinstance(c, ReplicateBatchCommand) else [c.blob_id]
                     target = next(n for n in NODES if addr(n) == c.target)
-                    self.held[target].add(c.blob_id)
-                    reports.append(ReplicationReport(blob_id=c.blob_id, target=c.target,
-                                                     ok=True))
-                    done += 1
+                    for b in ids:
+                        assert b in self.held[node], "copy from a node that lacks the blob"
+                        self.held[target].add(b)
+                        reports.append(ReplicationReport(blob_id=b, target=c.target, ok=True))
+                        done += 1
             cmds.clear()
             if node in self.held:
                 self.beat(node, replicated=reports)
@@ -263,6 +269,9 @@ async def test_a_pending_delete_is_neither_recounted_nor_copied_to(env) -> None:
     m.cluster._delete("b", [m.cluster.nodes[pending]])
     for n in m.cluster.nodes.values():
         n.used_bytes = 0 if n.node_id == pending else 100
-    m.cluster._plan_copies([(1, "b", [m.cluster.nodes[src]])], clock.now())
-    [copy] = [cmd for cmd in m.cluster.commands[src] if isinstance(cmd, ReplicateCommand)]
-    assert copy.target != addr(pending) and copy.blob_id == "b"
+    m.cluster.repair.want("b", 1)
+    m.cluster._plan(clock.now())
+    [copy] = [cmd for cmd in m.cluster.commands[src]
+              if isinstance(cmd, ReplicateCommand | ReplicateBatchCommand)]
+    ids = copy.blob_ids if isinstance(copy, ReplicateBatchCommand) else [copy.blob_id]
+    assert copy.target != addr(pending) and ids == ["b"]

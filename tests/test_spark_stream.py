@@ -49,8 +49,13 @@ sys.path.insert(0, {root!r})
 from squall.client.spark import local_session
 from tests.test_spark_stream import start_query
 spark = local_session("stream-job", "local[2]")
-q = start_query(spark, {url!r}, {src!r}, {dst!r}, {ckpt!r})
-q.awaitTermination(600)
+for attempt in range(5):  # a failed query restarts from its checkpoint, as its user would
+    q = start_query(spark, {url!r}, {src!r}, {dst!r}, {ckpt!r})
+    try:
+        q.awaitTermination(600)
+        break
+    except Exception as e:  # e.g. a Python worker too slow to start on a loaded machine
+        print("query failed; restarting from the checkpoint:", e, flush=True)
 """
 
 
@@ -117,8 +122,10 @@ def test_stream_killed_and_restarted_from_checkpoint_moves_each_task_once(
     left = total(cluster.client, src)
     assert 0 < left < len(want), f"the kill came too late to test anything ({left} left)"
 
+    # restarts from the checkpoint are allowed (a loaded machine can fail a micro-batch):
+    # each one is another replay that must keep the result exactly once
     drain(lambda: start_query(spark, cluster.url, src, dst, ckpt), cluster, src, dst,
-          len(want))
+          len(want), restarts=3)
     check_exactly_once(cluster, dst, want)
 
 
@@ -145,7 +152,7 @@ def test_stream_survives_a_data_node_killed_mid_batch(spark: SparkSession,
         # hit the dead node too): a restart from the checkpoint must then finish the job,
         # still exactly once
         drain(lambda: start_query(spark, cl.url, src, dst, ckpt, per_batch=20), cl, src,
-              dst, len(want), restarts=1)
+              dst, len(want), restarts=3)
         t.join(5)
         assert killed.is_set(), "the query finished before the kill"
         check_exactly_once(cl, dst, want)
