@@ -6,6 +6,7 @@ as processes, by tests/test_deploy_contract.py."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -125,8 +126,10 @@ def test_manifests_match_the_code_and_image(overlay: str) -> None:
                             ("SQUALL_AUTH_KEY_FILE", "squall-auth-key"),
                             *((v, "squall-tls") for v in TLS if overlay == "production")):
             mount = next(p for p in mounts if env[var].startswith(p + "/"))
-            assert volumes[mounts[mount]["name"]]["secret"]["secretName"] == secret, var
-            assert not volumes[mounts[mount]["name"]]["secret"].get("optional"), var
+            ref = volumes[mounts[mount]["name"]]["secret"]
+            # a generated Secret's name has a content hash appended (dev overlay)
+            assert re.fullmatch(re.escape(secret) + r"(-[a-z0-9]{10})?", ref["secretName"]), var
+            assert not ref.get("optional"), var
         # TLS in production, with the files of its Secret; probes speak it
         tls = overlay == "production"
         assert {k: env.get(k) for k in TLS} == (TLS if tls else dict.fromkeys(TLS))
