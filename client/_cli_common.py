@@ -93,8 +93,8 @@ def explain(e: SquallError, master: str) -> str:
     if isinstance(e, NotFound):
         return f"not found: {e}"
     if isinstance(e, Unauthorized):
-        return (f"unauthorized: {e} (give a credential with --token or SQUALL_TOKEN; "
-                "`squall dev` prints one)")
+        return (f"unauthorized: {e} (give a credential with `squall --token CRED ...` or "
+                "SQUALL_TOKEN; `squall dev` prints one)")
     if isinstance(e, StatusError):
         return f"{e.code}: {e}"
     return str(e)

@@ -20,6 +20,7 @@ from squall.common.access import DATANODE_RULES, MASTER_RULES
 from squall.datanode.app import create_datanode_app
 from squall.datanode.config import DataNodeSettings
 from squall.master.app import create_master_app
+from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
 from tests.helpers import TEST_AUTH_KEY, mint
 
@@ -268,3 +269,30 @@ async def test_heartbeat_carries_revocations_and_node_credentials(apps: dict[str
         assert r.status_code == 403, r.text
         h = {"Authorization": f"Bearer {mint('admin')}"}
         assert (await c.post("/v1/nodes/heartbeat", json=beat, headers=h)).status_code == 403
+
+
+async def test_dashboard_page_is_public_its_data_is_admin(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The dashboard's page and assets hold no data (a browser cannot attach a bearer header
+    to a page load); the JSON it polls needs an admin credential unless --public-status,
+    and its actions (here: node management, cancel) stay admin either way."""
+    settings = MasterSettings(data_dir=str(tmp_path / "m"))
+    for public in ((), ("status",)):
+        app = create_master_app(settings, background=False,
+                                security=SecuritySettings(public=public))
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+            assert (await c.get("/")).status_code == 200
+            css = await c.get("/static/dashboard/dashboard.css")
+            assert css.status_code == 200 and css.text
+            for path in ("/v1/overview", "/v1/overview/queues/g/q"):
+                r = await c.get(path)
+                assert (r.status_code == 401) == (not public), (public, path, r.text)
+                r = await c.get(path, headers={"Authorization": f"Bearer {mint('consumer')}"})
+                assert (r.status_code == 403) == (not public), (public, path, r.text)
+            for method, path in (("POST", "/v1/nodes/n1/decommission"),
+                                 ("DELETE", "/v1/nodes/n1"),
+                                 ("DELETE", "/v1/groups/g/queues/q/tasks/p")):
+                assert (await c.request(method, path)).status_code == 401
+                r = await c.request(method, path,
+                                    headers={"Authorization": f"Bearer {mint('producer')}"})
+                assert r.status_code == 403, (method, path, r.text)
