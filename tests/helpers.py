@@ -36,6 +36,15 @@ os.environ["SQUALL_TOKEN"] = ADMIN_TOKEN
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # headers for raw HTTP calls
 
 
+def master_auth(master_url: str) -> httpx.Auth:
+    """httpx `auth=` sending the admin credential to the master only: a client that also
+    calls data nodes (payload tokens in their own Authorization header) must not send it
+    there."""
+    from squall.client._http import MasterAuth
+
+    return MasterAuth(master_url, ADMIN_TOKEN)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
