@@ -50,6 +50,7 @@ from bench.admin_load import (
     timed_gets,
 )
 from bench.harness import (
+    AUTH,
     DEFAULT_OUT,
     Row,
     Run,
@@ -142,7 +143,7 @@ def workload_l(ctx: Ctx) -> list[Row]:
     per_group = z.queues // z.groups
     ctx.say(f"L: filling {z.queues} queues x {z.per_queue} tasks over {z.groups} groups")
     with running(master_server(ctx.fresh_dir("l"), ctx.logs, "master-l"), z.serve_timeout_s
-                 ) as srv, httpx.Client(base_url=srv.url, timeout=120.0) as c:
+                 ) as srv, httpx.Client(base_url=srv.url, timeout=120.0, headers=AUTH) as c:
         fill = metered_run(srv.pid, fill_queues, c, z.queues, per_group, z.per_queue, z.batch,
                            z.fill_limit_s)
         tot = get_json(srv.url, "/v1/cluster/stats")
@@ -188,7 +189,7 @@ def d_snapshot(ctx: Ctx) -> tuple[Path, Row]:
     srv = master_server(data, ctx.logs, "master-d-fill").start()
     try:
         srv.wait_serving(timeout=z.serve_timeout_s)
-        with httpx.Client(base_url=srv.url, timeout=120.0) as c:
+        with httpx.Client(base_url=srv.url, timeout=120.0, headers=AUTH) as c:
             fill = metered_run(srv.pid, seq_enqueue, c, "big", z.big, z.batch, z.fill_limit_s)
     finally:
         rc = srv.terminate()
@@ -210,7 +211,8 @@ def d_round(ctx: Ctx, snapshot: Path, prefix: str, reap_batch: int | None) -> di
                   ctx.logs / f"{name}.log"))
     samples: list[tuple[float, float]] = []
     done = threading.Event()
-    with running(srv, z.serve_timeout_s), httpx.Client(base_url=srv.url, timeout=60.0) as c:
+    with running(srv, z.serve_timeout_s), \
+            httpx.Client(base_url=srv.url, timeout=60.0, headers=AUTH) as c:
         enqueue_until(c, "w", z.warmup, z.loop_limit_s)
         idle = metered_run(srv.pid, enqueue_until, c, "i", z.enq_reqs, z.loop_limit_s)
         base = reaped_count(srv.url)

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.harness import Run, metered, metric
+from bench.harness import AUTH, Run, metered, metric
 from bench.master_load import JSON_H, enqueue_body, tasks_path
 
 REAPED_HTML = re.compile(r"tasks reaped</td><td>(\d+)<")
@@ -84,7 +84,7 @@ def timed_gets(c: httpx.Client, reqs: list[tuple[str, dict[str, Any]]], limit_s:
 def reaped_count(url: str) -> float:
     v = metric(url, "squall_tasks_reaped")
     if v < 0:  # a master without the metric: its status page shows the counter
-        m = REAPED_HTML.search(httpx.get(url + "/", timeout=30.0).text)
+        m = REAPED_HTML.search(httpx.get(url + "/", timeout=30.0, headers=AUTH).text)
         v = float(m.group(1)) if m else -1.0
     return v
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from bench.harness import AUTH
 from squall.master.app import create_master_app
 from squall.master.service import MasterSettings
 from squall.master.telemetry import Telemetry
@@ -77,8 +78,8 @@ async def main(queues: int, runs: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://m",
-                                     timeout=120) as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
+                                     headers=AUTH, timeout=120) as c:
             t0 = time.perf_counter()
             await fill(c, queues)
             results["fill_s"] = round(time.perf_counter() - t0, 1)

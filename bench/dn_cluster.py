@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.harness import Server, free_port, proc_cpu_s
+from bench.harness import AUTH, Server, free_port, proc_cpu_s
 from squall.common import payload
 from squall.common.cluster import BatchPutResult
 
@@ -68,7 +68,7 @@ class Cluster:
         for node in self.nodes:
             node.wait_serving(timeout=timeout)
         deadline = time.monotonic() + timeout
-        with httpx.Client(base_url=self.master.url, timeout=10) as c:
+        with httpx.Client(base_url=self.master.url, timeout=10, headers=AUTH) as c:
             while self.alive(c) < s.nodes:
                 if time.monotonic() > deadline:
                     raise TimeoutError("data nodes did not all heartbeat in time")

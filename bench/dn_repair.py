@@ -13,7 +13,7 @@ import httpx
 
 from bench.dn_cluster import ClusterSpec, CpuMeter, Payloads, running_cluster
 from bench.dn_rows import Ctx, Row, ms
-from bench.harness import pct
+from bench.harness import AUTH, pct
 
 
 class Foreground:
@@ -101,7 +101,7 @@ def _repair(ctx: Ctx, tag: str, name: str, count: int, size: int, load: Any) -> 
                        repair_bytes=z.repair_bytes, node_extra=(
                            "--repair-bytes-per-s", str(z.repair_pace)))
     rows: list[Row] = []
-    with running_cluster(spec, ctx.fresh(name)) as cl, httpx.Client(timeout=10) as mc:
+    with running_cluster(spec, ctx.fresh(name)) as cl, httpx.Client(timeout=10, headers=AUTH) as mc:
         cli = Payloads(cl.url, name)
         holders = load(cli, count, size, z.loop_limit_s)
         cli.close()

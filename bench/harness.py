@@ -27,6 +27,16 @@ from typing import Any
 
 import httpx
 
+# every server a benchmark starts checks credentials under this auth key; clients send an
+# admin credential (SQUALL_TOKEN), raw HTTP calls the AUTH headers
+os.environ.setdefault("SQUALL_AUTH_KEY", "squall-bench-auth-key-0123456789abcdef")
+if not os.environ.get("SQUALL_TOKEN"):
+    from squall.common.auth import load_auth_keys, mint
+
+    _keys = load_auth_keys()
+    assert _keys is not None
+    os.environ["SQUALL_TOKEN"] = mint(_keys[0], ["admin"], 30 * 86400.0, time.time())
+AUTH = {"Authorization": f"Bearer {os.environ['SQUALL_TOKEN']}"}
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results"
 Targets = dict[str, tuple[str, float]]
@@ -148,7 +158,7 @@ class Server:
         """Poll GET `path` until it answers 200; seconds since the process was started."""
         assert self.proc is not None
         deadline = self.t_start + timeout
-        with httpx.Client(timeout=5.0) as c:
+        with httpx.Client(timeout=5.0, headers=AUTH) as c:
             while True:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; "
@@ -309,14 +319,14 @@ def fdatasync_latency(n: int = 200) -> dict[str, float | None]:
 
 # -- reading a server ---------------------------------------------------------------------
 def get_json(url: str, path: str) -> dict[str, Any]:
-    r = httpx.get(url + path, timeout=30.0)
+    r = httpx.get(url + path, timeout=30.0, headers=AUTH)
     r.raise_for_status()
     out: dict[str, Any] = r.json()
     return out
 
 
 def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=30.0).text
+    text = httpx.get(url + "/metrics", timeout=30.0, headers=AUTH).text
     m = re.search(rf"^{name}(?:_total)? ([\d.e+]+)$", text, re.M)
     return float(m.group(1)) if m else -1.0
 

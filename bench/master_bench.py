@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 
 from bench.harness import (
+    AUTH,
     DEFAULT_OUT,
     Row,
     Run,
@@ -129,7 +130,7 @@ class Ctx:
 
 
 def _seq_on(server: Server, fn: Any, *args: Any, label: str, ctx: Ctx) -> Run:
-    with httpx.Client(base_url=server.url, timeout=60.0) as c:
+    with httpx.Client(base_url=server.url, timeout=60.0, headers=AUTH) as c:
         warm_up(c, ctx.sizes.warmup, lease=server.name.startswith("master"))
         run = Run()
         with ctx.prof.record(label, server.pid):
@@ -142,7 +143,7 @@ def _seq_on(server: Server, fn: Any, *args: Any, label: str, ctx: Ctx) -> Run:
 
 def _multi_on(server: Server, queue: str, label: str, ctx: Ctx) -> Run:
     z = ctx.sizes
-    with httpx.Client(base_url=server.url, timeout=60.0) as c:
+    with httpx.Client(base_url=server.url, timeout=60.0, headers=AUTH) as c:
         warm_up(c, z.warmup, lease=False)
     with ctx.prof.record(label, server.pid):
         return multi_enqueue(server.url, queue, "m", z.a_multi, z.procs, z.threads,
@@ -278,7 +279,7 @@ def _e_fill(ctx: Ctx, data: Path, extra: tuple[str, ...]) -> dict[str, Any]:
     srv = master_server(data, ctx.logs, "master-e-load", extra).start()
     try:
         srv.wait_serving(timeout=z.serve_timeout_s)
-        with httpx.Client(base_url=srv.url, timeout=120.0) as c:
+        with httpx.Client(base_url=srv.url, timeout=120.0, headers=AUTH) as c:
             load = seq_enqueue(c, "e", z.e_load, z.e_load_batch, z.loop_limit_s, tag="L")
     finally:
         rc = srv.terminate()

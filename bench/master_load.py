@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.harness import Run, proc_cpu_s
+from bench.harness import AUTH, Run, proc_cpu_s
 
 GROUP = "bench"
-JSON_H = {"content-type": "application/json"}
+JSON_H = {"content-type": "application/json", **AUTH}  # AUTH: the admin credential
 
 
 def tasks_path(queue: str) -> str:
@@ -100,7 +100,7 @@ def _thread_loop(url: str, queue: str, tag: str, n: int, limit_s: float,
     res: dict[str, Any] = {"t0": 0.0, "t1": 0.0, "lats": [], "errors": 0, "first_error": "",
                            "last_pid": "", "truncated": False}
     path = tasks_path(queue)
-    with httpx.Client(base_url=url, timeout=60.0) as c:
+    with httpx.Client(base_url=url, timeout=60.0, headers=AUTH) as c:
         c.get("/readyz")  # connect before the start line
         barrier.wait(timeout=300)
         res["t0"] = time.perf_counter()

@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 
 from bench.dn_cluster import ClusterSpec, running_cluster
+from bench.harness import AUTH
 from bench.master_bench import machine_info
 from squall.client import Client, NewTask
 
@@ -134,7 +135,7 @@ def write_vs_put_many(figs: list[Figure]) -> Figure | None:
 
 
 def _naive_partition(url: str, node: str, rows: Any) -> None:
-    with httpx.Client(timeout=120) as http:
+    with httpx.Client(timeout=120, headers=AUTH) as http:  # AUTH: for the master only
         batch: list[bytes] = []
 
         def flush() -> None:

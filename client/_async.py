@@ -171,21 +171,26 @@ class AsyncTransaction(TxBuilder):
 
 class AsyncClient:
     """An asyncio squall client. ``master`` defaults to ``$SQUALL_MASTER``, else
-    ``http://127.0.0.1:7070``."""
+    ``http://127.0.0.1:7070``; ``token`` (the bearer credential
+    for the master) defaults to ``$SQUALL_TOKEN``."""
 
     def __init__(self, master: str | None = None, *,
                  transport: httpx.AsyncBaseTransport | None = None, timeout: float = 30.0,
                  blob_timeout: float = 300.0, retries: int = 4, worker: str | None = None,
-                 max_connections: int = 100) -> None:
+                 max_connections: int = 100, token: str | None = None) -> None:
         self.master = (master or default_master()).rstrip("/")
         self.transport = transport
         self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
-                        "worker": worker, "max_connections": max_connections}
+                        "worker": worker, "max_connections": max_connections,
+                        "token": token}
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         self._core = Core(Retry(attempts=retries), blob_timeout, worker)
-        self._http = httpx.AsyncClient(base_url=self.master, transport=transport, timeout=timeout,
-                                  limits=limits, verify=_http.ssl_context())
+        auth = _http.MasterAuth(self.master, token)
+        self.token = auth.token
+        self._http = httpx.AsyncClient(base_url=self.master, transport=transport,
+                                       timeout=timeout, limits=limits, auth=auth,
+                                       verify=_http.tls_verify())
         self._run = _AsyncDriver(self._http).run
         self._iter = _AsyncDriver(self._http).iterate
 
@@ -321,4 +326,19 @@ class AsyncClient:
 
     async def ready(self) -> dict[str, Any]:
         return await self._run(self._core.ready())
+
+    async def mint_credential(self, *roles: str, groups: Iterable[str] | None = None,
+                        node: str | None = None, ttl_secs: float = 30 * 86400.0,
+                        note: str = "") -> dict[str, Any]:
+        """Mint a credential (needs an admin one): roles, optional groups, node id (for role
+        node). The answer's ``credential`` is shown once; the master keeps only its claims."""
+        return await self._run(self._core.mint_credential(roles, groups, node, ttl_secs, note))
+
+    async def credentials(self) -> list[dict[str, Any]]:
+        """Credentials minted through the master (their claims), revoked or not."""
+        return await self._run(self._core.credentials())
+
+    async def revoke_credential(self, cred_id: str) -> dict[str, Any]:
+        """Revoke a credential by its id: refused everywhere from now on."""
+        return await self._run(self._core.revoke_credential(cred_id))
 

@@ -34,6 +34,7 @@ from squall.common.errors import (
     SquallError,
     StatusError,
     TransportError,
+    Unauthorized,
 )
 from squall.common.names import split_queue
 
@@ -91,6 +92,9 @@ def explain(e: SquallError, master: str) -> str:
         return str(e)
     if isinstance(e, NotFound):
         return f"not found: {e}"
+    if isinstance(e, Unauthorized):
+        return (f"unauthorized: {e} (give a credential with `squall --token CRED ...` or "
+                "SQUALL_TOKEN; `squall dev` prints one)")
     if isinstance(e, StatusError):
         return f"{e.code}: {e}"
     return str(e)

@@ -1,11 +1,13 @@
 """``squall dev``: one master and N data nodes on 127.0.0.1 as subprocesses, data under one
 folder (``master/``, ``node-1/``, …, logs in ``logs/``). Ports: the master on ``--port``,
 node i on ``--port`` + i, the same on every start so the data nodes keep their addresses
-and a restart keeps the data. The cluster key is the built-in development key unless
-``SQUALL_CLUSTER_KEY`` is set. Ctrl-C (or SIGTERM) stops the nodes, then the master.
+and a restart keeps the data. Keys: unless the environment names them
+(``SQUALL_CLUSTER_KEY[_FILE]``, ``SQUALL_AUTH_KEY[_FILE]``), a cluster key and an auth key
+are made once under ``keys/``, with an admin credential (``keys/admin.credential``) that
+the banner tells how to use. Ctrl-C (or SIGTERM) stops the nodes, then the master.
 A data node that exits does not stop the cluster: it is reported, the master marks it dead
 and re-replicates its blobs, and ``restart N`` typed on stdin (or SIGHUP, for every dead
-node) starts it again on the same port and folder.
+node) starts it again on the same port and folder (with the same keys).
 
 The servers are started as ``python -m squall.master`` / ``python -m squall.datanode``:
 this package never imports them.
@@ -28,6 +30,7 @@ import httpx
 import typer
 
 from squall.client._cli_common import err, fail, say
+from squall.common import auth
 
 STOP_TIMEOUT_S = 15.0
 
@@ -53,6 +56,8 @@ class DevCluster:
         self.rf = replication_factor or min(2, max(1, nodes))
         self.heartbeat_interval_s = heartbeat_interval_s
         self.env = {**os.environ, **(extra_env or {})}
+        self.credential_file: Path | None = None
+        self.admin = self._keys()
         self.master_proc: subprocess.Popen[bytes] | None = None
         self.node_procs: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -62,6 +67,30 @@ class DevCluster:
 
     def node_url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.port + i}"
+
+    def _keys(self) -> str:
+        """Make the cluster's keys under ``keys/`` (once) unless the environment has them;
+        return an admin credential."""
+        keys_dir = self.data_dir / "keys"
+        if not (self.env.get("SQUALL_CLUSTER_KEY") or self.env.get("SQUALL_CLUSTER_KEY_FILE")):
+            path = keys_dir / "cluster.key"
+            if not path.exists():
+                keys_dir.mkdir(parents=True, exist_ok=True)
+                auth.write_secret(str(path), auth.new_key() + b"\n")
+            self.env["SQUALL_CLUSTER_KEY_FILE"] = str(path)
+        keys = auth.load_auth_keys(env=self.env)
+        if keys is None:
+            path = keys_dir / "auth.key"
+            self.credential_file = keys_dir / "admin.credential"
+            if not path.exists():
+                keys_dir.mkdir(parents=True, exist_ok=True)
+                auth.write_secret(str(path), auth.new_key() + b"\n")
+                cred = auth.mint(auth.parse_keys(path.read_bytes())[0], ["admin"],
+                                 365 * 86400.0, time.time())
+                auth.write_secret(str(self.credential_file), cred.encode() + b"\n")
+            self.env["SQUALL_AUTH_KEY_FILE"] = str(path)
+            return self.credential_file.read_text().strip()
+        return auth.mint(keys[0], ["admin"], 86400.0, time.time())
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         logs = self.data_dir / "logs"
@@ -113,7 +142,8 @@ class DevCluster:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                info = httpx.get(self.master_url + "/v1/cluster", timeout=2.0).json()
+                info = httpx.get(self.master_url + "/v1/cluster", timeout=2.0,
+                                 headers={"Authorization": f"Bearer {self.admin}"}).json()
                 if sum(1 for x in info["nodes"] if x["state"] == "alive") >= n:
                     return
             time.sleep(0.05)
@@ -271,6 +301,9 @@ def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to st
         for i in range(1, nodes + 1):
             say(f"  data node  {cluster.node_url(i)}")
         say(f"  logs       {cluster.data_dir / 'logs'}")
+        if cluster.credential_file is not None:
+            say(f"  admin credential  {cluster.credential_file}")
+            say(f"use it: export SQUALL_TOKEN=$(cat {cluster.credential_file})")
         say(f"try: squall put demo#hello 'hi there' --master {cluster.master_url}")
         say(HELP.format(pid=os.getpid()), style="dim")
         say("Ctrl-C to stop", style="dim")

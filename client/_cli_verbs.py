@@ -41,8 +41,10 @@ from squall.common.models import EnqueueResult
 
 QueueArg = Annotated[str, typer.Argument(help="queue, written group#name (group: default)")]
 PidArg = Annotated[str, typer.Argument(help="the task's pid")]
-TokenOpt = Annotated[int, typer.Option("--token", "-t", help="the lease token (from `squall "
-                                                             "lease`)")]
+# the lease token; `--token` after the verb is kept as an alias (`squall --token CRED`,
+# before the verb, is the credential: a string, never an integer)
+TokenOpt = Annotated[int, typer.Option("--lease-token", "--token", "-t",
+                                       help="the lease token (from `squall lease`)")]
 
 
 def _lines(source: str) -> Iterator[bytes]:

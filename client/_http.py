@@ -5,7 +5,9 @@ This is the one place raw httpx errors are translated (see ``common/errors.py``)
 from __future__ import annotations
 
 import functools
+import os
 import ssl
+from collections.abc import Generator
 from typing import Any
 
 import httpx
@@ -13,16 +15,44 @@ import orjson
 
 from squall.client._effects import Call, ConnectError, Reply
 from squall.common.errors import ServerError, StatusError, TransportError, from_response
+from squall.common.tls import TLSConfig
 
 _CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
-@functools.cache
-def ssl_context() -> ssl.SSLContext:
-    """One verifying SSL context for every client of this process. httpx builds a new one
-    per client otherwise, loading the CA bundle each time: ~0.25 s of CPU per ``Client``,
-    30 s for the soak's 128 clients on a loaded machine."""
-    return httpx.create_ssl_context()
+class MasterAuth(httpx.Auth):
+    """Adds ``Authorization: Bearer <credential>`` to requests for the master only (data
+    nodes get the payload tokens the master hands out, never the credential). The
+    credential is `token`, else ``$SQUALL_TOKEN``."""
+
+    def __init__(self, master: str, token: str | None) -> None:
+        self.token = token or os.environ.get("SQUALL_TOKEN") or None
+        self.origin = httpx.URL(master).copy_with(path="/", query=None, fragment=None)
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        u = request.url
+        if (self.token and "authorization" not in request.headers
+                and (u.scheme, u.host, u.port) == (self.origin.scheme, self.origin.host,
+                                                   self.origin.port)):
+            request.headers["Authorization"] = f"Bearer {self.token}"
+        yield request
+
+
+def tls_verify() -> ssl.SSLContext:
+    """How clients verify servers: ``SQUALL_TLS_CA`` (else the system's CAs), presenting
+    ``SQUALL_TLS_CERT`` / ``SQUALL_TLS_KEY`` to servers that want mutual TLS. One context
+    per configuration for every client of this process: httpx builds a new one per client
+    otherwise, loading the CA bundle each time (~0.25 s of CPU per ``Client``, 30 s for the
+    soak's 128 clients on a loaded machine)."""
+    env = os.environ
+    return _ssl_context(env.get("SQUALL_TLS_CERT") or None, env.get("SQUALL_TLS_KEY") or None,
+                        env.get("SQUALL_TLS_CA") or None)
+
+
+@functools.lru_cache(maxsize=8)
+def _ssl_context(cert: str | None, key: str | None, ca: str | None) -> ssl.SSLContext:
+    ctx = TLSConfig(cert, key, ca).client_context()
+    return ctx if isinstance(ctx, ssl.SSLContext) else httpx.create_ssl_context()
 
 
 def request_args(c: Call) -> dict[str, Any]:

@@ -354,6 +354,26 @@ class Core:
         ans: dict[str, Any] = yield from self._call("GET", "/readyz")
         return ans
 
+    # -- credentials (admin) -------------------------------------------------------------
+    def mint_credential(self, roles: Iterable[str], groups: Iterable[str] | None,
+                        node: str | None, ttl_secs: float, note: str) -> Proto[dict[str, Any]]:
+        body: dict[str, Any] = {"roles": list(roles), "ttl_secs": ttl_secs, "note": note}
+        if groups is not None:
+            body["groups"] = list(groups)
+        if node is not None:
+            body["node"] = node
+        ans: dict[str, Any] = yield from self._call("POST", "/v1/auth/credentials", body,
+                                                    idempotent=False)
+        return ans
+
+    def credentials(self) -> Proto[list[dict[str, Any]]]:
+        ans = yield from self._call("GET", "/v1/auth/credentials")
+        return list(ans["credentials"])
+
+    def revoke_credential(self, cred_id: str) -> Proto[dict[str, Any]]:
+        ans: dict[str, Any] = yield from self._call("DELETE", f"/v1/auth/credentials/{cred_id}")
+        return ans
+
 
 def _node_path(node_id: str) -> str:
     if not node_id or len(node_id) > 128:

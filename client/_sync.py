@@ -165,20 +165,25 @@ class Transaction(TxBuilder):
 
 class Client:
     """A blocking squall client. ``master`` defaults to ``$SQUALL_MASTER``, else
-    ``http://127.0.0.1:7070``. Thread-safe (one connection pool)."""
+    ``http://127.0.0.1:7070``; ``token`` (the bearer credential
+    for the master) defaults to ``$SQUALL_TOKEN``. Thread-safe (one connection pool)."""
 
     def __init__(self, master: str | None = None, *, transport: httpx.BaseTransport | None = None,
                  timeout: float = 30.0, blob_timeout: float = 300.0, retries: int = 4,
-                 worker: str | None = None, max_connections: int = 100) -> None:
+                 worker: str | None = None, max_connections: int = 100,
+                 token: str | None = None) -> None:
         self.master = (master or default_master()).rstrip("/")
         self.transport = transport
         self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
-                        "worker": worker, "max_connections": max_connections}
+                        "worker": worker, "max_connections": max_connections,
+                        "token": token}
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         self._core = Core(Retry(attempts=retries), blob_timeout, worker)
+        auth = _http.MasterAuth(self.master, token)
+        self.token = auth.token
         self._http = httpx.Client(base_url=self.master, transport=transport, timeout=timeout,
-                                  limits=limits, verify=_http.ssl_context())
+                                  limits=limits, auth=auth, verify=_http.tls_verify())
         self._run = _Driver(self._http).run
         self._iter = _Driver(self._http).iterate
 
@@ -310,3 +315,18 @@ class Client:
 
     def ready(self) -> dict[str, Any]:
         return self._run(self._core.ready())
+
+    def mint_credential(self, *roles: str, groups: Iterable[str] | None = None,
+                        node: str | None = None, ttl_secs: float = 30 * 86400.0,
+                        note: str = "") -> dict[str, Any]:
+        """Mint a credential (needs an admin one): roles, optional groups, node id (for role
+        node). The answer's ``credential`` is shown once; the master keeps only its claims."""
+        return self._run(self._core.mint_credential(roles, groups, node, ttl_secs, note))
+
+    def credentials(self) -> list[dict[str, Any]]:
+        """Credentials minted through the master (their claims), revoked or not."""
+        return self._run(self._core.credentials())
+
+    def revoke_credential(self, cred_id: str) -> dict[str, Any]:
+        """Revoke a credential by its id: refused everywhere from now on."""
+        return self._run(self._core.revoke_credential(cred_id))

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from squall.client import _cli_admin, _cli_dev, _cli_nodes, _cli_verbs
+from squall.client import _cli_admin, _cli_auth, _cli_dev, _cli_nodes, _cli_verbs
 
 app = typer.Typer(help="squall: a distributed, durable, priority task queue.",
                   no_args_is_help=True, add_completion=False,
@@ -38,14 +38,20 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(_v: Annotated[bool, typer.Option(
         "--version", callback=_version, is_eager=True, help="print the version and exit")
-        ] = False) -> None:
+        ] = False,
+          token: Annotated[str, typer.Option(
+        "--token", envvar="SQUALL_TOKEN", show_default=False,
+        help="bearer credential for the master (default: $SQUALL_TOKEN)")] = "") -> None:
     """squall: a distributed, durable, priority task queue."""
+    if token:
+        os.environ["SQUALL_TOKEN"] = token  # every client this command makes sends it
 
 
 _cli_verbs.register(app)
 _cli_admin.register(app)
 app.add_typer(_cli_nodes.app, name="nodes")
 _cli_dev.register(app)
+_cli_auth.register(app)
 _plugins_loaded = False
 
 

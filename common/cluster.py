@@ -49,7 +49,7 @@ def check_blob_id(blob_id: str) -> str:
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Lenient(BaseModel):
@@ -152,3 +152,5 @@ Command = Annotated[ReplicateCommand | ReplicateBatchCommand | DeleteCommand,
 class HeartbeatResponse(_Lenient):
     commands: Annotated[list[Command], Field(max_length=MAX_COMMANDS)] = []
     full_report: bool = Field(False, description="send the full inventory in the next beat")
+    revoked: Annotated[list[str], Field(max_length=100_000)] = Field(
+        [], description="ids of revoked client credentials (data nodes refuse them)")

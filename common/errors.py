@@ -12,6 +12,7 @@
         │       └── LeaseLost       token is stale: the task was re-leased, released,
         │                           reset or dequeued since this token was issued
         ├── PayloadTooLarge   413   body, batch or pid over its limit
+        ├── UnsupportedMediaType 415 wrong Content-Type (JSON routes take application/json)
         ├── InsufficientStorage 507 a data node is out of space
         ├── DataCorrupt       500   a stored replica failed its checksum (read another)
         ├── Overloaded        429   slow down; retry after `retry_after` seconds
@@ -84,6 +85,14 @@ class PayloadTooLarge(StatusError):
     status, code = 413, "too_large"
 
 
+class UnsupportedMediaType(StatusError):
+    status, code = 415, "unsupported_media_type"
+
+
+class RequestTimeout(StatusError):
+    status, code = 408, "request_timeout"
+
+
 class Overloaded(StatusError):
     status, code = 429, "overloaded"
 
@@ -108,14 +117,14 @@ _BY_CODE: dict[str, type[StatusError]] = {
     cls.code: cls
     for cls in (
         BadRequest, Unauthorized, Forbidden, NotFound, Conflict, LeaseError, LeaseLost,
-        PayloadTooLarge, Overloaded, Unavailable, InsufficientStorage, DataCorrupt,
-        ServerError,
+        PayloadTooLarge, UnsupportedMediaType, RequestTimeout, Overloaded, Unavailable,
+        InsufficientStorage, DataCorrupt, ServerError,
     )
 }
 _BY_STATUS: dict[int, type[StatusError]] = {
     400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-    413: PayloadTooLarge, 422: BadRequest, 429: Overloaded, 503: Unavailable,
-    507: InsufficientStorage,
+    408: RequestTimeout, 413: PayloadTooLarge, 415: UnsupportedMediaType, 422: BadRequest,
+    429: Overloaded, 503: Unavailable, 507: InsufficientStorage,
 }
 
 

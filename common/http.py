@@ -70,12 +70,17 @@ def install_error_handlers(app: FastAPI, refine: ValidationRefiner | None = None
 
     async def on_http(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+        codes = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
+                 408: "request_timeout", 413: "too_large"}
         body = {"error": {"code": codes.get(exc.status_code, "http_error"),
                           "message": str(exc.detail)}}
         return JSON(body, status_code=exc.status_code)
 
+    async def on_deep(_: Request, exc: Exception) -> Response:
+        return error_response(BadRequest("invalid request: JSON nested too deeply"))
+
     app.add_exception_handler(StatusError, on_status)
+    app.add_exception_handler(RecursionError, on_deep)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
 

@@ -29,7 +29,7 @@ EpochSecs = Annotated[float, Field(ge=0, le=1e11)]
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class PayloadRef(_M):

@@ -11,7 +11,8 @@ Token (sent as ``Authorization: Bearer <token>``)::
     "sqt1." + b64url(claims) + "." + b64url(HMAC-SHA256(key, b"squall-token-v1\\n" + claims))
     claims = JSON {"op": "write" | "read" | "delete" | "replicate" | "heartbeat",
                    "b":  [blob id, ...],          # blobs in scope (heartbeat: [node id])
-                   "p":  "prefix",                # optional: also every blob id with it
+                   "p":  "prefix", "n": count,    # optional: also the blob ids prefix + 0,
+                                                  #   prefix + 1, ..., prefix + (count - 1)
                    "r":  ["http://node:port", ...],  # optional, write only: the replica
                                                   #   set the first node may forward to
                    "exp": 1800000000.0}           # expiry, seconds since the epoch
@@ -137,23 +138,33 @@ class TokenClaims:
     prefix: str | None
     replicas: tuple[str, ...]
     expires_at: float
+    count: int = 0  # with prefix: the ids prefix + "0" ... prefix + str(count - 1)
 
     def covers(self, blob_id: str) -> bool:
-        return blob_id in self.blob_ids or (
-            self.prefix is not None and blob_id.startswith(self.prefix))
+        if blob_id in self.blob_ids:
+            return True
+        if self.prefix is None or not blob_id.startswith(self.prefix):
+            return False
+        n = blob_id[len(self.prefix):]  # exactly the allocated ids: one spelling each
+        return (n.isascii() and n.isdigit() and (n == "0" or n[0] != "0")
+                and len(n) <= 6 and int(n) < self.count)
 
 
 def sign(key: bytes, op: str, blob_ids: Iterable[str], expires_at: float, *,
-         prefix: str | None = None, replicas: Sequence[str] = ()) -> str:
-    """A token allowing `op` on `blob_ids` (and any blob id starting with a non-empty
-    `prefix`) until `expires_at`; a write token may also name the replica set."""
+         prefix: str | None = None, count: int = 0, replicas: Sequence[str] = ()) -> str:
+    """A token allowing `op` on `blob_ids` (and on the `count` ids `prefix` + "0" ...
+    `prefix` + str(count - 1)) until `expires_at`; a write token may also name the replica
+    set."""
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; one of {OPS}")
     if prefix is not None and not prefix:
         raise ValueError("an empty prefix would cover every blob")
+    if prefix is not None and not 0 < count <= 100_000:
+        raise ValueError("a prefix covers 1 to 100000 numbered blob ids: give count")
     claims: dict[str, object] = {"op": op, "b": list(blob_ids)}
     if prefix is not None:
         claims["p"] = prefix
+        claims["n"] = count
     if replicas:
         claims["r"] = [_norm_url(u) for u in replicas]
     claims["exp"] = round(float(expires_at), 3)
@@ -164,14 +175,17 @@ def decode(key: bytes, token: object, now: float) -> TokenClaims:
     """Check signature, shape and expiry; the scope is the caller's (see :func:`verify`)."""
     c = _open(key, TOKEN_PREFIX, _TOKEN_DOMAIN, token, "token")
     op, ids, prefix, reps, exp = c.get("op"), c.get("b"), c.get("p"), c.get("r", []), c.get("exp")
+    count = c.get("n", 0)
     if (op not in OPS or not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)
             or not (prefix is None or (isinstance(prefix, str) and prefix))
+            or not isinstance(count, int) or isinstance(count, bool)
+            or (prefix is not None and count <= 0)
             or not isinstance(reps, list) or not all(isinstance(u, str) for u in reps)
             or not isinstance(exp, int | float) or isinstance(exp, bool)):
         raise Unauthorized("malformed token claims")
     if now >= exp:
         raise Unauthorized(f"token expired {now - exp:.1f}s ago; ask the master for a new one")
-    return TokenClaims(str(op), frozenset(ids), prefix, tuple(reps), float(exp))
+    return TokenClaims(str(op), frozenset(ids), prefix, tuple(reps), float(exp), count)
 
 
 def verify(key: bytes, token: object, op: str, blob_id: str | Iterable[str],

@@ -12,9 +12,12 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Scope
 
+from squall.common.access import DATANODE_RULES, RuleTable
+from squall.common.auth import load_auth_keys
 from squall.common.clock import Clock
 from squall.common.docs import install_docs
 from squall.common.errors import BadRequest
+from squall.common.guard import Access, Guard, default_hosts
 from squall.common.http import BodyLimit, error_response, install_error_handlers
 from squall.common.metrics import HttpMetrics, HttpStats
 from squall.datanode.config import DataNodeSettings
@@ -54,6 +57,8 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
         node = DataNode(settings, clock)
         node.http_stats = http
         app.state.node = node
+        access.now = node.clock.now
+        access.revoked = lambda cid: cid in node.revoked
         node.start(background)
         try:
             yield
@@ -67,6 +72,11 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
                   description="Payload storage of squall: blobs in LMDB with CRC32C checks, "
                   "replicated node to node, under tokens the master signs. Errors are "
                   "`{\"error\": {\"code\", \"message\"}}`.")
+    access = Access(RuleTable(DATANODE_RULES, settings.public),
+                    settings.auth_keys or load_auth_keys(), cluster_key=settings.cluster_key,
+                    allowed_hosts=default_hosts(settings.advertise_url, *settings.allowed_hosts),
+                    body_timeout_s=settings.body_timeout_s)
+    app.state.access = access
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnect, _on_disconnect)
     app.include_router(blobs.router)
@@ -77,4 +87,7 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
     app.add_middleware(FastPath)  # inside BodyLimit: the last added is the outermost
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, skip=_streams)
     app.add_middleware(HttpMetrics, stats=http, fallbacks=FAST_ROUTES)
+    # outermost: nothing is read (or counted: no metric series for strangers' methods and
+    # paths) before the credential is checked
+    app.add_middleware(Guard)
     return app

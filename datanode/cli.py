@@ -7,16 +7,19 @@ from pathlib import Path
 
 import typer
 
+from squall.common.auth import check_bind, cluster_key_configured, load_auth_keys
+from squall.common.tls import TLSConfig
 from squall.datanode.config import DataNodeSettings
 
 
 def serve(settings: DataNodeSettings, host: str, port: int) -> None:
     import uvicorn
 
+    from squall.common.serving import uvicorn_options
     from squall.datanode.app import create_datanode_app
 
-    uvicorn.run(create_datanode_app(settings), host=host, port=port, loop="uvloop",
-                http="httptools", access_log=False, log_level="warning", lifespan="on")
+    uvicorn.run(create_datanode_app(settings), host=host, port=port,
+                **uvicorn_options(settings.tls.uvicorn_kwargs()))
 
 
 def register(app: typer.Typer) -> None:
@@ -51,18 +54,62 @@ def register(app: typer.Typer) -> None:
         repair_bytes_per_s: float = typer.Option(
             0.0, envvar="SQUALL_REPAIR_BYTES_PER_S", min=0.0,
             help="pace the re-replication copies this node sends (bytes/s; 0: unpaced)"),
+        auth_key_file: str = typer.Option(
+            "", "--auth-key-file", envvar="SQUALL_AUTH_KEY_FILE",
+            help="key(s) of client credentials, one per line (else SQUALL_AUTH_KEY; "
+                 "without one, routes for client credentials answer 401)"),
+        node_credential_file: str = typer.Option(
+            "", "--node-credential-file", envvar="SQUALL_NODE_CREDENTIAL_FILE",
+            help="this node's credential (squall auth mint --role node --node ID) for "
+                 "heartbeats (else a token it signs with the cluster key)"),
+        allowed_hosts: str = typer.Option(
+            "", "--allowed-hosts", envvar="SQUALL_ALLOWED_HOSTS",
+            help="comma-separated Host names besides loopback and --advertise ('*': any)"),
+        public_metrics: bool = typer.Option(False, "--public-metrics",
+                                            envvar="SQUALL_PUBLIC_METRICS",
+                                            help="serve /metrics without a credential"),
+        insecure: bool = typer.Option(False, "--insecure",
+                                      help="start beyond loopback without keys (DANGEROUS)"),
+        tls_cert: str = typer.Option("", "--tls-cert", envvar="SQUALL_TLS_CERT",
+                                     help="serve HTTPS with this PEM certificate (also "
+                                          "presented to the master and peers)"),
+        tls_key: str = typer.Option("", "--tls-key", envvar="SQUALL_TLS_KEY",
+                                    help="private key of --tls-cert"),
+        tls_ca: str = typer.Option("", "--tls-ca", envvar="SQUALL_TLS_CA",
+                                   help="CA bundle verifying the master, peers and client "
+                                        "certificates"),
+        tls_require_client_cert: bool = typer.Option(
+            False, "--tls-require-client-cert", envvar="SQUALL_TLS_REQUIRE_CLIENT_CERT",
+            help="mutual TLS: refuse connections without a certificate from --tls-ca"),
     ) -> None:
         """Run a data node: LMDB blob store, replication, heartbeats to the master."""
         from squall.common.tokens import load_cluster_key
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per peer request
+        check_bind(host, cluster_key_configured(cluster_key_file or None),
+                   load_auth_keys(auth_key_file or None) is not None, insecure, "datanode")
+        tls = TLSConfig(tls_cert or None, tls_key or None, tls_ca or None,
+                        tls_require_client_cert)
+        tls.check()
+        scheme = "https" if tls.enabled else "http"
+        node_cred = None
+        if node_credential_file:
+            try:
+                with open(node_credential_file) as f:
+                    node_cred = f.read().strip()
+            except OSError as e:  # e.g. no key for this pod in the Secret
+                raise SystemExit(f"--node-credential-file: cannot read {node_credential_file}: "
+                                 f"{e.strerror}") from None
         settings = DataNodeSettings(
-            data_dir=str(data_dir), advertise_url=advertise or f"http://{host}:{port}",
+            data_dir=str(data_dir), advertise_url=advertise or f"{scheme}://{host}:{port}",
             master_url=master or None, node_id=node_id or None,
             cluster_key=load_cluster_key(cluster_key_file or None),
             heartbeat_interval_s=heartbeat_interval_s, full_report_every=full_report_every,
             map_size=min(1 << 30, map_size_max), map_size_max=map_size_max,
             scrub_bytes_per_s=scrub_bytes_per_s, scrub_interval_s=scrub_interval_s,
-            copies_max=copies_max, repair_bytes_per_s=repair_bytes_per_s)
+            copies_max=copies_max, repair_bytes_per_s=repair_bytes_per_s,
+            auth_keys=load_auth_keys(auth_key_file or None),
+            node_credential=node_cred, tls=tls, public=("metrics",) if public_metrics else (),
+            allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
         serve(settings, host, port)

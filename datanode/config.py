@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from squall.common.tls import TLSConfig
 from squall.common.tokens import DEV_CLUSTER_KEY
 
 
@@ -16,6 +17,12 @@ class DataNodeSettings:
     master_url: str | None = None  # None: no heartbeats (a standalone node, or tests)
     node_id: str | None = None  # None: the id persisted in data_dir (made on first start)
     cluster_key: bytes = DEV_CLUSTER_KEY
+    node_credential: str | None = None  # for heartbeats; else a token signed with cluster_key
+    tls: TLSConfig = field(default_factory=TLSConfig)  # serving, and outgoing connections
+    auth_keys: list[bytes] | None = None  # client credentials' keys (None: from SQUALL_AUTH_KEY*)
+    allowed_hosts: tuple[str, ...] = ()  # Host names besides loopback and the advertised one
+    public: tuple[str, ...] = ()  # "metrics": served without a credential
+    body_timeout_s: float = 30.0  # longest wait for the next chunk of a request body
     heartbeat_interval_s: float = 3.0
     full_report_every: int = 20  # beats between full block reports
     chunk_bytes: int = 1 << 20

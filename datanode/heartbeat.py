@@ -49,6 +49,7 @@ MAX_PENDING_REPORTS = 10_000
 REPORTS_PER_BEAT = 1000  # more wait for the next beat, which comes early (bounded work)
 DELETE_TXN_IDS = 1000
 NUDGE_GAP_S = 0.1  # the shortest pause between two beats when copies finished early
+MAX_REVOKED = 100_000
 
 
 class Heartbeat:
@@ -70,7 +71,8 @@ class Heartbeat:
         self._reports: list[ReplicationReport] = []
         self._copies: dict[tuple[str, str], asyncio.Task[None]] = {}  # (blob or batch, target)
         self._sem = asyncio.Semaphore(max(1, s.copies_max))
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0))
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0),
+                                         verify=s.tls.client_context())
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -140,7 +142,8 @@ class Heartbeat:
             r = await self._client.post(
                 self.url, content=orjson.dumps(req.model_dump()),
                 headers={"Content-Type": "application/json", "Authorization": "Bearer "
-                         + self.node.node_token("heartbeat", [self.node.node_id])})
+                         + (self.node.settings.node_credential
+                            or self.node.node_token("heartbeat", [self.node.node_id]))})
             if r.status_code != 200:
                 raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
             body = orjson.loads(r.content)
@@ -158,6 +161,9 @@ class Heartbeat:
         self.consecutive_failures = 0
         self.last_ok_at = self.node.clock.now()
         self.need_full = bool(body.get("full_report"))
+        revoked = body.get("revoked")
+        if isinstance(revoked, list):  # the master's revocation list, whole every beat
+            self.node.revoked = frozenset(str(x) for x in revoked[:MAX_REVOKED])
         del self._corrupt[:len(req.corrupt)]
         await self.execute(body.get("commands") or [])
         return True

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
@@ -87,10 +88,12 @@ class _Conn:
 
 class Peers:
     def __init__(self, connect_timeout: float = 5.0, timeout: float = 60.0,
-                 idle_s: float = 2.0, idle_per_peer: int = 32) -> None:
+                 idle_s: float = 2.0, idle_per_peer: int = 32,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.connect_timeout, self.timeout = connect_timeout, timeout
+        self.tls = tls  # for https:// peers: verifies them, presents our certificate
         self.idle_s, self.idle_per_peer = idle_s, idle_per_peer
-        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._idle: dict[tuple[str, int, str], list[_Conn]] = {}
         self.requests = self.connects = 0
 
     async def aclose(self) -> None:
@@ -110,9 +113,11 @@ class Peers:
     async def request(self, method: str, url: str, content: Body = None,
                       headers: dict[str, str] | None = None) -> PeerResponse:
         u = urlsplit(url)
-        if u.scheme != "http" or not u.hostname:
-            raise PeerUnreachable(f"unsupported peer URL {url!r} (http://host:port only)")
-        key = (u.hostname, u.port or 80)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise PeerUnreachable(f"unsupported peer URL {url!r} (http(s)://host:port only)")
+        if u.scheme == "https" and self.tls is None:
+            self.tls = ssl.create_default_context()
+        key = (u.hostname, u.port or (443 if u.scheme == "https" else 80), u.scheme)
         path = (u.path or "/") + (f"?{u.query}" if u.query else "")
         replayable = content is None or isinstance(content, bytes | bytearray | memoryview)
         self.requests += 1
@@ -135,7 +140,7 @@ class Peers:
                 raise
         raise AssertionError("unreachable")
 
-    def _take(self, key: tuple[str, int]) -> _Conn | None:
+    def _take(self, key: tuple[str, int, str]) -> _Conn | None:
         conns = self._idle.get(key)
         now = time.monotonic()
         while conns:
@@ -147,9 +152,12 @@ class Peers:
             c.writer.close()
         return None
 
-    async def _connect(self, key: tuple[str, int]) -> _Conn:
+    async def _connect(self, key: tuple[str, int, str]) -> _Conn:
+        tls = self.tls if key[2] == "https" else None
         async with asyncio.timeout(self.connect_timeout):
-            reader, writer = await asyncio.open_connection(key[0], key[1], limit=1 << 20)
+            reader, writer = await asyncio.open_connection(
+                key[0], key[1], limit=1 << 20, ssl=tls,
+                server_hostname=key[0] if tls is not None else None)
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -157,7 +165,7 @@ class Peers:
         self.connects += 1
         return _Conn(reader, writer)
 
-    async def _exchange(self, key: tuple[str, int], conn: _Conn, method: str, path: str,
+    async def _exchange(self, key: tuple[str, int, str], conn: _Conn, method: str, path: str,
                         content: Body, headers: dict[str, str]) -> PeerResponse:
         w = conn.writer
         head = [f"{method} {path} HTTP/1.1", f"Host: {key[0]}:{key[1]}"]

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ class DataNode:
     def __init__(self, settings: DataNodeSettings, clock: Clock | None = None) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
+        self.revoked: frozenset[str] = frozenset()  # credential ids, from heartbeat answers
         self.node_id = settings.resolve_node_id()
         self.address = settings.advertise_url.rstrip("/")
         self.key = settings.cluster_key
@@ -67,7 +69,9 @@ class DataNode:
         from squall.datanode.scrubber import Scrubber
 
         s = self.settings
-        self.peers = Peers(connect_timeout=s.peer_connect_timeout_s, timeout=s.peer_timeout_s)
+        ctx = s.tls.client_context()
+        self.peers = Peers(connect_timeout=s.peer_connect_timeout_s, timeout=s.peer_timeout_s,
+                           tls=ctx if isinstance(ctx, ssl.SSLContext) else None)
         hb = self.heartbeat = Heartbeat(self)
         sc = self.scrubber = Scrubber(self)
         if not background:

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import keyword
+import os
 import re
 import shutil
 import signal
@@ -65,7 +66,7 @@ def dev_cluster(port: int, data_dir: Path, keep: bool) -> Iterator[str]:
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        while not _alive(url, 3):
+        while not _alive(url, 3, data_dir):
             if proc.poll() is not None:
                 sys.exit(f"squall dev exited ({proc.returncode}); see "
                          f"{data_dir / 'squall-dev.log'} (port {port} taken? use --port)")
@@ -73,6 +74,10 @@ def dev_cluster(port: int, data_dir: Path, keep: bool) -> Iterator[str]:
                 sys.exit(f"squall dev did not come up in 90 s; see {data_dir}/squall-dev.log")
             time.sleep(0.2)
         console.print(f"[green]squall dev is up[/] at {url} (data and logs in {data_dir})")
+        # the admin credential squall dev made: clients and Spark's workers read it from here
+        cred = _credential(data_dir)
+        if cred:
+            os.environ["SQUALL_TOKEN"] = cred
         yield url
         if keep:
             console.print(f"\ndashboard: [bold]{url}/[/]   API docs: {url}/docs   "
@@ -90,9 +95,18 @@ def dev_cluster(port: int, data_dir: Path, keep: bool) -> Iterator[str]:
         log.close()
 
 
-def _alive(url: str, nodes: int) -> bool:
-    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-        info = httpx.get(url + "/v1/cluster", timeout=2).json()
+def _credential(data_dir: Path) -> str | None:
+    """The admin credential ``squall dev`` keeps under its data folder (none when the
+    environment gave it its keys: then SQUALL_TOKEN must be set)."""
+    path = data_dir / "keys" / "admin.credential"
+    return path.read_text().strip() if path.exists() else None
+
+
+def _alive(url: str, nodes: int, data_dir: Path) -> bool:
+    token = _credential(data_dir) or os.environ.get("SQUALL_TOKEN")
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, OSError):
+        info = httpx.get(url + "/v1/cluster", timeout=2,
+                         headers={"Authorization": f"Bearer {token}"}).json()
         return sum(n["state"] == "alive" for n in info["nodes"]) >= nodes
     return False
 

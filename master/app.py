@@ -9,13 +9,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.staticfiles import StaticFiles
 
+from squall.common.access import MASTER_RULES, RuleTable
 from squall.common.clock import Clock
 from squall.common.docs import install_docs
+from squall.common.guard import Access, Guard, default_hosts
 from squall.common.metrics import Exposition, HttpMetrics, HttpStats
 from squall.master.fastpath import FastPath
 from squall.master.http import BodyLimit, install_error_handlers
 from squall.master.metrics import MasterMetrics, WalTimes
 from squall.master.routes import config, health, nodes, nodes_admin, queues, status, tasks
+from squall.master.security import CredentialStore, SecuritySettings
+from squall.master.security import router as auth_router
 from squall.master.service import Master, MasterSettings
 from squall.master.telemetry import Telemetry
 
@@ -29,9 +33,12 @@ FAST_ROUTES = [(re.compile(r"^/v1/groups/[^/]+/update$"), "/v1/groups/{group}/up
 
 
 def create_master_app(settings: MasterSettings, clock: Clock | None = None,
-                      background: bool = True) -> FastAPI:
+                      background: bool = True, security: SecuritySettings | None = None
+                      ) -> FastAPI:
     """The master app. `background=False` leaves the sweeper and checkpoints to the caller
-    (tests drive them on an injected clock)."""
+    (tests drive them on an injected clock). `security`: auth keys, allowed hosts and
+    public routes (default: keys from the environment, else kept in the data folder)."""
+    security = security or SecuritySettings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -42,6 +49,9 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
         telemetry = Telemetry(master)
         app.state.telemetry = telemetry
         app.state.metrics = Exposition(MasterMetrics(master, telemetry, http, wal_times).collect)
+        app.state.credentials = CredentialStore.open(settings.data_dir)
+        access.cluster_key, access.now = master.key, master.clock.now
+        access.revoked = app.state.credentials.is_revoked
         if background:
             master.start()
             telemetry.start()
@@ -58,6 +68,11 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
                   redoc_url=None,
                   description="Metadata, leases and placement of squall, a durable priority "
                   "task queue. Errors are `{\"error\": {\"code\", \"message\"}}`.")
+    access = Access(RuleTable(MASTER_RULES, security.public),
+                    security.resolve_keys(settings.data_dir),
+                    allowed_hosts=default_hosts(*security.allowed_hosts),
+                    body_timeout_s=security.body_timeout_s)
+    app.state.access = access
     install_error_handlers(app)
     app.include_router(tasks.router)
     app.include_router(queues.router)
@@ -66,10 +81,14 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     app.include_router(nodes_admin.router)
     app.include_router(health.router)
     app.include_router(status.router)
+    app.include_router(auth_router)
     install_docs(app)
     app.mount("/static/dashboard", StaticFiles(directory=status.STATIC), name="dashboard")
     app.add_middleware(FastPath)  # inside BodyLimit: the last added is the outermost
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     http = HttpStats()
     app.add_middleware(HttpMetrics, stats=http, fallbacks=FAST_ROUTES)
+    # outermost: nothing is read (or counted: no metric series for strangers' methods and
+    # paths) before the credential is checked
+    app.add_middleware(Guard)
     return app

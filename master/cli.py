@@ -7,18 +7,23 @@ from pathlib import Path
 
 import typer
 
+from squall.common.auth import check_bind, cluster_key_configured, load_auth_keys
+from squall.common.tls import TLSConfig
 from squall.master.cluster import ClusterSettings
+from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
 
 
-def serve(settings: MasterSettings, host: str, port: int) -> None:
+def serve(settings: MasterSettings, host: str, port: int,
+          security: SecuritySettings | None = None, tls: TLSConfig | None = None) -> None:
     import uvicorn
 
+    from squall.common.serving import uvicorn_options
     from squall.master.app import create_master_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    uvicorn.run(create_master_app(settings), host=host, port=port, loop="uvloop",
-                http="httptools", access_log=False, log_level="warning", lifespan="on")
+    uvicorn.run(create_master_app(settings, security=security), host=host, port=port,
+                **uvicorn_options((tls or TLSConfig()).uvicorn_kwargs()))
 
 
 def register(app: typer.Typer) -> None:
@@ -68,6 +73,31 @@ def register(app: typer.Typer) -> None:
         cluster_key_file: Path | None = typer.Option(
             None, "--cluster-key-file", envvar="SQUALL_CLUSTER_KEY_FILE",
             help="file with the cluster's HMAC key (else SQUALL_CLUSTER_KEY, else a dev key)"),
+        auth_key_file: Path | None = typer.Option(
+            None, "--auth-key-file", envvar="SQUALL_AUTH_KEY_FILE",
+            help="file with the key(s) of client credentials, one per line, the first signs "
+                 "(else SQUALL_AUTH_KEY, else one made in --data-dir with an admin credential)"),
+        allowed_hosts: str = typer.Option(
+            "", "--allowed-hosts", envvar="SQUALL_ALLOWED_HOSTS",
+            help="comma-separated Host names clients use besides loopback ('*': any)"),
+        public_metrics: bool = typer.Option(False, "--public-metrics",
+                                            envvar="SQUALL_PUBLIC_METRICS",
+                                            help="serve /metrics without a credential"),
+        public_status: bool = typer.Option(False, "--public-status",
+                                           envvar="SQUALL_PUBLIC_STATUS",
+                                           help="serve the dashboard's data (/v1/overview) "
+                                                "without a credential"),
+        insecure: bool = typer.Option(False, "--insecure",
+                                      help="start beyond loopback without keys (DANGEROUS)"),
+        tls_cert: Path | None = typer.Option(None, "--tls-cert", envvar="SQUALL_TLS_CERT",
+                                             help="serve HTTPS with this PEM certificate"),
+        tls_key: Path | None = typer.Option(None, "--tls-key", envvar="SQUALL_TLS_KEY",
+                                            help="private key of --tls-cert"),
+        tls_ca: Path | None = typer.Option(None, "--tls-ca", envvar="SQUALL_TLS_CA",
+                                           help="CA bundle to verify client certificates"),
+        tls_require_client_cert: bool = typer.Option(
+            False, "--tls-require-client-cert", envvar="SQUALL_TLS_REQUIRE_CLIENT_CERT",
+            help="mutual TLS: refuse connections without a certificate from --tls-ca"),
     ) -> None:
         """Run a master: task metadata, leases, WAL + LMDB index, data-node placement."""
         cluster = ClusterSettings(
@@ -80,4 +110,17 @@ def register(app: typer.Typer) -> None:
             data_dir=str(data_dir), fsync=fsync, checkpoint_interval_s=checkpoint_interval_s,
             index_sync=index_sync,
             cluster=cluster, cluster_key_file=str(cluster_key_file) if cluster_key_file else None)
-        serve(settings, host, port)
+        check_bind(host, cluster_key_configured(settings.cluster_key_file),
+                   load_auth_keys(str(auth_key_file) if auth_key_file else None) is not None,
+                   insecure, "master")
+        tls = TLSConfig(str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None,
+                        str(tls_ca) if tls_ca else None, tls_require_client_cert)
+        tls.check()
+        public = tuple(n for n, on in (("metrics", public_metrics), ("status", public_status))
+                       if on)
+        hosts = tuple(h for h in allowed_hosts.split(",") if h.strip())
+        if host not in ("0.0.0.0", "::", ""):
+            hosts += (host,)
+        security = SecuritySettings(auth_key_file=str(auth_key_file) if auth_key_file else None,
+                                    allowed_hosts=hosts, public=public)
+        serve(settings, host, port, security, tls)

@@ -43,6 +43,8 @@ from squall.common.cluster import (
     HeartbeatRequest,
     HeartbeatResponse,
 )
+from squall.common.errors import Unauthorized
+from squall.common.tokens import verify_receipt
 from squall.master import drain
 from squall.master.blobscan import BlobScan
 from squall.master.repair import Repair
@@ -97,6 +99,9 @@ class Cluster:
         self.clock, self.s, self.key, self.referenced = clock, settings, key, referenced
         self.nodes: dict[str, Node] = {}
         self.holders: dict[str, set[str]] = {}
+        # blob -> nodes whose copy a signed receipt proved (a write, or a replicate report
+        # carrying the target's receipt); a node's own report alone never trims these
+        self.verified: dict[str, set[str]] = {}
         self.check: set[str] = set()
         self.repair = Repair(key, settings.max_repair_bytes_per_node,
                              settings.max_copies_per_node)
@@ -216,7 +221,19 @@ class Cluster:
             if not hs:
                 del self.holders[blob_id]
                 self.repair.sizes.pop(blob_id, None)
+        vs = self.verified.get(blob_id)
+        if vs is not None:  # a node may always report the loss of its own copy
+            vs.discard(node_id)
+            if not vs:
+                del self.verified[blob_id]
         self.check.add(blob_id)
+
+    def _receipt_ok(self, receipt: str | None, blob_id: str, node_id: str) -> bool:
+        try:
+            verify_receipt(self.key, receipt, blob_id, node_id=node_id)
+        except Unauthorized:
+            return False
+        return True
 
     def record_holders(self, blob_id: str, node_ids: Iterable[str],
                        size: int | None = None) -> None:
@@ -226,6 +243,7 @@ class Cluster:
             if n is not None:
                 self._add([blob_id], n)
                 n.vouched.add(blob_id)
+                self.verified.setdefault(blob_id, set()).add(i)
         if size is not None and blob_id in self.holders:
             self.repair.sizes[blob_id] = size
 
@@ -314,8 +332,22 @@ class Cluster:
         else:
             self.repair.forget(b)
             if len(counting) > rf and not self.inflight.get(b):
-                for extra in sorted(counting, key=lambda x: -x.used_bytes)[:len(counting) - rf]:
-                    self._delete(b, [extra])
+                self._trim(b, counting, rf)
+
+    def _trim(self, b: str, counting: list[Node], rf: int) -> None:
+        """Delete copies above `rf`, only while `rf` proven copies stay: unproven claims (a
+        node's own report, e.g. a fake node's) go first, and a proven copy only above `rf`
+        proven ones."""
+        proven = {n.node_id for n in counting} & self.verified.get(b, set())
+        if len(proven) < rf:
+            return
+        extras = sorted(counting, key=lambda x: (x.node_id in proven, -x.used_bytes))
+        for extra in extras[:len(counting) - rf]:
+            if extra.node_id in proven:
+                if len(proven) <= rf:
+                    break
+                proven.discard(extra.node_id)
+            self._delete(b, [extra])
 
     def _maybe_orphan(self, b: str, live: list[Node], now: float) -> None:
         self.under.discard(b)
@@ -357,6 +389,8 @@ class Cluster:
                 if rep.ok and copy is not None:
                     self._add([rep.blob_id], target)
                     target.vouched.add(rep.blob_id)
+                    if self._receipt_ok(rep.receipt, rep.blob_id, target.node_id):
+                        self.verified.setdefault(rep.blob_id, set()).add(target.node_id)
             self.check.add(rep.blob_id)
         if self.repair.waiting:  # the budget this freed goes to the next copies at once
             self._plan(now)

@@ -18,10 +18,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from squall.common.errors import BadRequest, StatusError
+from squall.common.guard import PRINCIPAL
 from squall.common.http import JSON, error_response
 from squall.common.models import EnqueueRequest, LeaseRequest, UpdateRequest
 from squall.common.names import check_name
 from squall.master.http import invalid
+from squall.master.security import check_update
 from squall.master.service import Master
 
 M = TypeVar("M", bound=BaseModel)
@@ -58,7 +60,10 @@ class FastPath:
                      ) -> dict[str, Any]:
         group = check_name("group", m[1])
         if m[2] is None:
-            return await master.update(group, _parse(UpdateRequest, body))
+            req = _parse(UpdateRequest, body)
+            check_update(scope.get(PRINCIPAL), bool(req.enqueue),
+                         bool(req.dequeue or req.renew or req.release))
+            return await master.update(group, req)
         queue = check_name("queue", m[2])
         if m[3] == "tasks":
             return await master.enqueue(group, queue, _parse(EnqueueRequest, body).tasks)
@@ -79,6 +84,8 @@ def _parse(model: type[M], body: bytes) -> M:
         data = json.loads(body)
     except ValueError as e:
         raise BadRequest(f"invalid request: body: JSON decode error ({e})") from None
+    except RecursionError:
+        raise BadRequest("invalid request: body: JSON nested too deeply") from None
     return model.model_validate(data)
 
 

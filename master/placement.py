@@ -55,7 +55,8 @@ class Placement:
         for n in nodes:  # count it as used until the next heartbeat says otherwise
             n.used_bytes += size_bytes * count
         expires = now + WRITE_TOKEN_SECS
-        token = sign(self.key, "write", [], expires, prefix=prefix, replicas=replicas)
+        token = sign(self.key, "write", [], expires, prefix=prefix, count=count,
+                     replicas=replicas)  # exactly these ids, no extra blob under it
         return {"blobs": [{"blob_id": b, "replicas": replicas} for b in ids],
                 "token": token, "expires_at": expires, "write_quorum": quorum}
 

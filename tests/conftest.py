@@ -8,7 +8,7 @@ import pytest
 from squall.common.clock import ManualClock
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
-from tests.helpers import MasterProcess
+from tests.helpers import ADMIN, MasterProcess
 
 
 @pytest.fixture
@@ -29,7 +29,8 @@ async def api(master_settings: MasterSettings, clock: ManualClock
     app = create_master_app(master_settings, clock=clock, background=False)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://master") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
+                                     headers=ADMIN) as c:
             yield c, app.state.master
 
 

@@ -17,6 +17,33 @@ import httpx
 
 T = TypeVar("T")
 
+# Every server a test starts (in process or as a subprocess) checks credentials under this
+# auth key, and every client sends the admin credential from SQUALL_TOKEN; tests of access
+# control mint their own (see tests/test_access.py).
+TEST_AUTH_KEY = b"squall-test-auth-key-0123456789abcdef"
+os.environ["SQUALL_AUTH_KEY"] = TEST_AUTH_KEY.decode()
+
+
+def mint(*roles: str, ttl_s: float = 20 * 365 * 86400.0, **kw: Any) -> str:
+    """A credential under the tests' auth key."""
+    from squall.common.auth import mint as _mint
+
+    return _mint(TEST_AUTH_KEY, roles, ttl_s, time.time(), **kw)
+
+
+ADMIN_TOKEN = mint("admin")
+os.environ["SQUALL_TOKEN"] = ADMIN_TOKEN
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # headers for raw HTTP calls
+
+
+def master_auth(master_url: str) -> httpx.Auth:
+    """httpx `auth=` sending the admin credential to the master only: a client that also
+    calls data nodes (payload tokens in their own Authorization header) must not send it
+    there."""
+    from squall.client._http import MasterAuth
+
+    return MasterAuth(master_url, ADMIN_TOKEN)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -172,19 +199,20 @@ def running_master(data_dir: str, **kw: Any) -> Iterator[MasterProcess]:
 
 
 @contextlib.contextmanager
-def running_app(app: Any, timeout: float = 20.0) -> Iterator[str]:
+def running_app(app: Any, timeout: float = 20.0, **config: Any) -> Iterator[str]:
     """Serve an ASGI app (e.g. a fake master) with uvicorn in a thread of this process, on an
-    ephemeral 127.0.0.1 port; yields its base URL."""
+    ephemeral 127.0.0.1 port; yields its base URL. `config`: more uvicorn.Config options."""
     import threading
 
     import uvicorn
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
-                            access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
+    cfg = uvicorn.Config(app, **{"host": "127.0.0.1", "port": free_port(),
+                                 "log_level": "warning", "access_log": False,
+                                 "lifespan": "off", **config})
+    server = uvicorn.Server(cfg)
     thread = threading.Thread(target=server.run, name="uvicorn-test-app", daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{config.port}"
+    url = f"{'https' if cfg.ssl_certfile else 'http'}://127.0.0.1:{cfg.port}"
     try:
         wait_for(lambda: server.started, timeout, what=f"test app on {url}")
         yield url

@@ -11,6 +11,7 @@ import pytest
 from squall.common.clock import ManualClock
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
+from tests.helpers import ADMIN
 from tests.test_api import info, lease, put, update
 
 Api = tuple[httpx.AsyncClient, Master]
@@ -230,7 +231,8 @@ async def test_config_and_counters_survive_restart(tmp_path: Any, clock: ManualC
     async def run(body: Any) -> Any:
         app = create_master_app(settings, clock=clock, background=False)
         async with app.router.lifespan_context(app):
-            c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m")
+            c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                  base_url="http://127.0.0.1", headers=ADMIN)
             return await body(c, app.state.master)
 
     async def first(c: httpx.AsyncClient, m: Master) -> None:
@@ -287,7 +289,8 @@ async def test_task_counters_never_go_down_across_deletes_and_restarts(
     for round_ in range(2):  # the second round runs on a restarted master
         app = create_master_app(settings, clock=clock, background=False)
         async with app.router.lifespan_context(app):
-            c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m")
+            c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                  base_url="http://127.0.0.1", headers=ADMIN)
             await put(c, "q", *({"pid": f"{round_}-{i}"} for i in range(5)))
             for t in await lease(c, "q", max_tasks=3):
                 await update(c, dequeue=[{"queue": "q", "pid": t["pid"], "token": t["token"]}])
@@ -299,5 +302,5 @@ async def test_task_counters_never_go_down_across_deletes_and_restarts(
         app = create_master_app(settings, clock=clock, background=False)
         async with app.router.lifespan_context(app):
             await scrape(httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                           base_url="http://m"))
+                                           base_url="http://127.0.0.1", headers=ADMIN))
     assert seen == sorted(seen) and seen[-1] == (10.0, 6.0), seen

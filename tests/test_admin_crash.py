@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import MasterProcess, wait_for
+from tests.helpers import ADMIN, MasterProcess, wait_for
 
 G = "/v1/groups/g"
 
@@ -22,7 +22,7 @@ def ok(r: httpx.Response) -> Any:
 def test_admin_state_survives_kill9(tmp_path: Path) -> None:
     m = MasterProcess(str(tmp_path / "master")).start()
     try:
-        with httpx.Client(base_url=m.url, timeout=10) as c:
+        with httpx.Client(base_url=m.url, timeout=10, headers=ADMIN) as c:
             ok(c.put(f"{G}/queues/work/policy", json={"max_attempts": 5, "lease_secs": 120}))
             ok(c.post(f"{G}/queues/old/tasks", json={"tasks": [{"pid": f"o{i}"}
                                                                 for i in range(100)]}))
@@ -36,7 +36,7 @@ def test_admin_state_survives_kill9(tmp_path: Path) -> None:
             before = ok(c.get(f"{G}/queues/work"))
         m.kill9()
         m.start()
-        with httpx.Client(base_url=m.url, timeout=10) as c:
+        with httpx.Client(base_url=m.url, timeout=10, headers=ADMIN) as c:
             after = ok(c.get(f"{G}/queues/work"))
             for k in ("available", "leased", "delayed", "completed", "enqueued_total"):
                 assert after[k] == before[k], k
@@ -55,11 +55,11 @@ def test_schedule_slots_never_run_twice_across_kill9(tmp_path: Path) -> None:
     m = MasterProcess(str(tmp_path / "master")).start()
     acked: list[str] = []
     try:
-        with httpx.Client(base_url=m.url, timeout=10) as c:
+        with httpx.Client(base_url=m.url, timeout=10, headers=ADMIN) as c:
             ok(c.put(f"{G}/schedules/beat", json={"queue": "beats", "interval_secs": 1,
                                                   "catch_up": "all"}))
         for _round in range(3):
-            with httpx.Client(base_url=m.url, timeout=10) as c:
+            with httpx.Client(base_url=m.url, timeout=10, headers=ADMIN) as c:
                 def consume(c: httpx.Client = c, want: int = 2 * (_round + 1)) -> bool:
                     ts = ok(c.post(f"{G}/queues/beats/lease", json={"max_tasks": 100}))["tasks"]
                     if ts:
@@ -72,7 +72,7 @@ def test_schedule_slots_never_run_twice_across_kill9(tmp_path: Path) -> None:
                 wait_for(consume, timeout=20, interval=0.2, what="schedule slots")
             m.kill9()
             m.start()
-        with httpx.Client(base_url=m.url, timeout=10) as c:
+        with httpx.Client(base_url=m.url, timeout=10, headers=ADMIN) as c:
             def drained() -> bool:
                 ts = ok(c.post(f"{G}/queues/beats/lease", json={"max_tasks": 100}))["tasks"]
                 acked.extend(t["pid"] for t in ts)

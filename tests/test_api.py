@@ -9,6 +9,7 @@ import pytest
 
 from squall.common.clock import ManualClock
 from squall.master.service import Master
+from tests.helpers import ADMIN
 
 Api = tuple[httpx.AsyncClient, Master]
 
@@ -193,12 +194,14 @@ async def test_leases_survive_restart(master_settings: Any, clock: ManualClock) 
 
     app, ctx = await session()
     async with ctx:
-        c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m")
+        c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                  base_url="http://127.0.0.1", headers=ADMIN)
         await put(c, "q", {"pid": "a"}, {"pid": "b"})
         held = (await lease(c, "q", secs=100))[0]
     app, ctx = await session()
     async with ctx:
-        c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m")
+        c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                  base_url="http://127.0.0.1", headers=ADMIN)
         assert [t["pid"] for t in await lease(c, "q", 5, secs=500)] == ["b"]
         clock.advance(101)
         again = await lease(c, "q", 5)

@@ -21,7 +21,7 @@ from squall.common.clock import ManualClock
 from squall.common.models import MAX_BATCH
 from squall.common.names import PID_MAX_BYTES
 from squall.master.service import Master, MasterSettings
-from tests.helpers import MasterProcess
+from tests.helpers import ADMIN, MasterProcess
 
 BODY_LIMIT = 64 << 10  # the in-process app's body limit (1001 small items still fit)
 G = "/v1/groups/g"
@@ -430,7 +430,7 @@ def real_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MasterProc
 
 @pytest.fixture
 def real(real_master: MasterProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=real_master.url, timeout=30) as c:
+    with httpx.Client(base_url=real_master.url, timeout=30, headers=ADMIN) as c:
         yield c
         # the process is alive and serves
         assert real_master.proc is not None and real_master.proc.poll() is None
@@ -498,7 +498,8 @@ def test_real_master_body_limits(real_master: MasterProcess, real: httpx.Client)
     are 400s; and none of it hurts the server."""
     limit = MasterSettings(data_dir="").max_body_bytes
     listing = real.get("/v1/queues", params={"min_tasks": 0}).json()
-    host = f"Host: 127.0.0.1:{real_master.port}\r\n".encode()
+    host = (f"Host: 127.0.0.1:{real_master.port}\r\n"
+            f"Authorization: {ADMIN['Authorization']}\r\n").encode()
     head = (f"POST {TASKS} HTTP/1.1\r\n".encode() + host
             + b"Content-Type: application/json\r\n"
             + f"Content-Length: {limit + 1}\r\nConnection: close\r\n\r\n".encode())

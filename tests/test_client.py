@@ -59,7 +59,7 @@ async def aclient(tmp_path) -> AsyncIterator[tuple[AsyncClient, ManualClock]]:  
                             background=False)
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), \
-            AsyncClient("http://master", transport=transport, worker="test-worker") as c:
+            AsyncClient("http://127.0.0.1", transport=transport, worker="test-worker") as c:
         yield c, clock
 
 

@@ -56,7 +56,7 @@ async def faulty(tmp_path) -> AsyncIterator[tuple[AsyncClient, Faults]]:  # type
     async with app.router.lifespan_context(app):
         f = Faults(app)
         retry = sc.Retry(attempts=3, base_s=0.001, max_s=0.002)
-        async with AsyncClient("http://master", transport=httpx.MockTransport(f)) as c:
+        async with AsyncClient("http://127.0.0.1", transport=httpx.MockTransport(f)) as c:
             c._core.retry = c._core.blobs.retry = retry
             yield c, f
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from squall.common.payload import get_blob, put_blob
-from tests.helpers import DataNodeProcess, MasterProcess, wait_for
+from tests.helpers import ADMIN, DataNodeProcess, MasterProcess, wait_for
 
 KEY = "test-cluster-key-0123456789abcdef"
 ENV = {"SQUALL_CLUSTER_KEY": KEY}
@@ -30,7 +30,7 @@ class Cluster:
         self.nodes = [DataNodeProcess(str(tmp / f"dn{i}"), env=ENV, extra=[
             "--master", self.master.url, *BEAT, "--full-report-every", "5"]).start()
             for i in range(nodes)]
-        self.http = httpx.Client(base_url=self.master.url, timeout=30)
+        self.http = httpx.Client(base_url=self.master.url, timeout=30, headers=ADMIN)
         wait_for(lambda: self.alive() == nodes, what="data nodes alive")
 
     def info(self) -> Any:

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import MasterProcess, wait_for
+from tests.helpers import ADMIN, MasterProcess, wait_for
 
 KILLS = 22
 THREADS = 4
@@ -121,7 +121,7 @@ class Worker:
         return f"c{cycle:03d}-w{self.wid}-{self.seq:06d}"
 
     def run(self, url: str, cycle: int, stop: threading.Event) -> None:
-        with httpx.Client(base_url=url, timeout=TIMEOUT) as c:
+        with httpx.Client(base_url=url, timeout=TIMEOUT, headers=ADMIN) as c:
             while not stop.is_set():
                 try:
                     self.step(c, cycle)
@@ -328,7 +328,7 @@ def check_master(url: str, led: Ledger, rng: random.Random) -> int:
         present = [k for k in led.enqueued if k not in led.maybe_dequeued]
         absent = list(led.dequeued)
     held = live_long_leases(led)
-    with httpx.Client(base_url=url, timeout=TIMEOUT) as c:
+    with httpx.Client(base_url=url, timeout=TIMEOUT, headers=ADMIN) as c:
         listed = {**list_queue(c, QA), **list_queue(c, QB)}
         lost = [k for k in present if k not in listed]
         assert not lost, f"{len(lost)} acknowledged enqueues lost, e.g. {lost[:5]}"
@@ -346,7 +346,7 @@ def check_master(url: str, led: Ledger, rng: random.Random) -> int:
 
     # a lease probe right after the restart must not return a validly leased task, nor a
     # dequeued one; it then releases what it got, so the load finds it available again
-    with httpx.Client(base_url=url, timeout=TIMEOUT) as c:
+    with httpx.Client(base_url=url, timeout=TIMEOUT, headers=ADMIN) as c:
         for q in (QA, QB):
             r = c.post(f"/v1/groups/{GROUP}/queues/{q}/lease",
                        json={"max_tasks": 1000, "lease_secs": SHORT_LEASE, "worker": "probe"})
@@ -373,7 +373,7 @@ def drain_check(url: str, led: Ledger) -> None:
     expected -= set(held)
     collected: set[Key] = set()
     mystery: dict[Key, dict[str, Any]] = {}
-    with httpx.Client(base_url=url, timeout=TIMEOUT) as c:
+    with httpx.Client(base_url=url, timeout=TIMEOUT, headers=ADMIN) as c:
 
         def drained() -> bool:
             for q in (QA, QB):

@@ -24,7 +24,7 @@ import pytest
 
 from squall.client import Client
 from squall.client._cli_dev import DevCluster
-from tests.helpers import wait_for
+from tests.helpers import ADMIN, ADMIN_TOKEN, wait_for
 from tests.test_e2e import start_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,9 +101,16 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
         c.lease("shots#resize", 3, lease_secs=600)
     page = browser.new_page(viewport={"width": 1400, "height": 1300})
     page.goto(url + "/?refresh=300")
+    # the page holds no data: without a credential its polls are refused, and it says so
+    page.wait_for_selector("#errbanner:not([hidden])")
+    assert page.locator("#queues tbody tr").count() == 0
+    # the operator pastes the admin credential (kept in the tab's sessionStorage)
+    page.fill("#token", ADMIN_TOKEN)
+    page.dispatch_event("#token", "change")
     page.wait_for_selector('#queues tbody tr a[href="#/queue/shots/resize"]')
+    assert page.evaluate("sessionStorage.getItem('squall.token')") == ADMIN_TOKEN
     # the page's numbers are the API's
-    api = httpx.get(url + "/v1/cluster/stats").json()
+    api = httpx.get(url + "/v1/cluster/stats", headers=ADMIN).json()
     wait_for(lambda: num(card(page, "available")) == api["available"], 10,
              what="available as in the API")
     assert num(card(page, "leased")) == api["leased"] == 3
@@ -121,7 +128,7 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     page.screenshot(path=str(img / "dashboard.png"), full_page=True)
 
     # a data node dies: the page shows it dead and blobs under-replicated, then repaired
-    info = httpx.get(url + "/v1/cluster").json()
+    info = httpx.get(url + "/v1/cluster", headers=ADMIN).json()
     victim = max(info["nodes"], key=lambda n: n["blob_count"])
     idx = next(i for i in cluster.node_procs if cluster.node_url(i) == victim["address"])
     cluster.kill_node(idx)
@@ -140,7 +147,7 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     page.screenshot(path=str(img / "dashboard-node-dead.png"), full_page=True)
     wait_for(lambda: num(card(page, "under-replicated blobs")) == 0, 90, interval=0.2,
              what="under-replicated back to 0 on the page")
-    assert httpx.get(url + "/v1/cluster").json()["under_replicated"] == 0
+    assert httpx.get(url + "/v1/cluster", headers=ADMIN).json()["under_replicated"] == 0
     assert num(card(page, "lost blobs")) == 0
 
     # a queue's page: leased sample, policy, dead letters with their reason
@@ -154,6 +161,10 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     assert page.locator("#qleased tbody tr").count() == 3
 
     # an action: asked first (declined: nothing happens), then confirmed
+    def leased() -> int:
+        r = httpx.get(url + "/v1/groups/shots/queues/resize", headers=ADMIN)
+        return int(r.json()["leased"])
+
     questions: list[str] = []
 
     def answer(accept: bool) -> Any:
@@ -170,10 +181,9 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     page.click('button[data-act="reset"]')
     wait_for(lambda: len(questions) == 1, 10, what="the confirmation")
     assert "make every leased task of shots#resize available" in questions[0]
-    assert httpx.get(url + "/v1/groups/shots/queues/resize").json()["leased"] == 3
+    assert leased() == 3
     page.remove_listener("dialog", decline)
     page.on("dialog", answer(True))
     page.click('button[data-act="reset"]')
-    wait_for(lambda: httpx.get(url + "/v1/groups/shots/queues/resize").json()["leased"] == 0,
-             20, what="leases reset from the page")
+    wait_for(lambda: leased() == 0, 20, what="leases reset from the page")
     page.close()

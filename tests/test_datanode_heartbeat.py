@@ -18,7 +18,7 @@ from squall.common.checksum import crc32c
 from squall.common.cluster import HeartbeatRequest, ReplicationReport
 from squall.common.errors import NotFound
 from tests.dn_kit import ENV, KEY, FakeMaster, data_file, flip_bytes_in_file, node_id_of, tok
-from tests.helpers import DataNodeProcess, running_app, start_all, wait_for
+from tests.helpers import ADMIN, DataNodeProcess, running_app, start_all, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_scrubber_drops_and_reports_a_corrupt_replica(
 
 
 def _heartbeat_failures(client: httpx.Client, url: str) -> float:
-    text = client.get(url + "/metrics").text
+    text = client.get(url + "/metrics", headers=ADMIN).text
     m = re.search(r"^squall_datanode_heartbeat_failures_total (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
 

@@ -17,7 +17,7 @@ from squall.common import payload, tokens
 from squall.common.checksum import CRC_HEADER, Crc32c, crc32c
 from squall.common.errors import BadRequest, NotFound
 from tests.dn_kit import KEY, auth, chunks, node_processes, tok
-from tests.helpers import DataNodeProcess
+from tests.helpers import ADMIN, DataNodeProcess
 from tests.test_datanode_tokens import mutations
 
 
@@ -203,7 +203,7 @@ def test_health_metrics_and_openapi(nodes: list[DataNodeProcess], client: httpx.
     assert client.get(url + "/healthz").json() == {"ok": True}
     ready = client.get(url + "/readyz").json()
     assert ready["ok"] and ready["address"] == url and ready["node_id"].startswith("dn-")
-    text = client.get(url + "/metrics").text
+    text = client.get(url + "/metrics", headers=ADMIN).text
     assert "squall_datanode_blobs" in text and "squall_datanode_syncs_total" in text
     for name in ("squall_datanode_scrubbed_blobs_total", "squall_datanode_scrub_corrupt_total",
                  "squall_datanode_build_info", "process_cpu_seconds_total", "python_info"):
@@ -221,5 +221,6 @@ def test_health_metrics_and_openapi(nodes: list[DataNodeProcess], client: httpx.
         assert p in paths
     r = client.put(url + "/v1/blobs/bad%20id", content=b"x", headers=auth("write", "bad id"))
     assert r.status_code == 400
-    r = client.post(url + "/v1/blobs:batch-get", content=b"{", headers=auth("read", "a"))
+    r = client.post(url + "/v1/blobs:batch-get", content=b"{",
+                    headers={**auth("read", "a"), "Content-Type": "application/json"})
     assert r.status_code == 400

@@ -21,7 +21,7 @@ from tests.dn_kit import (
     node_processes,
     tok,
 )
-from tests.helpers import DataNodeProcess, free_port, wait_for
+from tests.helpers import ADMIN, DataNodeProcess, free_port, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_corrupt_byte_in_the_lmdb_file_fails_reads_loudly(
         with pytest.raises(NotFound):
             payload.get_blob(client, urls[1], blob, tok("read", blob))
         assert payload.get_blob(client, urls[0], blob, tok("read", blob)) == data
-    metrics = client.get(urls[1] + "/metrics").text
+    metrics = client.get(urls[1] + "/metrics", headers=ADMIN).text
     assert "squall_datanode_corrupt_replicas_total 2.0" in metrics
 
 
@@ -156,7 +156,7 @@ def _absent(client: httpx.Client, url: str, blob: str) -> bool:
 
 
 def _metric(client: httpx.Client, url: str, name: str) -> float:
-    for line in client.get(url + "/metrics").text.splitlines():
+    for line in client.get(url + "/metrics", headers=ADMIN).text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     return -1.0

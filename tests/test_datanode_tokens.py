@@ -91,12 +91,16 @@ def test_expired_wrong_key_wrong_op_wrong_blob() -> None:
 
 
 def test_prefix_scope_and_bearer_header() -> None:
-    tok = tokens.sign(KEY, "write", [], NOW + 5, prefix="batch7-")
-    assert tokens.verify(KEY, tok, "write", ["batch7-1", "batch7-2"], NOW)
-    with pytest.raises(Forbidden):
-        tokens.verify(KEY, tok, "write", "batch8-1", NOW)
+    tok = tokens.sign(KEY, "write", [], NOW + 5, prefix="batch7-", count=3)
+    assert tokens.verify(KEY, tok, "write", ["batch7-0", "batch7-1", "batch7-2"], NOW)
+    # exactly the allocated ids: no extra blob under a write token
+    for other in ("batch8-1", "batch7-3", "batch7-01", "batch7-", "batch7-1x", "batch7-99"):
+        with pytest.raises(Forbidden):
+            tokens.verify(KEY, tok, "write", other, NOW)
     with pytest.raises(ValueError):
         tokens.sign(KEY, "write", [], NOW, prefix="")
+    with pytest.raises(ValueError):
+        tokens.sign(KEY, "write", [], NOW, prefix="p-")  # a prefix needs its count
     with pytest.raises(ValueError):
         tokens.sign(KEY, "admin", [], NOW)
     assert tokens.bearer("Bearer abc") == "abc"

@@ -20,6 +20,7 @@ from squall.common.cluster import (
 )
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
+from tests.helpers import ADMIN
 
 G = "/v1/groups/g"
 NODES = ["n1", "n2", "n3", "n4"]
@@ -77,7 +78,8 @@ async def env(tmp_path) -> AsyncIterator[tuple[httpx.AsyncClient, Master, Manual
     app = create_master_app(settings, clock=clock, background=False)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://master") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
+                                     headers=ADMIN) as c:
             yield c, app.state.master, clock
 
 
@@ -194,7 +196,7 @@ async def test_decommissioned_needs_a_full_report_and_survives_restart(tmp_path)
         m: Master = app.state.master
         fleet = Fleet(m)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://master") as c:
+                                     base_url="http://127.0.0.1", headers=ADMIN) as c:
             await enqueue_blobs(c, fleet, 6)
             fleet.beat_all()
             assert (await c.post("/v1/nodes/n3/decommission")).status_code == 200
@@ -209,7 +211,7 @@ async def test_decommissioned_needs_a_full_report_and_survives_restart(tmp_path)
         fleet2 = Fleet(m)
         fleet2.held = fleet.held
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://master") as c:
+                                     base_url="http://127.0.0.1", headers=ADMIN) as c:
             r = (await c.get("/v1/nodes/n3")).json()
             assert r["state"] == "draining" and r["health"] == "unknown"
             # an incremental beat (the node does not know the master restarted) proves
@@ -245,6 +247,8 @@ async def test_a_pending_delete_is_neither_recounted_nor_copied_to(env) -> None:
     for n in ("n1", "n2", "n3"):
         fleet.held[n].add("b")
     fleet.beat_all()
+    # copies proven by receipts (a write's, or copies' reports): only those are ever trimmed
+    m.cluster.record_holders("b", ["n1", "n2", "n3"])
     await m.tick()  # three copies at RF 2: one is trimmed
     doomed = [n for n in NODES if m.cluster.commands.get(n)]
     assert len(doomed) == 1, m.cluster.commands

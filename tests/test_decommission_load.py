@@ -22,7 +22,7 @@ from squall.client._tasks import NewTask
 from squall.client.cli import app
 from squall.common import tokens
 from squall.common.payload import OK, get_batch
-from tests.helpers import DataNodeProcess, MasterProcess, start_all, wait_for
+from tests.helpers import DataNodeProcess, MasterProcess, master_auth, start_all, wait_for
 
 KEY = "decommission-test-key-0123456789abcdef"
 ENV = {"SQUALL_CLUSTER_KEY": KEY}
@@ -47,7 +47,8 @@ class Fleet:
             "--master", self.master.url, *BEAT, "--node-id", f"dn{i}",
             "--full-report-every", "5", "--copies-max", "16"]) for i in range(4)]
         start_all(self.nodes, timeout=90)  # four at once on a busy machine
-        self.http = httpx.Client(base_url=self.master.url, timeout=30)
+        self.http = httpx.Client(base_url=self.master.url, timeout=30,
+                                 auth=master_auth(self.master.url))
         wait_for(lambda: sum(n["state"] == "alive" for n in self.info()["nodes"]) == 4,
                  what="4 data nodes alive")
 

@@ -38,7 +38,7 @@ import httpx
 import pytest
 
 from squall.client import Client
-from squall.common import tokens
+from squall.common import auth, tokens
 from squall.common.payload import OK, get_batch
 from tests.deploy_kit import DEPLOY, env_of, find, kubectl, parse_dockerfile, render
 from tests.helpers import free_port_block, wait_for
@@ -162,8 +162,8 @@ class Deployment:
             return _expand(e["value"], env)
         src = e["valueFrom"]
         if "fieldRef" in src:
-            return {"metadata.name": pod.name,
-                    "metadata.namespace": self.namespace}[src["fieldRef"]["fieldPath"]]
+            return {"metadata.name": pod.name, "metadata.namespace": self.namespace,
+                    "status.podIP": "127.0.0.1"}[src["fieldRef"]["fieldPath"]]
         if "configMapKeyRef" in src:
             ref = src["configMapKeyRef"]
             return str(find(self.docs, "ConfigMap", ref["name"])["data"][ref["key"]])
@@ -291,8 +291,13 @@ def test_the_dev_overlay_runs_as_written(deployment: Deployment) -> None:
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert d.probe(p, kind), (p.name, kind)
 
-    http = httpx.Client(base_url=master.url, timeout=30)
+    # an operator's admin credential, minted from the overlay's auth key Secret
+    auth_key = (master.mounts["/etc/squall/auth-key"] / "auth-key").read_bytes()
+    admin = auth.mint(auth.parse_keys(auth_key)[0], ["admin"], 3600, time.time())
+    http = httpx.Client(base_url=master.url, timeout=30,
+                        headers={"Authorization": f"Bearer {admin}"})
     d.closing.append(http)
+    assert httpx.get(master.url + "/v1/cluster", timeout=30).status_code == 401
 
     def joined() -> dict[str, Any]:
         info = http.get("/v1/cluster").json()
@@ -302,7 +307,7 @@ def test_the_dev_overlay_runs_as_written(deployment: Deployment) -> None:
     for p in nodes:  # node id = pod name; address = its pod DNS name (here: its local port)
         assert table[p.name]["address"] == p.env["SQUALL_ADVERTISE"] == p.url
 
-    with Client(master.url) as c:
+    with Client(master.url, token=admin) as c:
         c.put("contract#q", b"hello from the manifests", pid="!first")  # sorts first
         c.put_many("contract#q", [f"payload {i}".encode() * 50 for i in range(40)])
         [t] = c.lease("contract#q", 1, lease_secs=60)

@@ -6,6 +6,7 @@ as processes, by tests/test_deploy_contract.py."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -25,13 +26,12 @@ from tests.deploy_kit import (
 
 K8S_VERSION = "1.33.0"  # pinned: the schemas the manifests are checked against
 # read by the manifests themselves ($(VAR) expansion and the lifecycle hooks), not by squall
-MANIFEST_VARS = {"POD_NAMESPACE", "CLUSTER_DOMAIN", "DECOMMISSION_ON_STOP",
+MANIFEST_VARS = {"POD_NAMESPACE", "POD_IP", "CLUSTER_DOMAIN", "DECOMMISSION_ON_STOP",
                  "DECOMMISSION_TIMEOUT_S"}
 CLI_VARS = {"SQUALL_MASTER"}  # `squall nodes ...` in the hooks
-# PENDING: named in the production overlay before the servers read them (access control and
-# TLS are being built); they may appear nowhere else
-PENDING = {"SQUALL_AUTH_KEY_FILE", "SQUALL_TOKEN", "SQUALL_TLS_CERT_FILE",
-           "SQUALL_TLS_KEY_FILE", "SQUALL_TLS_CA_FILE"}
+# the production overlay serves TLS from the squall-tls Secret, with these files
+TLS = {"SQUALL_TLS_CERT": "/etc/squall/tls/tls.crt", "SQUALL_TLS_KEY": "/etc/squall/tls/tls.key",
+       "SQUALL_TLS_CA": "/etc/squall/tls/ca.crt"}
 ROLES = {"squall-master": "master", "squall-data": "datanode"}
 
 pytestmark = pytest.mark.skipif(kubectl() is None, reason="kubectl (with kustomize) is not "
@@ -60,7 +60,7 @@ def test_overlay_builds_and_validates(overlay: str) -> None:
     docs = render(overlay)
     kinds = sorted(d["kind"] for d in docs)
     expected = ["ConfigMap", "Namespace", "PodDisruptionBudget", "Service", "Service",
-                "StatefulSet", "StatefulSet"] + (["Secret"] if overlay == "dev" else [])
+                "StatefulSet", "StatefulSet"] + (["Secret"] * 2 if overlay == "dev" else [])
     assert kinds == sorted(expected)
     for d in docs:
         kubernetes_validate.validate(d, K8S_VERSION, strict=True)
@@ -103,13 +103,14 @@ def test_manifests_match_the_code_and_image(overlay: str) -> None:
         assert svc["spec"]["ports"][0]["port"] == port
         assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
         assert sts["spec"]["serviceName"] == name
-        # env: SQUALL_* variables are the code's; the pending ones only in production; the
-        # ones this role's own flags need are set
-        assert {"SQUALL_PORT", "SQUALL_DATA_DIR", "SQUALL_CLUSTER_KEY_FILE"} <= set(env)
+        # env: SQUALL_* variables are the code's; the ones this role's own flags need are
+        # set (both keys: a server bound beyond loopback refuses to start without them)
+        assert {"SQUALL_PORT", "SQUALL_DATA_DIR", "SQUALL_CLUSTER_KEY_FILE",
+                "SQUALL_AUTH_KEY_FILE", "SQUALL_ALLOWED_HOSTS"} <= set(env)
+        assert "$(POD_IP)" in env["SQUALL_ALLOWED_HOSTS"]  # the Host of probes and scrapes
+        assert "SQUALL_TOKEN" not in env  # never a long-lived credential in a pod's env
         for k in env:
-            if k in PENDING:
-                assert overlay == "production", k
-            elif k.startswith("SQUALL_"):  # one ConfigMap serves both roles
+            if k.startswith("SQUALL_"):  # one ConfigMap serves both roles
                 known = env_vars("master") | env_vars("datanode") | CLI_VARS
                 assert k in known, f"{k}: no squall server or CLI reads it"
             else:
@@ -120,12 +121,24 @@ def test_manifests_match_the_code_and_image(overlay: str) -> None:
         claim = sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"]
         assert mounts[data_dir]["name"] == claim
         assert "/tmp" in mounts and not mounts["/tmp"].get("readOnly")
-        assert env["SQUALL_CLUSTER_KEY_FILE"].startswith(
-            next(p for p in mounts if "cluster-key" in p) + "/")
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for var, secret in (("SQUALL_CLUSTER_KEY_FILE", "squall-cluster-key"),
+                            ("SQUALL_AUTH_KEY_FILE", "squall-auth-key"),
+                            *((v, "squall-tls") for v in TLS if overlay == "production")):
+            mount = next(p for p in mounts if env[var].startswith(p + "/"))
+            ref = volumes[mounts[mount]["name"]]["secret"]
+            # a generated Secret's name has a content hash appended (dev overlay)
+            assert re.fullmatch(re.escape(secret) + r"(-[a-z0-9]{10})?", ref["secretName"]), var
+            assert not ref.get("optional"), var
+        # TLS in production, with the files of its Secret; probes speak it
+        tls = overlay == "production"
+        assert {k: env.get(k) for k in TLS} == (TLS if tls else dict.fromkeys(TLS))
+        scheme = {"scheme": "HTTPS"} if tls else {}
+        assert env["SQUALL_MASTER"] == f"{'https' if tls else 'http'}://squall-master:7070"
         # probes
-        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-        assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", **scheme}
+        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", **scheme}
+        assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http", **scheme}
         # security context: non-root as the image's user, read-only root, no escalation
         psc, csc = pod["securityContext"], c["securityContext"]
         assert psc["runAsNonRoot"] is True and psc["runAsUser"] == uid == psc["fsGroup"]
@@ -146,9 +159,16 @@ def test_data_node_identity_hooks_and_budget() -> None:
         svc = find(docs, "Service", "squall-data")
         assert svc["spec"]["clusterIP"] == "None"
         assert svc["spec"]["publishNotReadyAddresses"] is True
+        scheme = "https" if overlay == "production" else "http"
         assert env["SQUALL_ADVERTISE"].startswith(
-            f"http://$(SQUALL_NODE_ID).{svc['metadata']['name']}.$(POD_NAMESPACE).svc.")
-        assert env["SQUALL_MASTER"].startswith("http://squall-master:")
+            f"{scheme}://$(SQUALL_NODE_ID).{svc['metadata']['name']}.$(POD_NAMESPACE).svc.")
+        assert env["SQUALL_MASTER"].startswith(f"{scheme}://squall-master:")
+        if overlay == "production":  # each node's own credential, by its pod name
+            mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+            cred = env["SQUALL_NODE_CREDENTIAL_FILE"]
+            assert cred.endswith("/$(SQUALL_NODE_ID)")
+            vol = {v["name"]: v for v in pod["volumes"]}[mounts[cred.rsplit("/", 1)[0]]["name"]]
+            assert vol["secret"]["secretName"] == "squall-node-credentials"
         keys = [t["podAffinityTerm"]["topologyKey"] for t in
                 pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]]
         assert keys == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
@@ -160,6 +180,10 @@ def test_data_node_identity_hooks_and_budget() -> None:
         words = shlex.split(pre[2])
         assert words[words.index("squall"):][:5] == ["squall", "nodes", "decommission",
                                                      "$SQUALL_NODE_ID", "--wait"]
+        # both hooks call admin routes with a credential minted from the mounted auth key
+        for hook in (pre[2], c["lifecycle"]["postStart"]["exec"]["command"][2]):
+            assert 'squall auth mint --role admin' in hook
+            assert '--key-file "$SQUALL_AUTH_KEY_FILE"' in hook and "export SQUALL_TOKEN" in hook
         # the grace period outlasts the decommission wait
         assert pod["terminationGracePeriodSeconds"] >= int(env["DECOMMISSION_TIMEOUT_S"]) + 30
         post = c["lifecycle"]["postStart"]["exec"]["command"]

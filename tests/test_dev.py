@@ -13,7 +13,7 @@ from typing import IO
 
 import httpx
 
-from tests.helpers import free_port_block, wait_for
+from tests.helpers import ADMIN, free_port_block, wait_for
 
 
 def test_dev_survives_a_dead_node_and_restarts_it(tmp_path: Path) -> None:
@@ -40,7 +40,8 @@ def test_dev_survives_a_dead_node_and_restarts_it(tmp_path: Path) -> None:
         return any(text in x for x in seen)
 
     def states() -> list[str]:
-        return sorted(n["state"] for n in httpx.get(url + "/v1/cluster").json()["nodes"])
+        info = httpx.get(url + "/v1/cluster", headers=ADMIN).json()
+        return sorted(n["state"] for n in info["nodes"])
 
     try:
         wait_for(lambda: said("is up"), 90, what="squall dev up")

@@ -26,7 +26,14 @@ from squall.common.tokens import sign, verify_receipt
 from tests.dn_kit import ENV as DN_ENV
 from tests.dn_kit import KEY as DN_KEY
 from tests.dn_kit import FakeMaster, data_file, flip_bytes_in_file, node_id_of, tok
-from tests.helpers import DataNodeProcess, MasterProcess, running_app, start_all, wait_for
+from tests.helpers import (
+    DataNodeProcess,
+    MasterProcess,
+    master_auth,
+    running_app,
+    start_all,
+    wait_for,
+)
 
 KEY = b"test-repair-cluster-key-0123456789"
 ENV = {"SQUALL_CLUSTER_KEY": KEY.decode()}
@@ -46,7 +53,8 @@ class Cluster:
             "--master", self.master.url, *BEAT, "--scrub-bytes-per-s", "0"])
             for i in range(nodes)]
         start_all(self.nodes)
-        self.http = httpx.Client(base_url=self.master.url, timeout=60)
+        self.http = httpx.Client(base_url=self.master.url, timeout=60,
+                                 auth=master_auth(self.master.url))
         wait_for(lambda: self.alive() == nodes, what="data nodes alive")
 
     def info(self) -> Any:

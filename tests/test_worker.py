@@ -26,7 +26,7 @@ async def client(tmp_path) -> AsyncIterator[AsyncClient]:  # type: ignore[no-unt
     settings = MasterSettings(data_dir=str(tmp_path / "m"), sweep_interval_s=0.02)
     app = create_master_app(settings)
     async with app.router.lifespan_context(app), \
-            AsyncClient("http://master", transport=httpx.ASGITransport(app=app)) as c:
+            AsyncClient("http://127.0.0.1", transport=httpx.ASGITransport(app=app)) as c:
         yield c
 
 

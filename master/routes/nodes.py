@@ -5,21 +5,27 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from squall.common.cluster import HeartbeatRequest, HeartbeatResponse
+from squall.common.guard import PRINCIPAL
 from squall.common.models import AllocateRequest, AllocateResponse, ClusterInfo
 from squall.common.tokens import bearer, verify
 from squall.master.deps import MasterDep
 from squall.master.http import ERROR_RESPONSES, JSON
+from squall.master.security import check_node
 
 router = APIRouter(tags=["cluster"], responses=ERROR_RESPONSES)
 
 
 @router.post("/v1/nodes/heartbeat", response_model=HeartbeatResponse)
 async def heartbeat(body: HeartbeatRequest, request: Request, m: MasterDep) -> JSON:
-    """A data node's heartbeat and block report (signed by the node with the cluster key,
-    scoped to its node id); the answer carries commands (replicate, delete)."""
-    verify(m.key, bearer(request.headers.get("authorization")), "heartbeat", body.node_id,
-           m.clock.now())
-    return JSON(m.cluster.heartbeat(body).model_dump())
+    """A data node's heartbeat and block report (authenticated by a node credential for
+    its node id, or a heartbeat token signed with the cluster key and scoped to it); the
+    answer carries commands (replicate, delete)."""
+    if not check_node(request.scope.get(PRINCIPAL), body.node_id):
+        verify(m.key, bearer(request.headers.get("authorization")), "heartbeat", body.node_id,
+               m.clock.now())
+    answer = m.cluster.heartbeat(body).model_dump()
+    answer["revoked"] = sorted(request.app.state.credentials.revoked)
+    return JSON(answer)
 
 
 @router.post("/v1/blobs/allocate", response_model=AllocateResponse)

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
+from squall.common.guard import PRINCIPAL
 from squall.common.models import (
     NAME_PATTERN,
     CancelResponse,
@@ -20,6 +21,7 @@ from squall.common.models import (
 )
 from squall.master.deps import MasterDep, client_addr
 from squall.master.http import ERROR_RESPONSES, JSON
+from squall.master.security import check_update
 
 router = APIRouter(prefix="/v1/groups/{group}", tags=["tasks"], responses=ERROR_RESPONSES)
 GroupP = Annotated[str, Path(description="consistency group", pattern=NAME_PATTERN)]
@@ -27,9 +29,12 @@ QueueP = Annotated[str, Path(description="queue name", pattern=NAME_PATTERN)]
 
 
 @router.post("/update", response_model=UpdateResponse)
-async def update(group: GroupP, body: UpdateRequest, m: MasterDep) -> JSON:
+async def update(group: GroupP, body: UpdateRequest, m: MasterDep, request: Request) -> JSON:
     """Apply enqueues, dequeues (acks), renewals and releases on queues of one group,
-    all or nothing, in the order dequeue, renew, release, enqueue."""
+    all or nothing, in the order dequeue, renew, release, enqueue. Enqueues need the
+    producer role, the others the consumer role."""
+    check_update(request.scope.get(PRINCIPAL), bool(body.enqueue),
+                 bool(body.dequeue or body.renew or body.release))
     return JSON(await m.update(group, body))
 
 

@@ -16,7 +16,7 @@ import httpx
 from squall.common import tokens
 from tests.chaos import disks
 from tests.chaos.netns import Net
-from tests.helpers import free_port_block, wait_for
+from tests.helpers import free_port_block, master_auth, wait_for
 
 KEY = "soak-cluster-key-0123456789abcdef"
 ENV = {"SQUALL_CLUSTER_KEY": KEY}
@@ -96,7 +96,8 @@ class SoakCluster:
             "-m", "squall.datanode", "--master", murl, "--advertise",
             f"http://{host[f'd{i}']}:{ports[f'd{i}']}", "--heartbeat-interval-s", str(BEAT_S),
             "--full-report-every", "10", "--scrub-bytes-per-s", "0"]) for i in range(NODES)]
-        self.http = httpx.Client(base_url=self.master.url, timeout=10.0)
+        self.http = httpx.Client(base_url=self.master.url, timeout=10.0,
+                                auth=master_auth(self.master.url))
 
     def _server(self, name: str, host: str, port: int, args: list[str]) -> Server:
         data = os.path.join(self.base, name)

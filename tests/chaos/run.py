@@ -32,7 +32,7 @@ from tests.chaos.faults import KINDS, NEEDS_ROOT, Faults, plan
 from tests.chaos.ledger import check, read_all
 from tests.chaos.load import ALL_QUEUES, Producers, Workers
 from tests.chaos.report import write_report
-from tests.helpers import wait_for
+from tests.helpers import ADMIN, wait_for
 
 RF_SAMPLE = 600  # blobs whose holders are counted node by node at the end
 
@@ -303,7 +303,7 @@ class Soak:
 
     @staticmethod
     def metric(c: SoakCluster, name: str) -> float | None:
-        text = httpx.get(c.master.url + "/metrics", timeout=10.0).text
+        text = httpx.get(c.master.url + "/metrics", timeout=10.0, headers=ADMIN).text
         m = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
         return float(m.group(1)) if m else None
 
