@@ -326,6 +326,7 @@ def test_a_late_copy_report_does_not_count_a_trimmed_copy() -> None:
     assert copies(w.beat("a") + w.beat("v")) == [("k", "http://x")]
     w.beat("x", added=["k"], used=500)  # landed; x reports it before the source does
     w.beat("y", added=["k"], used=100)  # another copy (an earlier one that timed out)
+    w.c.verified["k"] = {"a", "x", "y"}  # receipts proved them: trims may touch them
     w.tick()  # three copies besides v's: the most used node's is trimmed
     assert deletes(w.beat("x", used=1)) == ["k"]  # delivered: x deletes it now
     w.beat("a", replicated=[ReplicationReport(blob_id="k", target="http://x", ok=True,
@@ -361,6 +362,7 @@ def test_no_copy_goes_to_a_node_before_it_reported_on_a_delete_it_was_sent() -> 
     assert copies(w.beat("a") + w.beat("v")) == [("k", "http://x")]
     w.beat("x", added=["k"], used=500)
     w.beat("y", added=["k"], used=100)
+    w.c.verified["k"] = {"a", "x", "y"}  # receipts proved them: trims may touch them
     w.tick()  # a, x, y (and v): x's copy is trimmed
     assert deletes(w.beat("x", used=1)) == ["k"]  # delivered; x is now the least used
     w.beat("y", deleted=["k"], used=100)  # y lost its copy: k needs one more
