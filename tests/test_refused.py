@@ -25,7 +25,7 @@ from squall.common.errors import Unavailable
 from squall.common.models import LeaseRequest, Policy, TaskRef, TaskSpec, UpdateRequest
 from squall.master.service import Master, MasterSettings
 from tests.crashkit import dump_index, kill9
-from tests.helpers import MasterProcess, wait_for
+from tests.helpers import ADMIN, MasterProcess, wait_for
 
 G = "g"
 
@@ -166,7 +166,7 @@ def _fill_and_check(master: MasterProcess, mnt: Path) -> None:
     url = master.url + "/v1/groups/g/queues/q"
 
     def produce(wid: int) -> None:
-        with httpx.Client(timeout=30) as c:
+        with httpx.Client(timeout=30, headers=ADMIN) as c:
             for n in range(100_000):
                 if stop.is_set():
                     return
@@ -193,16 +193,18 @@ def _fill_and_check(master: MasterProcess, mnt: Path) -> None:
             except OSError as e:
                 assert e.errno == errno.ENOSPC
         wait_for(lambda: len(refused) >= 200, 60, what="refusals on the full disk")
-        ready = httpx.get(master.url + "/readyz", timeout=5)
+        ready = httpx.get(master.url + "/readyz", timeout=5, headers=ADMIN)
         assert ready.status_code == 503 and ready.json()["reason"]
     finally:
         stop.set()
         for t in threads:
             t.join(60)
     filler.unlink()
-    wait_for(lambda: httpx.get(master.url + "/readyz", timeout=5).status_code == 200, 30,
-             what="the master to resume by itself")
-    r = httpx.post(url + "/tasks", json={"tasks": [{"pid": "after-space-returned"}]}, timeout=30)
+    wait_for(lambda: httpx.get(master.url + "/readyz", timeout=5,
+                               headers=ADMIN).status_code == 200,
+             30, what="the master to resume by itself")
+    r = httpx.post(url + "/tasks", json={"tasks": [{"pid": "after-space-returned"}]},
+                   timeout=30, headers=ADMIN)
     assert r.status_code == 200
     master.kill9()
     master.start()
@@ -219,7 +221,7 @@ def _read_back(url: str) -> tuple[set[str], set[str]]:
     present: set[str] = set()
     leased: set[str] = set()
     after = ""
-    with httpx.Client(timeout=30) as c:
+    with httpx.Client(timeout=30, headers=ADMIN) as c:
         for _ in range(10_000):
             params: dict[str, Any] = {"limit": 1000, **({"after": after} if after else {})}
             page = c.get(url + "/tasks", params=params).json()
