@@ -27,7 +27,13 @@ from typing import Any
 from squall.client import BadRequest, LeasedTask, NewTask, PayloadTooLarge, StatusError
 from squall.client import TransportError as _TransportError
 from squall.client.spark._fetch import fetch_many
-from squall.client.spark._stage import Outcome, StageLoop, _describe, _Renewer, outputs
+from squall.client.spark._stage import (
+    Outcome,
+    StageLoop,
+    _Renewer,
+    outputs,
+    stage_update,
+)
 from squall.common.errors import SquallError
 from squall.common.models import MAX_BATCH
 
@@ -102,15 +108,7 @@ class ArrowStageLoop(StageLoop):
 
     def commit(self, outcomes: list[Outcome]) -> None:
         """One update for the whole batch, never split."""
-        tx = self.client.transaction(self.group)
-        for task, out in outcomes:
-            if isinstance(out, BaseException):
-                tx.release(task, error=_describe(out))
-                continue
-            tx.dequeue(task)
-            for o in out:
-                tx.put(o.queue or "", o.payload, pid=o.pid, not_before=o.not_before,
-                       delay=o.delay)
+        tx = stage_update(self.client, self.group, outcomes)
         try:
             self.client.commit(tx)
         except (BadRequest, PayloadTooLarge) as e:

@@ -142,6 +142,20 @@ def outputs(src_pid: str, result: Any, sink: str | None, group: str) -> list[New
     return out
 
 
+def stage_update(client: Any, group: str, outcomes: list[Outcome]) -> Any:
+    """The atomic update of a batch: dequeue each success with its follow-up tasks, release
+    each failure with its error."""
+    tx = client.transaction(group)
+    for task, out in outcomes:
+        if isinstance(out, BaseException):
+            tx.release(task, error=_describe(out))
+            continue
+        tx.dequeue(task)
+        for o in out:
+            tx.put(o.queue or "", o.payload, pid=o.pid, not_before=o.not_before, delay=o.delay)
+    return tx
+
+
 def _describe(e: BaseException, limit: int = 3000) -> str:
     text = "".join(traceback.format_exception(e))
     return f"{type(e).__name__}: {e}\n{text[-limit:]}"[:4000]
@@ -225,15 +239,7 @@ class StageLoop:
 
     def commit(self, outcomes: list[Outcome]) -> None:
         """One atomic update for the batch; split on refusal to isolate the culprit."""
-        tx = self.client.transaction(self.group)
-        for task, out in outcomes:
-            if isinstance(out, BaseException):
-                tx.release(task, error=_describe(out))
-                continue
-            tx.dequeue(task)
-            for o in out:
-                tx.put(o.queue or "", o.payload, pid=o.pid, not_before=o.not_before,
-                       delay=o.delay)
+        tx = stage_update(self.client, self.group, outcomes)
         try:
             self.client.commit(tx)
         except (StatusError, TransportError) as e:
