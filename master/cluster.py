@@ -52,6 +52,15 @@ class ClusterSettings:
     max_copies_per_node: int = 4
     orphan_grace_s: float = 600.0
 
+    def __post_init__(self) -> None:
+        if self.replication_factor < 1:
+            raise ValueError("replication_factor must be at least 1")
+        if not 0 <= self.write_quorum <= self.replication_factor:
+            raise ValueError(f"write_quorum {self.write_quorum} must be 0 (all of the replica "
+                             f"set) up to the replication factor {self.replication_factor}")
+        if not self.heartbeat_interval_s > 0:
+            raise ValueError(f"heartbeat_interval_s must be > 0, not {self.heartbeat_interval_s}")
+
     @property
     def quorum(self) -> int:
         return self.write_quorum or self.replication_factor

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from squall.master.index import LEASED, Index, QueueRec
 from squall.master.ops import apply, replay
 from squall.master.placement import Placement
 from squall.master.stats import Meters
+from squall.master.waiters import Waiters
 from squall.master.wal import WAL, Tail, read_records
 
 log = logging.getLogger("squall.master")
@@ -69,6 +70,9 @@ class MasterSettings:
     cluster_key_file: str | None = None
     require_receipts: bool = True  # payload refs need a write quorum of data-node receipts
     index_sync: bool = False  # also fsync every LMDB commit (power-loss safe index)
+    lease_wait_max_s: float = 20.0  # cap of a lease's wait_secs (see waiters.py)
+    lease_waiters_per_queue: int = 100  # parked leases per queue (429 beyond)
+    lease_waiters_max: int = 1000  # parked leases in all (503 beyond)
 
 
 class Master:
@@ -86,6 +90,8 @@ class Master:
         self.placement = Placement(self.cluster, self.key, settings.require_receipts)
         self.engine = Engine(self.index, self.clock, self.placement.verify)
         self.meters = Meters()
+        self.waiters = Waiters(settings.lease_wait_max_s, settings.lease_waiters_per_queue,
+                               settings.lease_waiters_max)
         records, tail = read_records(self.wal_dir, after=self.index.applied)
         self.replayed = self._replay(records)
         if self.index.applied > tail.last_ticket:
@@ -152,13 +158,35 @@ class Master:
         for group, queue, secs in plan.lease_secs:
             self.meters.lease_done((group, queue), secs)
 
-    async def update(self, group: str, req: UpdateRequest) -> dict[str, Any]:
-        return await self._execute(lambda txn: self.engine.plan_update(txn, group, req))
+    def _woke(self, group: str, queues: Iterable[str]) -> None:
+        """After a commit: tasks of these queues may be available (parked leases look)."""
+        self.waiters.notify((group, q) for q in queues)
+
+    async def update(self, group: str, req: UpdateRequest, addr: str = "") -> dict[str, Any]:
+        if req.lease is not None:
+            check_name("group", group)
+            self.sweep_once()
+        res = await self._execute(lambda txn: self.engine.plan_update(txn, group, req, addr))
+        self._woke(group, {*(e.queue for e in req.enqueue), *(r.queue for r in req.release)})
+        if req.lease is not None:
+            self._leased(group, req.lease.queue, res["leased"])
+        return res
 
     async def enqueue(self, group: str, queue: str, tasks: list[TaskSpec]) -> dict[str, Any]:
-        return await self._execute(lambda txn: self.engine.plan_enqueue(txn, group, queue, tasks))
+        res = await self._execute(lambda txn: self.engine.plan_enqueue(txn, group, queue, tasks))
+        self._woke(group, (queue,))
+        return res
 
     async def lease(self, group: str, queue: str, req: LeaseRequest, addr: str) -> dict[str, Any]:
+        """Lease now; with ``wait_secs``, wait for tasks (see waiters.py)."""
+        if not req.wait_secs or self.waiters.closed:
+            return await self._lease_now(group, queue, req, addr)
+        return await self.waiters.wait((check_name("group", group), check_name("queue", queue)),
+                                       req.wait_secs,
+                                       lambda: self._lease_now(group, queue, req, addr))
+
+    async def _lease_now(self, group: str, queue: str, req: LeaseRequest, addr: str
+                         ) -> dict[str, Any]:
         # a bad request changes nothing, not even the sweep; expired leases are swept in
         # their own txn, so a plan that then fails cannot abort it under changed counters
         check_name("group", group)
@@ -168,11 +196,15 @@ class Master:
         self.sweep_once()
         res = await self._execute(
             lambda txn: self.engine.plan_lease(txn, group, queue, req, addr))
-        if res["tasks"]:
-            self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in res["tasks"])
-            for t in res["tasks"]:
-                t["payload"] = self.placement.for_reader(t["payload"], t["expires_at"])
+        self._leased(group, queue, res["tasks"])
         return res
+
+    def _leased(self, group: str, queue: str, tasks: list[dict[str, Any]]) -> None:
+        """Leased tasks as answered: payloads with live replicas and a read token."""
+        if tasks:
+            self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in tasks)
+            for t in tasks:
+                t["payload"] = self.placement.for_reader(t["payload"], t["expires_at"])
 
     async def delete_queue(self, group: str, queue: str) -> dict[str, Any]:
         res = await self._execute(lambda txn: admin.plan_delete(self.engine, group, queue))
@@ -180,11 +212,15 @@ class Master:
         return res
 
     async def reset_leases(self, group: str, queue: str) -> dict[str, Any]:
-        return await self._execute(lambda txn: admin.plan_reset(self.engine, group, queue))
+        res = await self._execute(lambda txn: admin.plan_reset(self.engine, group, queue))
+        self._woke(group, (queue,))
+        return res
 
     async def redrive(self, group: str, queue: str, max_tasks: int) -> dict[str, Any]:
-        return await self._execute(
+        res = await self._execute(
             lambda txn: admin.plan_redrive(self.engine, txn, group, queue, max_tasks))
+        self._woke(group, (str(res.get("source", "")).rpartition("#")[2] or queue,))
+        return res
 
     async def set_policy(self, group: str, queue: str, p: Policy | None) -> dict[str, Any]:
         return await self._execute(lambda txn: admin.plan_policy(self.engine, group, queue, p))
@@ -243,10 +279,13 @@ class Master:
     def sweep_once(self) -> int:
         try:
             with self.index.begin_write() as txn:
-                return self.engine.sweep(txn, self.settings.sweep_batch)
+                n = self.engine.sweep(txn, self.settings.sweep_batch)
         except BaseException:
             self.index.reload()  # the txn aborted: in-memory counters must follow
             raise
+        if n:
+            self.waiters.notify(self.engine.swept)
+        return n
 
     def reap_once(self) -> int:
         """Reap one batch of a deleted queue generation. Returns tasks reaped."""
@@ -264,6 +303,7 @@ class Master:
             res = await self._execute(
                 lambda txn, g=group, n=name: admin.plan_fire(self.engine, txn, g, n))
             fired += sum(1 for e in res.get("enqueued", ()) if not e["collapsed"])
+            self._woke(group, {e["queue"] for e in res.get("enqueued", ())})
         return fired
 
     async def tick(self) -> dict[str, int]:
@@ -330,6 +370,7 @@ class Master:
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]
 
     async def stop(self) -> None:
+        self.waiters.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

@@ -51,6 +51,10 @@ class MasterCollector:
         yield CounterMetricFamily("squall_tasks_reaped", "tasks of deleted queues reaped "
                                   "since start", value=m.reaped)
         yield GaugeMetricFamily("squall_wal_ticket", "last WAL ticket", value=m.wal.last_ticket)
+        yield GaugeMetricFamily("squall_lease_waiting", "leases parked waiting for a task "
+                                "(wait_secs)", value=m.waiters.total)
+        yield CounterMetricFamily("squall_lease_waits_refused", "waiting leases refused by "
+                                  "the per-queue or total bound", value=m.waiters.refused)
 
 
 @router.get("/metrics", response_class=Response)
