@@ -13,10 +13,19 @@ from itertools import islice
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from squall.client._blobs import BATCH_BLOB_BYTES, Blobs
+from squall.client._blobs import BATCH_BLOB_BYTES, Blobs, NodeBook
 from squall.client._effects import Call, Emit, Proto, Retry, call
+from squall.client._frontdoor import FrontDoor
 from squall.client._payloads import PayloadVerbs
-from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder, as_source, fifo_pid
+from squall.client._tasks import (
+    NewTask,
+    Payload,
+    Stream,
+    TaskBase,
+    TxBuilder,
+    as_source,
+    fifo_pid,
+)
 from squall.common.errors import (
     BadRequest,
     NotFound,
@@ -84,10 +93,12 @@ class Core(PayloadVerbs):
     """Configuration and shared state of one client, and its verbs as generators."""
 
     def __init__(self, retry: Retry | None = None, blob_timeout_s: float = 300.0,
-                 worker: str | None = None, timeout_s: float = 30.0) -> None:
+                 worker: str | None = None, timeout_s: float = 30.0,
+                 front_door: bool = True) -> None:
         self.retry = retry or Retry()
         self.timeout_s = timeout_s
         self.blobs = Blobs(self.retry, blob_timeout_s)
+        self.front = FrontDoor(self.retry, NodeBook(), timeout_s) if front_door else None
         self.worker = worker if worker is not None else default_worker_id()
 
     def _call(self, method: str, url: str, json: Any = None, *, idempotent: bool = True,
@@ -96,10 +107,13 @@ class Core(PayloadVerbs):
                     self.retry)
 
     # -- enqueue -------------------------------------------------------------------------
-    def _prepare(self, tasks: list[NewTask], generated: set[str]) -> Proto[list[dict[str, Any]]]:
+    def _prepare(self, tasks: list[NewTask], generated: set[str],
+                 specs: list[dict[str, Any]] | None = None,
+                 sources: list[bytes | Stream | None] | None = None
+                 ) -> Proto[list[dict[str, Any]]]:
         """TaskSpec dicts of `tasks`, their payloads written to data nodes first."""
-        specs = [_spec(t, generated) for t in tasks]
-        sources = [as_source(t.payload) for t in tasks]
+        specs = [_spec(t, generated) for t in tasks] if specs is None else specs
+        sources = [as_source(t.payload) for t in tasks] if sources is None else sources
         with_payload = [i for i, s in enumerate(sources) if s is not None]
         if with_payload:
             refs = yield from self.blobs.write_all([sources[i] for i in with_payload])
@@ -114,9 +128,15 @@ class Core(PayloadVerbs):
         return res[0]
 
     def _enqueue(self, queue: str, tasks: list[NewTask]) -> Proto[list[EnqueueResult]]:
-        group, _, path = _qpath(queue)
+        group, name, path = _qpath(queue)
         generated: set[str] = set()
-        specs = yield from self._prepare(tasks, generated)
+        specs = [_spec(t, generated) for t in tasks]
+        sources = [as_source(t.payload) for t in tasks]
+        if self.front is not None and self.front.eligible(sources):
+            got = yield from self.front.enqueue(group, name, specs, sources)
+            if got is not None:
+                return _results(got, generated, group)
+        specs = yield from self._prepare(tasks, generated, specs, sources)
         ans = yield from self._call("POST", path + "/tasks", {"tasks": specs})
         return _results(ans["enqueued"], generated, group)
 

@@ -167,16 +167,16 @@ class Client:
     def __init__(self, master: str | None = None, *, transport: httpx.BaseTransport | None = None,
                  timeout: float = 30.0, blob_timeout: float = 300.0, retries: int = 30,
                  worker: str | None = None, max_connections: int = 100,
-                 retry_budget_s: float = 30.0) -> None:
+                 retry_budget_s: float = 30.0, front_door: bool = True) -> None:
         self.master = (master or default_master()).rstrip("/")
         self.transport = transport
         self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
                         "worker": worker, "max_connections": max_connections,
-                        "retry_budget_s": retry_budget_s}
+                        "retry_budget_s": retry_budget_s, "front_door": front_door}
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         self._core = Core(Retry(attempts=retries, budget_s=retry_budget_s), blob_timeout,
-                          worker, timeout)
+                          worker, timeout, front_door)
         self._http = httpx.Client(base_url=self.master, transport=transport, timeout=timeout,
                                   limits=limits)
         self._run = _Driver(self._http).run

@@ -31,6 +31,7 @@ class DataNodeSettings:
     peer_timeout_s: float = 60.0  # per read/write on node-to-node streams
     copies_max: int = 4  # replicate commands run at once
     forward_queue_chunks: int = 4  # chunks buffered per peer while forwarding
+    front_door_max_bytes: int = 64 << 10  # largest payload the front door takes
 
     def resolve_node_id(self) -> str:
         """The configured id, else the one stored in ``data_dir/node_id`` (created once)."""

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from squall.common.clock import Clock
 from squall.master.fastpath import FastPath
 from squall.master.http import BodyLimit, install_error_handlers
-from squall.master.routes import config, health, nodes, queues, status, tasks
+from squall.master.routes import config, frontdoor, health, nodes, queues, status, tasks
 from squall.master.service import Master, MasterSettings
 
 
@@ -39,6 +39,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     app.include_router(queues.router)
     app.include_router(config.router)
     app.include_router(nodes.router)
+    app.include_router(frontdoor.router)
     app.include_router(health.router)
     app.include_router(status.router)
     app.add_middleware(FastPath)  # inside BodyLimit: the last added is the outermost

@@ -78,6 +78,7 @@ class Node:
     blob_count: int = 0
     dead: bool = False
     blobs: set[str] = field(default_factory=set)
+    block_grants: list[float] = field(default_factory=list)  # front-door block expiries
 
 
 class Cluster:

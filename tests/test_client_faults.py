@@ -204,7 +204,8 @@ def refused(request: httpx.Request) -> httpx.Response:
 @pytest.fixture
 async def fake() -> AsyncIterator[tuple[AsyncClient, FakeCluster]]:
     cl = FakeCluster()
-    async with AsyncClient("http://master", transport=httpx.MockTransport(cl), retries=1) as c:
+    async with AsyncClient("http://master", transport=httpx.MockTransport(cl), retries=1,
+                           front_door=False) as c:  # the three-step write path
         c._core.retry.base_s = c._core.retry.max_s = 0.001
         yield c, cl
 
