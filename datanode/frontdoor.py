@@ -195,8 +195,11 @@ class FrontDoor:
             ans = await self._post("/v1/nodes/commit", {"node_id": self.node.node_id,
                                                         "updates": [u for u, _ in batch]})
             results = ans["results"]
-        except (StatusError, KeyError, ValueError) as e:
-            err = e if isinstance(e, StatusError) else Unavailable(f"bad commit answer: {e}")
+            if not isinstance(results, list) or len(results) != len(batch):
+                raise ValueError(f"{len(results)} results for {len(batch)} updates")
+        except Exception as e:  # every waiting request gets an answer, whatever happened
+            err = e if isinstance(e, StatusError) else Unavailable(
+                f"committing to the master failed ({type(e).__name__}: {e}); retry")
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(err)
