@@ -7,10 +7,11 @@ Used by ``put`` and ``put_many`` when every payload of the batch is bytes of at 
 ``max_bytes`` (64 KiB, the nodes' default limit) and at least one task has a payload.
 Which nodes exist comes from the master's ``GET /v1/cluster`` (alive ones), cached for
 ``NODES_TTL_S``; requests rotate over them. A node that fails (down, overloaded, no front
-door, quorum not met) is skipped for a while and the next one is tried; when none takes
-the batch, the caller falls back to the classic path. Every task carries a client-made
-pid, so a request whose answer was lost (the node committed, then died) collapses into
-the first attempt wherever it is resent.
+door, quorum not met) is skipped for a while and the next one is tried; when none of up
+to three takes the batch, the caller falls back to the classic path, and the front door
+rests for ``NODES_TTL_S``. Bad input and credential errors are raised as they are.
+Every task carries a client-made pid, so a request whose answer was lost (the node
+committed, then died) collapses into the first attempt wherever it is resent.
 """
 
 from __future__ import annotations
@@ -22,20 +23,10 @@ import msgpack
 
 from squall.client._blobs import NodeBook
 from squall.client._effects import Call, Proto, Retry, call
-from squall.common.errors import (
-    Forbidden,
-    NotFound,
-    Overloaded,
-    PayloadTooLarge,
-    SquallError,
-    TransportError,
-    Unauthorized,
-    Unavailable,
-)
+from squall.common.errors import BadRequest, Forbidden, SquallError, Unauthorized
 
 NODES_TTL_S = 10.0
 MAX_BYTES = 64 << 10
-_SKIP = (TransportError, Unavailable, Overloaded, NotFound, PayloadTooLarge)
 
 
 class FrontDoor:
@@ -85,13 +76,13 @@ class FrontDoor:
                      timeout=self.timeout_s, retries=0)
             try:
                 ans = yield from call(c, self.retry)
-            except (Unauthorized, Forbidden):
-                raise
-            except _SKIP:
+            except (Unauthorized, Forbidden, BadRequest):
+                raise  # the same on every path: the caller's problem
+            except SquallError:  # down, busy, quorum not met, too large, no front door...
                 self.book.failed(node)
-                self._at = -1e18  # the node list may have changed too
                 continue
             self.used += 1
             return list(ans["enqueued"])
         self.fallbacks += 1
+        self._nodes, self._at = [], time.monotonic()  # the classic path for NODES_TTL_S
         return None
