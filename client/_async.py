@@ -203,10 +203,14 @@ class AsyncClient:
 
     # -- tasks ---------------------------------------------------------------------------
     async def put(self, queue: str, payload: Payload = None, *, pid: str | None = None,
-                  not_before: float | None = None, delay: float | None = None
+                  not_before: float | None = None, delay: float | None = None,
+            idempotency_key: str | None = None
                   ) -> EnqueueResult:
-        """Enqueue one task (its payload goes to data nodes first)."""
-        return await self._run(self._core.put(queue, payload, pid, not_before, delay))
+        """Enqueue one task (its payload goes to data nodes first). `idempotency_key`: apply
+        it at most once per group and key within the master's window (5 min by default),
+        even if the task was dequeued since."""
+        return await self._run(self._core.put(queue, payload, pid, not_before, delay,
+                                         idempotency_key))
 
     async def put_many(self, queue: str, items: Iterable[Payload | NewTask], *,
                        batch_size: int = 100,

@@ -78,6 +78,8 @@ def _spec(t: NewTask, generated: set[str]) -> dict[str, Any]:
         spec["not_before"] = t.not_before
     if t.delay is not None:
         spec["delay_secs"] = t.delay
+    if t.idempotency_key is not None:
+        spec["idempotency_key"] = t.idempotency_key
     return spec
 
 
@@ -122,9 +124,10 @@ class Core(PayloadVerbs):
         return specs
 
     def put(self, queue: str, payload: Payload = None, pid: str | None = None,
-            not_before: float | None = None, delay: float | None = None
-            ) -> Proto[EnqueueResult]:
-        res = yield from self._enqueue(queue, [NewTask(payload, pid, None, not_before, delay)])
+            not_before: float | None = None, delay: float | None = None,
+            idempotency_key: str | None = None) -> Proto[EnqueueResult]:
+        res = yield from self._enqueue(queue, [NewTask(payload, pid, None, not_before, delay,
+                                                       idempotency_key)])
         return res[0]
 
     def _enqueue(self, queue: str, tasks: list[NewTask]) -> Proto[list[EnqueueResult]]:

@@ -33,6 +33,7 @@ class NewTask:
     queue: str | None = None
     not_before: float | None = None
     delay: float | None = None
+    idempotency_key: str | None = None  # at most once per group and key (master's window)
 
 
 # -- FIFO pids ----------------------------------------------------------------------------

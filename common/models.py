@@ -59,6 +59,10 @@ class TaskSpec(_M):
     payload: PayloadRef | None = None
     not_before: EpochSecs | None = Field(None, description="do not lease before this time")
     delay_secs: DelaySecs | None = Field(None, description="do not lease for this long")
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        None, description="apply this enqueue at most once per group and key within the "
+        "master's retention window (5 min), even if its task was dequeued since; a repeat "
+        "answers collapsed with the first enqueue's queue and pid")
 
 
 class EnqueueItem(TaskSpec):

@@ -120,8 +120,8 @@ class FrontDoor:
     # -- one client request ----------------------------------------------------------------
     async def enqueue(self, group: str, queue: str, tasks: list[dict[str, Any]]
                       ) -> dict[str, Any]:
-        items = [{k: t[k] for k in ("pid", "not_before", "delay_secs") if t.get(k) is not None}
-                 for t in tasks]
+        fields = ("pid", "not_before", "delay_secs", "idempotency_key")
+        items = [{k: t[k] for k in fields if t.get(k) is not None} for t in tasks]
         with_payload = [i for i, t in enumerate(tasks) if t.get("payload") is not None]
         if with_payload:
             refs = await self._store([tasks[i]["payload"] for i in with_payload])

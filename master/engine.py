@@ -42,6 +42,7 @@ from squall.common.models import (
 )
 from squall.common.names import check_name, check_pid, join_queue
 from squall.master import policies
+from squall.master.dedup import Dedup
 from squall.master.index import (
     AVAILABLE,
     DELAYED,
@@ -83,6 +84,7 @@ class View:
         self.plan = Plan()
         self.lease_seq = engine.index.lease_seq
         self.auto_pid = engine.index.auto_pid
+        self.keys: dict[str, tuple[str, str]] = {}  # idempotency keys used by this request
 
     def queue(self, name: str, create: bool = False) -> QueueRec | None:
         q = self.new_queues.get(name) or self.e.index.queues.get((self.group, name))
@@ -146,6 +148,7 @@ class Engine:
         self.clock = clock
         self.store_payload = store_payload  # checks a payload's write receipts
         self.swept: list[tuple[str, str]] = []  # queues the last sweep made tasks due in
+        self.dedup: Dedup | None = None  # idempotency keys (set by the master)
 
     def now_ms(self) -> int:
         return ms(self.clock.now())
@@ -190,6 +193,13 @@ class Engine:
         raw = check_pid(pid)
         if s.not_before is not None and s.delay_secs is not None:  # bad even if it collapses
             raise BadRequest(f"task {pid!r}: give not_before or delay_secs, not both")
+        key = s.idempotency_key
+        if key is not None and self.dedup is not None:
+            first = v.keys.get(key) or self.dedup.get(v.txn, v.group, key, now)
+            if first is not None:  # applied within the window: nothing to do
+                return {"queue": first[0], "pid": first[1], "collapsed": True}
+            v.keys[key] = (queue, pid)
+            v.plan.ops.append(self.dedup.op(v.group, key, queue, pid, now))
         if v.task(q, raw) is not None:
             return {"queue": queue, "pid": pid, "collapsed": True}
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)

@@ -40,6 +40,7 @@ from squall.common.names import check_name, check_pid
 from squall.common.tokens import load_cluster_key
 from squall.master import admin
 from squall.master.cluster import Cluster, ClusterSettings
+from squall.master.dedup import Dedup
 from squall.master.engine import Engine, Plan
 from squall.master.index import LEASED, Index, QueueRec
 from squall.master.ops import apply, replay
@@ -73,6 +74,7 @@ class MasterSettings:
     lease_wait_max_s: float = 20.0  # cap of a lease's wait_secs (see waiters.py)
     lease_waiters_per_queue: int = 100  # parked leases per queue (429 beyond)
     lease_waiters_max: int = 1000  # parked leases in all (503 beyond)
+    dedup_retention_s: float = 300.0  # window of enqueue idempotency keys (see dedup.py)
 
 
 class Master:
@@ -89,6 +91,7 @@ class Master:
         self.cluster = Cluster(self.clock, settings.cluster, self.key, self.referenced)
         self.placement = Placement(self.cluster, self.key, settings.require_receipts)
         self.engine = Engine(self.index, self.clock, self.placement.verify)
+        self.engine.dedup = Dedup(self.index.env, settings.dedup_retention_s)
         self.meters = Meters()
         self.waiters = Waiters(settings.lease_wait_max_s, settings.lease_waiters_per_queue,
                                settings.lease_waiters_max)
@@ -311,6 +314,7 @@ class Master:
         swept = self.sweep_once()
         fired = await self.fire_schedules()
         reaped = self.reap_once()
+        self.engine.dedup.sweep(self.engine.now_ms())  # type: ignore[union-attr]
         freed = self.index.freed[:FREED_PER_TICK]
         del self.index.freed[:FREED_PER_TICK]
         repair = self.cluster.tick(freed)

@@ -27,7 +27,7 @@ from squall.datanode.deps import NodeDep
 from squall.datanode.routes.blobs import ERRORS
 
 router = APIRouter(tags=["front door"])
-_FIELDS = {"pid", "payload", "not_before", "delay_secs"}
+_FIELDS = {"pid", "payload", "not_before", "delay_secs", "idempotency_key"}
 _BODY = {"requestBody": {"required": True, "content": {"application/msgpack": {
     "schema": {"type": "string", "format": "binary"}}}}}
 
@@ -62,6 +62,9 @@ def _check(i: int, t: Any) -> None:
         if not isinstance(pid, str):
             raise BadRequest(f"task {i}: pid must be a string")
         check_pid(pid)
+    key = t.get("idempotency_key")
+    if key is not None and not (isinstance(key, str) and 1 <= len(key) <= 128):
+        raise BadRequest(f"task {i}: idempotency_key must be a string of 1-128 characters")
     if data is not None and not isinstance(data, bytes):
         raise BadRequest(f"task {i}: payload must be binary (msgpack bin)")
     for k in ("not_before", "delay_secs"):
