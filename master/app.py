@@ -15,7 +15,16 @@ from squall.common.metrics import Exposition, HttpMetrics, HttpStats
 from squall.master.fastpath import FastPath
 from squall.master.http import BodyLimit, install_error_handlers
 from squall.master.metrics import MasterMetrics, WalTimes
-from squall.master.routes import config, health, nodes, nodes_admin, queues, status, tasks
+from squall.master.routes import (
+    config,
+    frontdoor,
+    health,
+    nodes,
+    nodes_admin,
+    queues,
+    status,
+    tasks,
+)
 from squall.master.service import Master, MasterSettings
 from squall.master.telemetry import Telemetry
 
@@ -64,6 +73,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     app.include_router(config.router)
     app.include_router(nodes.router)
     app.include_router(nodes_admin.router)
+    app.include_router(frontdoor.router)
     app.include_router(health.router)
     app.include_router(status.router)
     install_docs(app)

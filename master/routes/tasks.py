@@ -27,10 +27,11 @@ QueueP = Annotated[str, Path(description="queue name", pattern=NAME_PATTERN)]
 
 
 @router.post("/update", response_model=UpdateResponse)
-async def update(group: GroupP, body: UpdateRequest, m: MasterDep) -> JSON:
+async def update(group: GroupP, body: UpdateRequest, m: MasterDep, request: Request) -> JSON:
     """Apply enqueues, dequeues (acks), renewals and releases on queues of one group,
-    all or nothing, in the order dequeue, renew, release, enqueue."""
-    return JSON(await m.update(group, body))
+    all or nothing, in the order dequeue, renew, release, enqueue; then, with `lease`,
+    lease the next tasks of a queue of the group in the same atomic update."""
+    return JSON(await m.update(group, body, client_addr(request)))
 
 
 @router.post("/queues/{queue}/tasks", response_model=EnqueueResponse)
