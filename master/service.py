@@ -365,6 +365,13 @@ class Master:
             return 0
         return self.index.reap(txn, *pending, self.settings.reap_batch)
 
+    def _reap_and_expire(self, txn: lmdb.Transaction) -> int:
+        """Background cleanup in one derived step: reap a batch of a deleted queue
+        generation, and drop a paced batch of expired idempotency keys."""
+        n = self._reap(txn)
+        self.dedup.sweep(txn, self.engine.now_ms())
+        return n
+
     async def _derived(self, fn: Callable[[lmdb.Transaction], int]) -> int:
         """Unlogged derived work (sweeps, reaps) inside the current batch."""
         _, n = await self.commit.run(lambda txn, _ticket: (None, fn(txn)))
@@ -389,8 +396,7 @@ class Master:
         try:
             swept = await self._sweep_derived()
             fired = await self.fire_schedules()
-            reaped = await self._derived(self._reap)
-            await self._derived(lambda txn: self.dedup.sweep(txn, self.engine.now_ms()))
+            reaped = await self._derived(self._reap_and_expire)
         except Unavailable:  # a refused batch (the disk failed meanwhile): next tick
             return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
         self.reaped += reaped
