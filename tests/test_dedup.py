@@ -1,20 +1,31 @@
 """Enqueue idempotency keys (master/dedup.py): at most once per (group, key) within the
 retention window, even after the task was dequeued; other groups, expired keys and
 keyless enqueues are not deduplicated; the window survives a restart; expired records
-are swept."""
+are swept; a refused enqueue records no key; op K replays idempotently."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import os
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+import msgpack
 
 from squall.client import AsyncClient, NewTask
 from squall.common.clock import ManualClock
+from squall.common.errors import Unavailable
+from squall.common.models import TaskSpec
 from squall.master.app import create_master_app
+from squall.master.ops import replay
 from squall.master.service import Master, MasterSettings
+from squall.master.wal import read_records
+from tests.crashkit import dump_index, kill9
 
 
 @asynccontextmanager
@@ -55,3 +66,49 @@ async def test_idempotency_keys(tmp_path: Path) -> None:
         await m.tick()  # the paced sweep drops expired records
         with m.index.env.begin() as txn:
             assert txn.stat(m.engine.dedup.db)["entries"] == 0  # type: ignore[union-attr]
+
+
+def _full_disk(fd: int, data: Any) -> int:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+async def test_a_refused_enqueue_records_no_key_and_keys_replay_idempotently(
+        tmp_path: Path) -> None:
+    clock = ManualClock()
+    settings = MasterSettings(data_dir=str(tmp_path / "m"), require_receipts=False)
+    m = Master(settings, clock)
+    try:
+        before = dump_index(m)
+        m.wal._os_write = _full_disk  # type: ignore[method-assign]
+        refused = await asyncio.gather(
+            m.enqueue("d", "q", [TaskSpec(pid="a", idempotency_key="k")]),
+            m.enqueue("d", "q", [TaskSpec(pid="b", idempotency_key="k")]),
+            return_exceptions=True)
+        assert all(isinstance(a, Unavailable) for a in refused), refused
+        assert dump_index(m) == before  # no task, no key: a resend is applied as new
+        m.wal._os_write = os.write  # type: ignore[method-assign]
+        await m.tick()
+        assert m.ready() is None
+        # two enqueues with one key in one group commit: the second sees the first's key
+        first, second = await asyncio.gather(
+            m.enqueue("d", "q", [TaskSpec(pid="a", idempotency_key="k")]),
+            m.enqueue("d", "q", [TaskSpec(pid="b", idempotency_key="k")]))
+        assert first["enqueued"][0]["collapsed"] is False
+        assert second["enqueued"][0] == {"queue": "q", "pid": "a", "collapsed": True}
+        after = dump_index(m)
+        assert len(after["dedup"]) == 1
+    finally:
+        kill9(m)
+    # the index lost: the whole WAL replays onto an empty one, then once more on top
+    shutil.rmtree(tmp_path / "m" / "index")
+    m2 = Master(settings, clock)
+    try:
+        assert m2.replayed > 0 and dump_index(m2)["dedup"] == after["dedup"]
+        records, _ = read_records(m2.wal_dir, after=0)
+        m2.commit.run_sync(lambda txn: replay(
+            m2.index, txn, [(t, msgpack.unpackb(body)) for t, body in records]))
+        assert dump_index(m2)["dedup"] == after["dedup"]
+        q = m2.queue("d", "q")
+        assert q is not None and q.available == 1
+    finally:
+        m2.close()
