@@ -10,6 +10,11 @@ leads; if none can, the blobs are allocated again (the master places them on liv
 Read: replicas in the order the master gave, nodes that failed recently last. A replica
 that is down, lacks the blob, is corrupt or sends bytes that fail the checksum is skipped.
 A streamed read that breaks mid-way resumes on the next replica with ``Range``.
+
+Batch read (:meth:`Blobs.read_many`): the small payloads of many tasks with one
+``POST {node}/v1/blobs:batch-get`` per data node (each blob's own read token, from the
+lease answer); a frame that is missing, corrupt or fails the size / CRC32C check falls
+back to :meth:`Blobs.read` of that one payload (the other replicas).
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ from squall.common.errors import (
     Unavailable,
 )
 from squall.common.models import AllocateResponse, Allocation, PayloadRef
-from squall.common.payload import encode_frame
+from squall.common.payload import OK, decode_frames, encode_frame
 
 BATCH_BLOB_BYTES = 256 << 10  # blobs up to this size go in :batch-put requests ...
 BATCH_BODY_BYTES = 8 << 20  # ... of at most this many bytes
+BATCH_GET_IDS = 1000  # blob ids per :batch-get request (the node's limit)
 NODE_PENALTY_S = 30.0
 _SKIP = (TransportError, StatusError)  # a replica failure: try the next replica
 _FATAL = (Unauthorized, Forbidden)  # the token is wrong for every replica alike
@@ -231,6 +237,55 @@ class Blobs:
             errors.append(DataCorrupt(f"{node}: {len(data)} bytes with CRC32C "
                                       f"{crc32c(data)}, expected {ref.size} / {ref.crc32c}"))
         raise _unreadable(ref, errors)
+
+    def read_many(self, refs: list[PayloadRef]) -> Proto[list[bytes | SquallError]]:
+        """The payloads of `refs` (all small: ≤ BATCH_BLOB_BYTES), in order, each checked
+        against its size and CRC32C: one batch-get per data node, then one read per payload
+        the batch did not deliver whole. An entry is the error if no replica had it."""
+        out: list[bytes | SquallError | None] = [None] * len(refs)
+        for node, idx in self._read_groups(refs):
+            c = Call("POST", f"{node}/v1/blobs:batch-get", raw=True, timeout=self.timeout_s,
+                     retries=0, json={"blob_ids": [refs[i].blob_id for i in idx],
+                                      "tokens": [refs[i].token or "" for i in idx]})
+            try:
+                reply: Reply = yield from call(c, self.retry)
+                frames = {f.blob_id: f for f in decode_frames(reply.content, verify=False)}
+            except _FATAL:
+                raise
+            except _SKIP:  # incl. BadRequest: a truncated answer
+                self.nodes.failed(node)
+                continue
+            for i in idx:
+                f, ref = frames.get(refs[i].blob_id), refs[i]
+                if (f is not None and f.status == OK and len(f.data) == ref.size
+                        and crc32c(f.data) == ref.crc32c):
+                    out[i] = f.data
+        for i, got in enumerate(out):
+            if got is None:
+                try:
+                    out[i] = yield from self.read(refs[i])
+                except _FATAL:
+                    raise
+                except SquallError as e:
+                    out[i] = e
+        return [x for x in out if x is not None]
+
+    def _read_groups(self, refs: list[PayloadRef]) -> list[tuple[str, list[int]]]:
+        """(node, indexes): each blob goes to its best replica, requests within the
+        batch-get bounds (ids and bytes)."""
+        out: list[tuple[str, list[int]]] = []
+        open_: dict[str, tuple[list[int], int]] = {}
+        for i, ref in enumerate(refs):
+            if not ref.replicas or not ref.token:
+                continue
+            node = self.nodes.order(ref.replicas)[0]
+            idx, size = open_.get(node, ([], 0))
+            if idx and (len(idx) >= BATCH_GET_IDS or size + ref.size > BATCH_BODY_BYTES):
+                out.append((node, idx))
+                idx, size = [], 0
+            idx.append(i)
+            open_[node] = (idx, size + ref.size)
+        return out + [(node, idx) for node, (idx, _) in open_.items()]
 
     def iter_read(self, ref: PayloadRef, chunk_bytes: int) -> Proto[None]:
         """Stream the payload (Emit per chunk). A replica that breaks mid-way is replaced by

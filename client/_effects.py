@@ -52,6 +52,7 @@ class Call:
     stream: bool = False  # answer: Reply with an open stream (use Read / Close)
     retries: int | None = None
     attempt: int = 0  # set by call(): how many times it was resent
+    slept: float = 0.0  # set by call(): seconds waited between its attempts
 
 
 @dataclass(slots=True)
@@ -93,18 +94,23 @@ class ConnectError(TransportError):
 
 @dataclass(slots=True)
 class Retry:
-    """Retries with exponential backoff and full jitter.
+    """Retries with exponential backoff and jitter (each wait between half and all of
+    ``min(max_s, base_s * 2**n)``), bounded by ``attempts`` resends and ``budget_s``
+    seconds of waiting in all, whichever ends first. The defaults ride out a master
+    restart (1-15 s here): about 30 s of waiting.
 
     Retried: a connection that could not be made (the request was never sent), 503 and
     429 (the server refused before applying anything; ``Retry-After`` is honoured), and,
     for idempotent calls only, any other transport failure (a timeout or a connection
-    lost after sending: the request may or may not have been applied).
+    lost after sending: the request may or may not have been applied). Enqueues are
+    idempotent (client-made pids collapse a resend); leases, dequeues and releases are not.
     """
 
-    attempts: int = 4  # resends after the first try
+    attempts: int = 30  # resends after the first try
     base_s: float = 0.05
     max_s: float = 2.0
     retry_after_max_s: float = 10.0
+    budget_s: float = 30.0  # seconds of waiting between attempts, in all
     rng: random.Random = field(default_factory=random.Random)
 
     def delay(self, err: SquallError, attempt: int, idempotent: bool,
@@ -131,7 +137,8 @@ def call(c: Call, retry: Retry) -> Proto[Any]:
             if c.content is not None and not isinstance(c.content, bytes | bytearray):
                 raise  # a streamed body is consumed: it cannot be sent again
             d = retry.delay(e, c.attempt, c.idempotent, c.retries)
-            if d is None:
+            if d is None or c.slept + d > retry.budget_s:
                 raise
             c.attempt += 1
+            c.slept += d
             yield Sleep(d)

@@ -13,10 +13,23 @@ from itertools import islice
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from squall.client._blobs import Blobs
+from squall.client._blobs import BATCH_BLOB_BYTES, Blobs, NodeBook
 from squall.client._effects import Call, Emit, Proto, Retry, call
-from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder, as_source, fifo_pid
-from squall.common.errors import BadRequest, NotFound
+from squall.client._frontdoor import FrontDoor
+from squall.client._payloads import PayloadVerbs
+from squall.client._tasks import (
+    NewTask,
+    Payload,
+    Stream,
+    TaskBase,
+    TxBuilder,
+    as_source,
+    fifo_pid,
+)
+from squall.common.errors import (
+    BadRequest,
+    NotFound,
+)
 from squall.common.models import (
     MAX_BATCH,
     CancelResponse,
@@ -83,6 +96,8 @@ def _spec(t: NewTask, generated: set[str]) -> dict[str, Any]:
         spec["not_before"] = t.not_before
     if t.delay is not None:
         spec["delay_secs"] = t.delay
+    if t.idempotency_key is not None:
+        spec["idempotency_key"] = t.idempotency_key
     return spec
 
 
@@ -94,13 +109,16 @@ def _results(items: list[dict[str, Any]], generated: set[str], group: str
             for r in items]
 
 
-class Core:
+class Core(PayloadVerbs):
     """Configuration and shared state of one client, and its verbs as generators."""
 
     def __init__(self, retry: Retry | None = None, blob_timeout_s: float = 300.0,
-                 worker: str | None = None) -> None:
+                 worker: str | None = None, timeout_s: float = 30.0,
+                 front_door: bool = True, token: str | None = None) -> None:
         self.retry = retry or Retry()
+        self.timeout_s = timeout_s
         self.blobs = Blobs(self.retry, blob_timeout_s)
+        self.front = FrontDoor(self.retry, NodeBook(), timeout_s, token) if front_door else None
         self.worker = worker if worker is not None else default_worker_id()
 
     def _call(self, method: str, url: str, json: Any = None, *, idempotent: bool = True,
@@ -109,10 +127,13 @@ class Core:
                     self.retry)
 
     # -- enqueue -------------------------------------------------------------------------
-    def _prepare(self, tasks: list[NewTask], generated: set[str]) -> Proto[list[dict[str, Any]]]:
+    def _prepare(self, tasks: list[NewTask], generated: set[str],
+                 specs: list[dict[str, Any]] | None = None,
+                 sources: list[bytes | Stream | None] | None = None
+                 ) -> Proto[list[dict[str, Any]]]:
         """TaskSpec dicts of `tasks`, their payloads written to data nodes first."""
-        specs = [_spec(t, generated) for t in tasks]
-        sources = [as_source(t.payload) for t in tasks]
+        specs = [_spec(t, generated) for t in tasks] if specs is None else specs
+        sources = [as_source(t.payload) for t in tasks] if sources is None else sources
         with_payload = [i for i, s in enumerate(sources) if s is not None]
         if with_payload:
             refs = yield from self.blobs.write_all([sources[i] for i in with_payload])
@@ -121,15 +142,22 @@ class Core:
         return specs
 
     def put(self, queue: str, payload: Payload = None, pid: str | None = None,
-            not_before: float | None = None, delay: float | None = None
-            ) -> Proto[EnqueueResult]:
-        res = yield from self._enqueue(queue, [NewTask(payload, pid, None, not_before, delay)])
+            not_before: float | None = None, delay: float | None = None,
+            idempotency_key: str | None = None) -> Proto[EnqueueResult]:
+        res = yield from self._enqueue(queue, [NewTask(payload, pid, None, not_before, delay,
+                                                       idempotency_key)])
         return res[0]
 
     def _enqueue(self, queue: str, tasks: list[NewTask]) -> Proto[list[EnqueueResult]]:
-        group, _, path = _qpath(queue)
+        group, name, path = _qpath(queue)
         generated: set[str] = set()
-        specs = yield from self._prepare(tasks, generated)
+        specs = [_spec(t, generated) for t in tasks]
+        sources = [as_source(t.payload) for t in tasks]
+        if self.front is not None and self.front.eligible(sources):
+            got = yield from self.front.enqueue(group, name, specs, sources)
+            if got is not None:
+                return _results(got, generated, group)
+        specs = yield from self._prepare(tasks, generated, specs, sources)
         ans = yield from self._call("POST", path + "/tasks", {"tasks": specs})
         return _results(ans["enqueued"], generated, group)
 
@@ -152,19 +180,43 @@ class Core:
 
     # -- lease and the task verbs --------------------------------------------------------
     def lease(self, queue: str, max_tasks: int, lease_secs: float | None, max_pid: str | None,
-              make: Callable[[WireTask, str], T]) -> Proto[list[T]]:
+              make: Callable[[WireTask, str], T], payloads: bool = False,
+              wait_secs: float | None = None, done: list[TaskBase] | None = None
+              ) -> Proto[list[T]]:
+        """Lease up to `max_tasks`; with `payloads`, the small payloads (≤ BATCH_BLOB_BYTES)
+        are read at once with one batch read per data node (a payload that cannot be read
+        now stays unloaded: ``payload()`` tries again and raises); large ones stay lazy.
+        `wait_secs`: the master holds the request until a task is available (long poll).
+        `done`: dequeue these tasks in the same atomic update (one round trip; all or
+        nothing: if one of them cannot be dequeued, nothing is leased either)."""
         group, _, path = _qpath(queue)
         body: dict[str, Any] = {"max_tasks": max_tasks, "worker": self.worker}
         if lease_secs is not None:
             body["lease_secs"] = lease_secs
         if max_pid is not None:
             body["max_pid"] = max_pid
-        ans = yield from self._call("POST", path + "/lease", body, idempotent=False)
-        return [make(WireTask.model_validate(t), group) for t in ans["tasks"]]
+        if done:
+            tx = TxBuilder(group)
+            for t in done:
+                tx.dequeue(t)
+            tx.lease_next(split_queue(queue)[1], body)
+            res = yield from self.commit(tx)
+            wires = res.leased
+        else:
+            if wait_secs:
+                body["wait_secs"] = wait_secs
+            timeout = self.timeout_s + wait_secs if wait_secs else None
+            ans = yield from call(Call("POST", path + "/lease", json=body, idempotent=False,
+                                       timeout=timeout), self.retry)
+            wires = [WireTask.model_validate(t) for t in ans["tasks"]]
+        tasks = [make(w, group) for w in wires]
+        if payloads:
+            yield from self._load([t for t in tasks if t.size <= BATCH_BLOB_BYTES], False)
+        return tasks
 
     def commit(self, tx: TxBuilder) -> Proto[UpdateResponse]:
         """Apply a transaction as one atomic update (payloads written first)."""
-        if tx.empty:
+        if tx.empty and tx.lease is None:
             return UpdateResponse(ticket=0, enqueued=[], dequeued=0, renewed=[], released=0)
         if tx.group is None:  # pragma: no cover - every op sets the group
             raise BadRequest("a transaction needs a group")
@@ -174,8 +226,10 @@ class Core:
             spec["queue"] = t.queue
         body = {"enqueue": specs, "dequeue": tx.dequeues, "renew": tx.renews,
                 "release": tx.releases}
+        if tx.lease is not None:
+            body["lease"] = tx.lease
         # resending a dequeue or a release that was applied fails (the token is spent)
-        idem = not (tx.dequeues or tx.releases)
+        idem = not (tx.dequeues or tx.releases or tx.lease)
         ans = yield from self._call("POST", f"/v1/groups/{tx.group}/update", body,
                                     idempotent=idem)
         tx.committed()
@@ -212,15 +266,6 @@ class Core:
                 ) -> Proto[UpdateResponse]:
         return self._per_group(tasks, lambda tx, t: tx.release(t, delay, error))
 
-    def payload(self, task: TaskBase) -> Proto[bytes]:
-        if task.payload_ref is None:
-            return b""
-        return (yield from self.blobs.read(task.payload_ref))
-
-    def iter_payload(self, task: TaskBase, chunk_bytes: int) -> Proto[None]:
-        if task.payload_ref is not None:
-            yield from self.blobs.iter_read(task.payload_ref, chunk_bytes)
-
     # -- admin ---------------------------------------------------------------------------
     def queues(self, regex: str | None, group: str | None, min_tasks: int, limit: int
                ) -> Proto[list[QueueCounts]]:
@@ -245,8 +290,9 @@ class Core:
         return QueueStats.model_validate(ans)
 
     def task(self, queue: str, pid: str) -> Proto[TaskInfo]:
-        ans = yield from self._call("GET", f"{_qpath(queue)[2]}/tasks/{pid_segment(pid)}")
-        return TaskInfo.model_validate(ans)
+        group, _, path = _qpath(queue)
+        ans = yield from self._call("GET", f"{path}/tasks/{pid_segment(pid)}")
+        return _info(ans, group)
 
     def cancel(self, queue: str, pid: str) -> Proto[CancelResponse]:
         """Remove a queued (available or delayed) task without leasing it."""
@@ -260,7 +306,7 @@ class Core:
         if after is not None:
             params["after"] = after
         ans = yield from self._call("GET", _qpath(queue)[2] + "/tasks", params=params)
-        return [TaskInfo.model_validate(t) for t in ans["tasks"]], ans.get("next")
+        return [_info(t, _qpath(queue)[0]) for t in ans["tasks"]], ans.get("next")
 
     def tasks(self, queue: str, after: str | None, limit: int) -> Proto[list[TaskInfo]]:
         """Up to `limit` of a queue's tasks in pid order, after pid `after`."""
@@ -379,6 +425,12 @@ def _node_path(node_id: str) -> str:
     if not node_id or len(node_id) > 128:
         raise BadRequest("a data node id is 1 to 128 characters (`squall nodes` lists them)")
     return "/v1/nodes/" + quote(node_id, safe="")
+
+
+def _info(ans: dict[str, Any], group: str) -> TaskInfo:
+    """A TaskInfo with its queue as ``group#name``, like every other answer of the client."""
+    ans["queue"] = f"{group}#{ans['queue']}"
+    return TaskInfo.model_validate(ans)
 
 
 def _policy_path(target: str) -> str:

@@ -169,19 +169,22 @@ class Client:
     for the master) defaults to ``$SQUALL_TOKEN``. Thread-safe (one connection pool)."""
 
     def __init__(self, master: str | None = None, *, transport: httpx.BaseTransport | None = None,
-                 timeout: float = 30.0, blob_timeout: float = 300.0, retries: int = 4,
+                 timeout: float = 30.0, blob_timeout: float = 300.0, retries: int = 30,
                  worker: str | None = None, max_connections: int = 100,
+                 retry_budget_s: float = 30.0, front_door: bool = True,
                  token: str | None = None) -> None:
         self.master = (master or default_master()).rstrip("/")
         self.transport = transport
         self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
                         "worker": worker, "max_connections": max_connections,
+                        "retry_budget_s": retry_budget_s, "front_door": front_door,
                         "token": token}
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
-        self._core = Core(Retry(attempts=retries), blob_timeout, worker)
         auth = _http.MasterAuth(self.master, token)
         self.token = auth.token
+        self._core = Core(Retry(attempts=retries, budget_s=retry_budget_s), blob_timeout,
+                          worker, timeout, front_door, auth.token)
         self._http = httpx.Client(base_url=self.master, transport=transport, timeout=timeout,
                                   limits=limits, auth=auth, verify=_http.tls_verify())
         self._run = _Driver(self._http).run
@@ -201,18 +204,35 @@ class Client:
 
     # -- tasks ---------------------------------------------------------------------------
     def put(self, queue: str, payload: Payload = None, *, pid: str | None = None,
-            not_before: float | None = None, delay: float | None = None) -> EnqueueResult:
-        """Enqueue one task (its payload goes to data nodes first)."""
-        return self._run(self._core.put(queue, payload, pid, not_before, delay))
+            not_before: float | None = None, delay: float | None = None,
+            idempotency_key: str | None = None) -> EnqueueResult:
+        """Enqueue one task (its payload goes to data nodes first). `idempotency_key`: apply
+        it at most once per group and key within the master's window (5 min by default),
+        even if the task was dequeued since."""
+        return self._run(self._core.put(queue, payload, pid, not_before, delay,
+                                         idempotency_key))
 
     def put_many(self, queue: str, items: Iterable[Payload | NewTask], *, batch_size: int = 100,
                  progress: Callable[[list[EnqueueResult]], Any] | None = None) -> int:
         """Enqueue many tasks, batch by batch; returns how many were new."""
         return self._run(self._core.put_many(queue, items, batch_size, progress))
 
-    def lease(self, queue: str, max_tasks: int = 1, lease_secs: float | None = None, *,
-              max_pid: str | None = None) -> list[LeasedTask]:
-        return self._run(self._core.lease(queue, max_tasks, lease_secs, max_pid, self._task))
+    def lease(self, queue: str, max_tasks: int = 1, lease_secs: float | None = None,
+              *, max_pid: str | None = None, payloads: bool = False,
+              wait_secs: float | None = None, done: Tasks = ()) -> list[LeasedTask]:
+        """Lease up to `max_tasks` tasks. `payloads=True`: small payloads come loaded (one
+        batch read per data node; ``payload()`` then needs no request), large ones are read
+        when asked. `wait_secs`: wait up to this long for a task (the master answers as
+        soon as one is available; capped by the master, 20 s by default). `done`: tasks to
+        dequeue in the same atomic update (ack a batch and lease the next in one round
+        trip; all or nothing), then no waiting."""
+        return self._run(self._core.lease(queue, max_tasks, lease_secs, max_pid,
+                                         self._task, payloads, wait_secs, _list(done)))
+
+    def read_payloads(self, tasks: Sequence[TaskBase]) -> list[bytes]:
+        """The payloads of `tasks` in order (b"" for none), small ones with one batch read
+        per data node; each is kept on its task (``payload()`` then needs no request)."""
+        return self._run(self._core.read_payloads(list(tasks)))
 
     def renew(self, tasks: Tasks, lease_secs: float = 60.0) -> UpdateResponse:
         return self._run(self._core.renew(_list(tasks), lease_secs))

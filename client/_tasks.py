@@ -33,6 +33,7 @@ class NewTask:
     queue: str | None = None
     not_before: float | None = None
     delay: float | None = None
+    idempotency_key: str | None = None  # at most once per group and key (master's window)
 
 
 # -- FIFO pids ----------------------------------------------------------------------------
@@ -113,19 +114,20 @@ def _read_path(p: Path) -> Iterator[bytes]:
 class TaskBase:
     """A leased task's data. ``LeasedTask`` / ``AsyncLeasedTask`` add the verbs."""
 
-    __slots__ = ("_client", "attempts", "enqueued_at", "expires_at", "finished", "group",
+    __slots__ = ("_client", "_data", "attempts", "enqueued_at", "expires_at", "finished", "group",
                  "leased_at", "name", "payload_ref", "pid", "token")
 
     def __init__(self, client: Any, wire: WireTask, group: str) -> None:
         self._client = client
         self.group = group
-        self.name = wire.queue
+        self.name = wire.queue.rpartition("#")[2]  # a listing's group#name works too
         self.pid = wire.pid
         self.token = wire.token
         self.expires_at = wire.expires_at
         self.attempts = wire.attempts
         self.enqueued_at = wire.enqueued_at
         self.payload_ref: PayloadRef | None = wire.payload
+        self._data: bytes | None = None  # the payload, once read (lease(payloads=True))
         self.leased_at = time.monotonic()  # local clock: when to renew
         self.finished = False  # dequeued or released through this object
 
@@ -137,6 +139,11 @@ class TaskBase:
     @property
     def has_payload(self) -> bool:
         return self.payload_ref is not None
+
+    @property
+    def payload_loaded(self) -> bool:
+        """True when the payload is held in memory (``payload()`` needs no request)."""
+        return self._data is not None or self.payload_ref is None
 
     @property
     def size(self) -> int:
@@ -163,6 +170,7 @@ class TxBuilder:
         self.dequeues: list[dict[str, Any]] = []
         self.renews: list[dict[str, Any]] = []
         self.releases: list[dict[str, Any]] = []
+        self.lease: dict[str, Any] | None = None
         self._tasks: list[TaskBase] = []
 
     def _in_group(self, group: str, what: str) -> None:
@@ -205,6 +213,12 @@ class TxBuilder:
             item["error"] = error[:4096]
         self.releases.append(item)
         self._tasks.append(task)
+        return self
+
+    def lease_next(self, name: str, spec: dict[str, Any]) -> TxBuilder:
+        """After the rest, lease from queue `name` of this group (a LeaseRequest's fields:
+        max_tasks, lease_secs, max_pid, worker); the answer's ``leased`` has them."""
+        self.lease = {**spec, "queue": name}
         return self
 
     @property

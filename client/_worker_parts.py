@@ -14,6 +14,8 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from squall.client._tasks import NewTask, TaskBase
 from squall.common.names import split_queue
 
@@ -25,11 +27,23 @@ Handler = Callable[[Any], Any]
 
 @dataclass
 class WorkerStats:
+    """What happened to the tasks a worker leased.
+
+    - ``done``: the handler returned and the dequeue (with its follow-ups) is durable.
+    - ``failed``: the handler raised; the task was released with the error (it counts
+      toward the queue's ``max_attempts``). Only the handler's own failures count here: a
+      dequeue that the master could not take (restarting, unreachable) is retried while
+      the lease lasts and is never reported as a failure.
+    - ``lost``: the result was dropped because the lease was lost (expired and leased
+      again, reset) or ran out while the master was unreachable; the task runs again.
+    - ``released``: given back unfinished at shutdown.
+    """
+
     leased: int = 0
-    done: int = 0  # dequeued after the handler returned
-    failed: int = 0  # handler raised: released with the error
-    lost: int = 0  # lease lost (expired and re-leased, reset): result dropped
-    released: int = 0  # given back unfinished at shutdown
+    done: int = 0
+    failed: int = 0
+    lost: int = 0
+    released: int = 0
 
 
 class Bridge:
@@ -65,6 +79,37 @@ class Bridge:
 
     def done(self, task: TaskBase) -> Any:
         return self._wait(self.client.done(task))
+
+
+class ThreadTransport(httpx.AsyncBaseTransport):
+    """A sync httpx transport (a ``Client``'s custom one) seen as an async one: each
+    request runs in a thread, its body read whole (the worker runs on asyncio)."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+
+        def send() -> httpx.Response:
+            req = httpx.Request(request.method, request.url, headers=request.headers,
+                                content=body, extensions=request.extensions)
+            resp = self.inner.handle_request(req)
+            try:
+                content = resp.read()
+            finally:
+                resp.close()
+            headers = [(k, v) for k, v in resp.headers.multi_items()
+                       if k.lower() not in ("content-encoding", "transfer-encoding",
+                                                      "content-length")]
+            return httpx.Response(resp.status_code, headers=headers, content=content,
+                                  extensions={k: v for k, v in resp.extensions.items()
+                                              if k == "http_version"})
+
+        return await asyncio.to_thread(send)
+
+    async def aclose(self) -> None:
+        pass  # the sync client owns its transport
 
 
 class DaemonPool(Executor):

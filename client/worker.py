@@ -5,13 +5,18 @@ One implementation, on asyncio: async handlers run on the loop, sync handlers in
 pool of ``concurrency`` threads (their task objects talk to the same client through the
 loop, see :class:`Bridge`). The pieces, each a small coroutine:
 
-- lease loop: up to the free slots, from the queues in priority order (a list) or from
-  every queue matching a regex (rediscovered every ``discover_interval_s``); backs off
-  exponentially while idle;
+- lease loop: up to the free slots in one lease, from the queues in priority order (a
+  list) or from every queue matching a regex (rediscovered every ``discover_interval_s``),
+  small payloads read with the lease (one batch read per data node); with one queue it
+  waits on the master (``wait_s``, long polling) instead of polling, otherwise it backs
+  off exponentially while idle;
 - one coroutine per task: run the handler, then hand the outcome to the acker;
 - acker: dequeues finished tasks together with the follow-up tasks their handlers
-  returned, one atomic update per group for everything that finished meanwhile (a batch
-  that fails is retried task by task, so one lost lease never blocks the others);
+  returned, one atomic update per group for everything that finished within
+  ``ack_linger_s`` or while the previous update was in flight; a task is counted done only
+  once its update is durable. An update the master refused is retried task by task, so
+  one lost lease never blocks the others; one that could not reach the master (restart)
+  is retried as it is while the leases last (then the results are dropped: ``lost``);
 - renewer: renews every lease in flight when a third of ``lease_secs`` has passed since
   its last renewal, so a long task never loses its lease while its worker lives;
 - failures: the task is released with the error; the master applies the queue's retry
@@ -34,17 +39,23 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from squall.client._tasks import NewTask, TaskBase, TxBuilder
+from squall.client._acker import Acker
+from squall.client._tasks import TaskBase
 from squall.client._worker_parts import (
     Bridge,
     DaemonPool,
     Handler,
+    ThreadTransport,
     WorkerStats,
     describe_error,
     followups,
     is_async,
 )
-from squall.common.errors import Conflict, LeaseError, NotFound, SquallError
+from squall.common.errors import (
+    Conflict,
+    NotFound,
+    SquallError,
+)
 from squall.common.models import MAX_BATCH
 from squall.common.models import LeasedTask as WireTask
 from squall.common.names import split_queue
@@ -54,7 +65,6 @@ if TYPE_CHECKING:
     from squall.client._sync import Client
 
 log = logging.getLogger("squall.worker")
-ACK_BATCH_MAX = 500
 
 
 class Worker:
@@ -63,7 +73,8 @@ class Worker:
     def __init__(self, client: Client | AsyncClient, queues: Sequence[str] | re.Pattern[str],
                  handler: Handler, *, concurrency: int = 10, lease_secs: float = 60.0,
                  burst: bool = False, grace_s: float = 30.0, poll_max_s: float = 1.0,
-                 discover_interval_s: float = 5.0, include_dead: bool = False) -> None:
+                 discover_interval_s: float = 5.0, include_dead: bool = False,
+                 wait_s: float = 5.0, ack_linger_s: float = 0.002) -> None:
         if isinstance(queues, str):
             queues = [queues]
         if not isinstance(queues, re.Pattern):
@@ -78,6 +89,8 @@ class Worker:
         self.poll_max_s = poll_max_s
         self.discover_interval_s = discover_interval_s
         self.include_dead = include_dead
+        self.wait_s = wait_s  # long poll of an idle single-queue worker (0: poll)
+        self.ack_linger_s = ack_linger_s
         self.stats = WorkerStats()
         self._given = client
         self._client: AsyncClient | None = None
@@ -87,8 +100,7 @@ class Worker:
         self._stop_requested = threading.Event()
         self._wake: asyncio.Event | None = None
         self._running: dict[int, tuple[TaskBase, asyncio.Task[None]]] = {}
-        self._acks: list[tuple[TaskBase, list[NewTask], asyncio.Future[bool]]] = []
-        self._ack_wake: asyncio.Event | None = None
+        self._acker: Acker | None = None
         self._lost: set[int] = set()
         self._discovered: tuple[float, list[str]] = (-1e18, [])
         self._pool: DaemonPool | None = None
@@ -111,7 +123,7 @@ class Worker:
 
         self._loop = asyncio.get_running_loop()
         self._stop_requested.clear()  # a worker can run again after a stop
-        self._wake, self._ack_wake = asyncio.Event(), asyncio.Event()
+        self._wake = asyncio.Event()
         if isinstance(self._given, AsyncClient):
             self._client = self._given
         else:
@@ -119,7 +131,8 @@ class Worker:
         if not self._async_handler:
             self._pool = DaemonPool(self.concurrency)
         signals = self._install_signals() if install_signals else []
-        helpers = [asyncio.create_task(self._ack_loop(), name="squall-acker"),
+        self._acker = Acker(self._client, self.ack_linger_s, lambda: len(self._running))
+        helpers = [asyncio.create_task(self._acker.run(), name="squall-acker"),
                    asyncio.create_task(self._renew_loop(), name="squall-renewer")]
         try:
             await self._lease_loop()
@@ -143,7 +156,9 @@ class Worker:
     def _twin(c: Client) -> AsyncClient:
         from squall.client._async import AsyncClient
 
-        t = c.transport if hasattr(c.transport, "handle_async_request") else None
+        t = c.transport
+        if t is not None and not hasattr(t, "handle_async_request"):
+            t = ThreadTransport(t)
         return AsyncClient(c.master, transport=t, **c.options)  # type: ignore[arg-type]
 
     def _install_signals(self) -> list[int]:
@@ -188,7 +203,7 @@ class Worker:
             self._discovered = (time.monotonic(), names)
         return names
 
-    async def _lease_round(self) -> int:
+    async def _lease_round(self, wait: bool = False) -> int:
         assert self._client is not None
         got = 0
         for q in await self._queue_names():
@@ -196,7 +211,13 @@ class Worker:
             if free <= 0 or self._stop_requested.is_set():
                 break
             tasks = await self._client._run(self._client._core.lease(
-                q, min(free, MAX_BATCH), self.lease_secs, None, self._make))
+                q, min(free, MAX_BATCH), self.lease_secs, None, self._make, True,
+                self.wait_s if wait else None))
+            if self._stop_requested.is_set():  # stopped while the lease waited: give back
+                self.stats.leased += len(tasks)
+                for t in tasks:
+                    await self._give_back(t)
+                break
             for t in tasks:
                 fut = asyncio.create_task(self._handle(t), name=f"squall-task-{t.pid}")
                 self._running[id(t)] = (t, fut)
@@ -211,7 +232,7 @@ class Worker:
             self._wake.clear()
             if len(self._running) < self.concurrency:
                 try:
-                    got = await self._lease_round()
+                    got = await self._lease_round(self._may_wait(idle))
                 except SquallError as e:
                     log.warning("leasing failed: %s", e)
                     got = 0
@@ -225,6 +246,12 @@ class Worker:
             delay = min(self.poll_max_s, 0.005 * 2 ** min(idle, 20))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
+
+    def _may_wait(self, idle: int) -> bool:
+        """Long-poll when idle with a single queue (several queues are polled in priority
+        order: waiting on one would starve the others) and not in burst mode."""
+        return (idle > 0 and self.wait_s > 0 and not self.burst
+                and not isinstance(self.queues, re.Pattern) and len(self.queues) == 1)
 
     async def _drained(self) -> bool:
         """Burst mode's end: none of the queues holds a task (available, leased or delayed)."""
@@ -254,11 +281,8 @@ class Worker:
                 result = await self._loop.run_in_executor(self._pool, self.handler, task)
             if task.finished or id(task) in self._lost:
                 return  # the handler dequeued or released it itself, or the lease is gone
-            fut: asyncio.Future[bool] = self._loop.create_future()
-            self._acks.append((task, followups(task, result), fut))
-            assert self._ack_wake is not None
-            self._ack_wake.set()
-            if await fut:
+            assert self._acker is not None
+            if await self._acker.submit(task, followups(task, result)):
                 self.stats.done += 1
             else:
                 self.stats.lost += 1
@@ -291,58 +315,6 @@ class Worker:
         except SquallError as e:
             log.warning("giving back %s %r failed (its lease will expire): %s", task.queue,
                         task.pid, e)
-
-    # -- acker ---------------------------------------------------------------------------
-    async def _ack_loop(self) -> None:
-        assert self._ack_wake is not None
-        while True:
-            await self._ack_wake.wait()
-            self._ack_wake.clear()
-            while self._acks:
-                batch, n = [], 0
-                while self._acks and n < ACK_BATCH_MAX:
-                    batch.append(self._acks.pop(0))
-                    n += 1 + len(batch[-1][1])
-                await self._ack(batch)
-
-    async def _ack(self, batch: list[tuple[TaskBase, list[NewTask], asyncio.Future[bool]]]
-                   ) -> None:
-        assert self._client is not None
-        groups: dict[str, list[tuple[TaskBase, list[NewTask], asyncio.Future[bool]]]] = {}
-        for item in batch:
-            groups.setdefault(item[0].group, []).append(item)
-        for group, items in groups.items():
-            tx = TxBuilder(group)
-            for task, fus, _ in items:
-                tx.dequeue(task)
-                for f in fus:
-                    tx.put(f.queue or "", f.payload, pid=f.pid, not_before=f.not_before,
-                           delay=f.delay)
-            try:
-                await self._client._run(self._client._core.commit(tx))
-                outcome: list[bool | BaseException] = [True] * len(items)
-            except SquallError as e:
-                if len(items) > 1:  # find the culprit: one task at a time
-                    await self._ack(items[:len(items) // 2])
-                    await self._ack(items[len(items) // 2:])
-                    continue
-                outcome = [self._ack_failed(items[0][0], e)]
-            for (_, _, fut), ok in zip(items, outcome, strict=True):
-                if not fut.done():
-                    if isinstance(ok, BaseException):
-                        fut.set_exception(ok)
-                    else:
-                        fut.set_result(ok)
-
-    @staticmethod
-    def _ack_failed(task: TaskBase, e: SquallError) -> bool | BaseException:
-        if isinstance(e, NotFound):
-            return True  # already gone: our earlier, ambiguous attempt (or another worker)
-        if isinstance(e, LeaseError):
-            log.warning("task %s %r: lease lost before its result was saved (%s); another "
-                        "worker will run it again", task.queue, task.pid, e)
-            return False
-        return e
 
     # -- renewer -------------------------------------------------------------------------
     async def _renew_loop(self) -> None:
@@ -395,6 +367,6 @@ class Worker:
                 await asyncio.gather(*(f for f in pending if self._async_handler),
                                      return_exceptions=True)
         for _ in range(3000):  # bounded: the acker drains what finished meanwhile
-            if not self._acks:
+            if self._acker is None or not self._acker.pending:
                 break
             await asyncio.sleep(0.01)

@@ -78,6 +78,8 @@ MASTER_RULES: dict[tuple[str, str], Rule] = {
     ("DELETE", _G + "/schedules/{name}"): _r("admin", "path", "none"),
     # cluster
     ("POST", "/v1/nodes/heartbeat"): _r("node"),
+    ("POST", "/v1/nodes/blocks"): _r("node"),  # the front door's blob-id blocks
+    ("POST", "/v1/nodes/commit"): _r("node"),  # the front door's group commit
     ("POST", "/v1/blobs/allocate"): _r("producer"),
     ("GET", "/v1/cluster"): _r("producer consumer", "any", "none"),
     # node management (decommission, recommission, forget)
@@ -113,6 +115,8 @@ DATANODE_RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/blobs:batch-get"): _r("payload"),
     ("PUT", "/v1/replicate/{blob_id}"): _PAYLOAD,
     ("POST", "/v1/replicate:batch-put"): _PAYLOAD,
+    # the front door: a client's tasks with small payloads (msgpack), committed by the node
+    ("POST", _Q + "/tasks"): _r("producer", "path", "binary"),
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/metrics"): _r("admin", "all", "none"),

@@ -27,11 +27,12 @@ with them. A report without them (or with lists of another length) is still vali
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from squall.common.errors import BadRequest
+from squall.common.models import MAX_BATCH, EnqueueItem
 
 BLOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
 BLOB_ID_RE = re.compile(BLOB_ID_PATTERN[1:-1])
@@ -154,3 +155,38 @@ class HeartbeatResponse(_Lenient):
     full_report: bool = Field(False, description="send the full inventory in the next beat")
     revoked: Annotated[list[str], Field(max_length=100_000)] = Field(
         [], description="ids of revoked client credentials (data nodes refuse them)")
+
+
+# -- the data-node front door (issue 9; see datanode/frontdoor.py) --------------------------
+class BlockRequest(_M):
+    """A data node asks the master for a block of blob ids for front-door writes."""
+
+    node_id: Annotated[str, Field(min_length=1, max_length=128)]
+    count: Annotated[int, Field(ge=1, le=10_000)] = 1000
+
+
+class BlockGrant(_Lenient):
+    prefix: str = Field(description="blob ids are prefix + 0, 1, ... count-1")
+    count: int
+    expires_at: float = Field(description="no blob id of the block may be written after this")
+    replicas: list[str] = Field(description="the peers to replicate the block's blobs to")
+    write_quorum: int = Field(description="receipts the master needs per payload")
+
+
+class NodeUpdate(_M):
+    """One client request's enqueues, committed all or nothing."""
+
+    group: Annotated[str, Field(min_length=1, max_length=128)]
+    enqueue: Annotated[list[EnqueueItem], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class NodeCommitRequest(_M):
+    """Many clients' front-door enqueues in one node-to-master request."""
+
+    node_id: Annotated[str, Field(min_length=1, max_length=128)]
+    updates: Annotated[list[NodeUpdate], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class NodeCommitResponse(_Lenient):
+    results: list[dict[str, Any]] = Field(
+        description="per update, in order: {\"ok\": UpdateResponse} or {\"error\": {...}}")

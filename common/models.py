@@ -17,6 +17,7 @@ MAX_BATCH = 1000  # items per request, every batch form
 MAX_LEASE_SECS = 7 * 86400.0
 MAX_DELAY_SECS = 366 * 86400.0
 MAX_WORKER_CHARS = 256
+MAX_WAIT_SECS = 3600.0  # accepted on the wire; the master caps it (lease_wait_max_s)
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
@@ -58,6 +59,10 @@ class TaskSpec(_M):
     payload: PayloadRef | None = None
     not_before: EpochSecs | None = Field(None, description="do not lease before this time")
     delay_secs: DelaySecs | None = Field(None, description="do not lease for this long")
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        None, description="apply this enqueue at most once per group and key within the "
+        "master's retention window (5 min), even if its task was dequeued since; a repeat "
+        "answers collapsed with the first enqueue's queue and pid")
 
 
 class EnqueueItem(TaskSpec):
@@ -83,13 +88,27 @@ class ReleaseItem(TaskRef):
         "and is kept as the task's last error")
 
 
+class UpdateLease(_M):
+    """Lease the next tasks in the same atomic update (ack a batch and take the next one in
+    one round trip and one WAL record)."""
+
+    queue: Name
+    max_tasks: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
+    lease_secs: LeaseSecs | None = Field(None, description="default: the queue's policy, or 60")
+    max_pid: Pid | None = Field(None, description="only lease tasks whose pid <= max_pid")
+    worker: Annotated[str, Field(max_length=MAX_WORKER_CHARS)] = ""
+
+
 class UpdateRequest(_M):
-    """Applied all or nothing, in this order: dequeue, renew, release, enqueue."""
+    """Applied all or nothing, in this order: dequeue, renew, release, enqueue, lease."""
 
     enqueue: Annotated[list[EnqueueItem], Field(max_length=MAX_BATCH)] = []
     dequeue: Annotated[list[TaskRef], Field(max_length=MAX_BATCH)] = []
     renew: Annotated[list[RenewItem], Field(max_length=MAX_BATCH)] = []
     release: Annotated[list[ReleaseItem], Field(max_length=MAX_BATCH)] = []
+    lease: UpdateLease | None = Field(
+        None, description="then lease up to max_tasks of this queue of the group (never a "
+        "task this update touched); they come back in `leased`")
 
 
 class EnqueueRequest(_M):
@@ -108,12 +127,23 @@ class RenewResult(_M):
     expires_at: float
 
 
+class LeasedTask(_M):
+    queue: str
+    pid: str
+    token: int
+    expires_at: float
+    attempts: int = Field(description="times this task has been leased, this lease included")
+    enqueued_at: float
+    payload: PayloadRef | None = None
+
+
 class UpdateResponse(_M):
     ticket: int = Field(description="WAL ticket of this update (0: nothing changed)")
     enqueued: list[EnqueueResult]
     dequeued: int
     renewed: list[RenewResult]
     released: int
+    leased: list[LeasedTask] = Field([], description="tasks leased by the update's `lease`")
 
 
 class EnqueueResponse(_M):
@@ -126,16 +156,10 @@ class LeaseRequest(_M):
     lease_secs: LeaseSecs | None = Field(None, description="default: the queue's policy, or 60")
     max_pid: Pid | None = Field(None, description="only lease tasks whose pid <= max_pid")
     worker: Annotated[str, Field(max_length=MAX_WORKER_CHARS)] = ""
-
-
-class LeasedTask(_M):
-    queue: str
-    pid: str
-    token: int
-    expires_at: float
-    attempts: int = Field(description="times this task has been leased, this lease included")
-    enqueued_at: float
-    payload: PayloadRef | None = None
+    wait_secs: Annotated[float, Field(ge=0, le=MAX_WAIT_SECS)] | None = Field(
+        None, description="when no task is available, wait up to this long for one "
+        "(long polling; capped by the master's setting, 20 s by default): the answer comes "
+        "as soon as a task is leased, or empty at the deadline")
 
 
 class LeaseResponse(_M):

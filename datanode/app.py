@@ -22,7 +22,7 @@ from squall.common.http import BodyLimit, error_response, install_error_handlers
 from squall.common.metrics import HttpMetrics, HttpStats
 from squall.datanode.config import DataNodeSettings
 from squall.datanode.fastpath import FastPath
-from squall.datanode.routes import batch, blobs, health, replicate
+from squall.datanode.routes import batch, blobs, frontdoor, health, replicate
 from squall.datanode.service import DataNode
 
 log = logging.getLogger("squall.datanode")
@@ -81,6 +81,7 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
     app.add_exception_handler(ClientDisconnect, _on_disconnect)
     app.include_router(blobs.router)
     app.include_router(batch.router)
+    app.include_router(frontdoor.router)
     app.include_router(replicate.router)
     app.include_router(health.router)
     install_docs(app)

@@ -40,7 +40,8 @@ def register(app: typer.Typer) -> None:
                                              envvar="SQUALL_CLUSTER_KEY_FILE",
                                              help="file holding the cluster key (else "
                                                   "SQUALL_CLUSTER_KEY, else a dev key)"),
-        heartbeat_interval_s: float = typer.Option(3.0, envvar="SQUALL_HEARTBEAT_INTERVAL_S"),
+        heartbeat_interval_s: float = typer.Option(3.0, envvar="SQUALL_HEARTBEAT_INTERVAL_S",
+                                                  min=0.001),
         full_report_every: int = typer.Option(20, envvar="SQUALL_FULL_REPORT_EVERY",
                                               help="beats between full block reports"),
         map_size_max: int = typer.Option(1 << 40, envvar="SQUALL_MAP_SIZE_MAX",

@@ -39,6 +39,7 @@ class DataNodeSettings:
     copies_max: int = 4  # replicate commands run at once
     repair_bytes_per_s: float = 0.0  # pace of re-replication copies sent (0: unpaced)
     forward_queue_chunks: int = 4  # chunks buffered per peer while forwarding
+    front_door_max_bytes: int = 64 << 10  # largest payload the front door takes
 
     def resolve_node_id(self) -> str:
         """The configured id, else the one stored in ``data_dir/node_id`` (created once)."""

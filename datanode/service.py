@@ -18,6 +18,7 @@ from squall.datanode.peers import Pacer, Peers
 from squall.datanode.store import BlobMeta, BlobStore
 
 if TYPE_CHECKING:
+    from squall.datanode.frontdoor import FrontDoor
     from squall.datanode.heartbeat import Heartbeat
     from squall.datanode.scrubber import Scrubber
 
@@ -46,6 +47,7 @@ class DataNode:
         # set by start(): the heartbeat and scrubber (imported late: they import this module)
         self.heartbeat: Heartbeat | None = None
         self.scrubber: Scrubber | None = None
+        self.frontdoor: FrontDoor | None = None
         log.info("data node %s at %s: store %s", self.node_id, self.address,
                  self.store.env.path)
 
@@ -73,6 +75,10 @@ class DataNode:
         self.peers = Peers(connect_timeout=s.peer_connect_timeout_s, timeout=s.peer_timeout_s,
                            tls=ctx if isinstance(ctx, ssl.SSLContext) else None)
         hb = self.heartbeat = Heartbeat(self)
+        if s.master_url:
+            from squall.datanode.frontdoor import FrontDoor
+
+            self.frontdoor = FrontDoor(self)
         sc = self.scrubber = Scrubber(self)
         if not background:
             return
@@ -90,6 +96,8 @@ class DataNode:
         self._tasks.clear()
         if self.heartbeat is not None:
             await self.heartbeat.stop()
+        if self.frontdoor is not None:
+            await self.frontdoor.aclose()
         if self.peers is not None:
             await self.peers.aclose()
 

@@ -17,7 +17,16 @@ from squall.common.metrics import Exposition, HttpMetrics, HttpStats
 from squall.master.fastpath import FastPath
 from squall.master.http import BodyLimit, install_error_handlers
 from squall.master.metrics import MasterMetrics, WalTimes
-from squall.master.routes import config, health, nodes, nodes_admin, queues, status, tasks
+from squall.master.routes import (
+    config,
+    frontdoor,
+    health,
+    nodes,
+    nodes_admin,
+    queues,
+    status,
+    tasks,
+)
 from squall.master.security import CredentialStore, SecuritySettings
 from squall.master.security import router as auth_router
 from squall.master.service import Master, MasterSettings
@@ -79,6 +88,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     app.include_router(config.router)
     app.include_router(nodes.router)
     app.include_router(nodes_admin.router)
+    app.include_router(frontdoor.router)
     app.include_router(health.router)
     app.include_router(status.router)
     app.include_router(auth_router)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import FrameType
 
 import typer
 
@@ -22,8 +23,19 @@ def serve(settings: MasterSettings, host: str, port: int,
     from squall.master.app import create_master_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    uvicorn.run(create_master_app(settings, security=security), host=host, port=port,
-                **uvicorn_options((tls or TLSConfig()).uvicorn_kwargs()))
+    app = create_master_app(settings, security=security)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # uvicorn waits for requests in flight before shutting the app down: answer
+            # parked leases now (empty), or a stop would wait out their wait_secs
+            master = getattr(app.state, "master", None)
+            if master is not None:
+                master.waiters.close_threadsafe()
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port,
+                          **uvicorn_options((tls or TLSConfig()).uvicorn_kwargs()))).run()
 
 
 def register(app: typer.Typer) -> None:
@@ -70,6 +82,9 @@ def register(app: typer.Typer) -> None:
             help="fsync the LMDB index once per WAL group commit, so it survives a power "
                  "loss or kernel crash intact; --no-index-sync syncs it at checkpoints "
                  "only (faster, but a power loss can corrupt the index)"),
+        lease_wait_max_s: float = typer.Option(
+            20.0, envvar="SQUALL_LEASE_WAIT_MAX_S", min=0.0, max=3600.0,
+            help="longest a lease's wait_secs may hold a request (long polling)"),
         cluster_key_file: Path | None = typer.Option(
             None, "--cluster-key-file", envvar="SQUALL_CLUSTER_KEY_FILE",
             help="file with the cluster's HMAC key (else SQUALL_CLUSTER_KEY, else a dev key)"),
@@ -100,15 +115,18 @@ def register(app: typer.Typer) -> None:
             help="mutual TLS: refuse connections without a certificate from --tls-ca"),
     ) -> None:
         """Run a master: task metadata, leases, WAL + LMDB index, data-node placement."""
-        cluster = ClusterSettings(
-            replication_factor=replication_factor, write_quorum=write_quorum,
-            heartbeat_interval_s=heartbeat_interval_s, dead_after_beats=dead_after_beats,
-            max_copies_per_node=max_copies_per_node,
-            max_repair_bytes_per_node=max_repair_bytes_per_node,
-            blob_scan_interval_s=blob_scan_interval_s, orphan_grace_s=orphan_grace_s)
+        try:
+            cluster = ClusterSettings(
+                replication_factor=replication_factor, write_quorum=write_quorum,
+                heartbeat_interval_s=heartbeat_interval_s, dead_after_beats=dead_after_beats,
+                max_copies_per_node=max_copies_per_node,
+                max_repair_bytes_per_node=max_repair_bytes_per_node,
+                blob_scan_interval_s=blob_scan_interval_s, orphan_grace_s=orphan_grace_s)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
         settings = MasterSettings(
             data_dir=str(data_dir), fsync=fsync, checkpoint_interval_s=checkpoint_interval_s,
-            index_sync=index_sync,
+            index_sync=index_sync, lease_wait_max_s=lease_wait_max_s,
             cluster=cluster, cluster_key_file=str(cluster_key_file) if cluster_key_file else None)
         check_bind(host, cluster_key_configured(settings.cluster_key_file),
                    load_auth_keys(str(auth_key_file) if auth_key_file else None) is not None,

@@ -67,6 +67,15 @@ class ClusterSettings:
     blob_scan_interval_s: float = 600.0  # between passes of the unreported-blob scan
     blob_scan_batch: int = 5000  # blob ids the scan reads per tick
 
+    def __post_init__(self) -> None:
+        if self.replication_factor < 1:
+            raise ValueError("replication_factor must be at least 1")
+        if not 0 <= self.write_quorum <= self.replication_factor:
+            raise ValueError(f"write_quorum {self.write_quorum} must be 0 (all of the replica "
+                             f"set) up to the replication factor {self.replication_factor}")
+        if not self.heartbeat_interval_s > 0:
+            raise ValueError(f"heartbeat_interval_s must be > 0, not {self.heartbeat_interval_s}")
+
     @property
     def quorum(self) -> int:
         return self.write_quorum or self.replication_factor
@@ -89,6 +98,7 @@ class Node:
     # may have been made before they landed, so a full one that lacks them drops nothing
     vouched: set[str] = field(default_factory=set)
     drain_remaining: int = -1  # draining: blobs still short of RF elsewhere (-1: not known)
+    block_grants: list[float] = field(default_factory=list)  # front-door block expiries
 
 
 class Cluster:

@@ -37,10 +37,12 @@ from squall.common.models import (
     RenewItem,
     TaskRef,
     TaskSpec,
+    UpdateLease,
     UpdateRequest,
 )
 from squall.common.names import check_name, check_pid, join_queue
 from squall.master import policies
+from squall.master.dedup import Dedup
 from squall.master.index import (
     AVAILABLE,
     DELAYED,
@@ -82,6 +84,7 @@ class View:
         self.plan = Plan()
         self.lease_seq = engine.index.lease_seq
         self.auto_pid = engine.index.auto_pid
+        self.keys: dict[str, tuple[str, str]] = {}  # idempotency keys used by this request
 
     def queue(self, name: str, create: bool = False) -> QueueRec | None:
         q = self.new_queues.get(name) or self.e.index.queues.get((self.group, name))
@@ -145,6 +148,8 @@ class Engine:
         self.clock = clock
         self.store_payload = store_payload  # checks a payload's write receipts
         self.swept_expired = 0
+        self.swept: list[tuple[str, str]] = []  # queues the last sweep made tasks due in
+        self.dedup: Dedup | None = None  # idempotency keys (set by the master)
 
     def now_ms(self) -> int:
         return ms(self.clock.now())
@@ -153,7 +158,8 @@ class Engine:
         return policies.effective(self.index, q.group, q.name)
 
     # -- update (enqueue / dequeue / renew / release, atomically) ------------------------
-    def plan_update(self, txn: lmdb.Transaction, group: str, req: UpdateRequest) -> Plan:
+    def plan_update(self, txn: lmdb.Transaction, group: str, req: UpdateRequest,
+                    worker_addr: str = "") -> Plan:
         v = View(self, txn, group)
         now = self.now_ms()
         for d in req.dequeue:
@@ -164,8 +170,11 @@ class Engine:
         for r in req.release:
             self._release(v, r, now)
         enqueued = [self.enqueue(v, e.queue, e, now) for e in req.enqueue]
-        return v.finish({"enqueued": enqueued, "dequeued": len(req.dequeue),
-                         "renewed": renewed, "released": len(req.release)})
+        result = {"enqueued": enqueued, "dequeued": len(req.dequeue), "renewed": renewed,
+                  "released": len(req.release)}
+        if req.lease is not None:  # last: it never takes what this update just touched
+            result["leased"] = self._lease(v, req.lease.queue, req.lease, worker_addr, now)
+        return v.finish(result)
 
     def plan_enqueue(self, txn: lmdb.Transaction, group: str, queue: str,
                      tasks: list[TaskSpec]) -> Plan:
@@ -185,6 +194,13 @@ class Engine:
         raw = check_pid(pid)
         if s.not_before is not None and s.delay_secs is not None:  # bad even if it collapses
             raise BadRequest(f"task {pid!r}: give not_before or delay_secs, not both")
+        key = s.idempotency_key
+        if key is not None and self.dedup is not None:
+            first = v.keys.get(key) or self.dedup.get(v.txn, v.group, key, now)
+            if first is not None:  # applied within the window: nothing to do
+                return {"queue": first[0], "pid": first[1], "collapsed": True}
+            v.keys[key] = (queue, pid)
+            v.plan.ops.append(self.dedup.op(v.group, key, queue, pid, now))
         if v.task(q, raw) is not None:
             return {"queue": queue, "pid": pid, "collapsed": True}
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)
@@ -249,12 +265,16 @@ class Engine:
     def plan_lease(self, txn: lmdb.Transaction, group: str, queue: str, req: LeaseRequest,
                    worker_addr: str) -> Plan:
         v = View(self, txn, group)
+        return v.finish({"tasks": self._lease(v, queue, req, worker_addr, self.now_ms())})
+
+    def _lease(self, v: View, queue: str, req: LeaseRequest | UpdateLease, worker_addr: str,
+               now: int) -> list[dict[str, Any]]:
         # validate before the lookup, so bad input is a 400 whether the queue exists or not
         max_key = pidkey(check_pid(req.max_pid)) if req.max_pid is not None else None
         q = v.queue(queue)
         if q is None:
-            return v.finish({"tasks": []})
-        now = self.now_ms()
+            return []
+        txn, group = v.txn, v.group
         pol = self.policy(q)
         expiry = now + ms(policies.lease_secs(pol, req.lease_secs))
         leased: list[dict[str, Any]] = []
@@ -264,6 +284,8 @@ class Engine:
             if len(leased) >= req.max_tasks:
                 break
             t = self.index.read_task(txn, pre + pk)
+            if (q.qid, t.pid.encode()) in v.tasks:  # changed earlier in this request
+                continue
             if policies.exhausted(pol, t.attempts):
                 v.dead_letter(q, t, f"leased {t.attempts} times without being dequeued "
                               f"(max_attempts {pol['max_attempts']}); last error: "
@@ -278,7 +300,7 @@ class Engine:
                            "expires_at": expiry / 1000, "attempts": t.attempts,
                            "enqueued_at": t.enqueued_ms / 1000, "payload": t.payload})
         v.plan.events[(group, queue, "lease")] += len(leased)
-        return v.finish({"tasks": leased})
+        return leased
 
     # -- sweep ---------------------------------------------------------------------------
     def sweep(self, txn: lmdb.Transaction, limit: int) -> int:
@@ -308,6 +330,7 @@ class Engine:
             touched[qid] = q
         for q in touched.values():
             idx.save_queue(txn, q)
+        self.swept = [(q.group, q.name) for q in touched.values()]
         return len(due)
 
     # -- reads ---------------------------------------------------------------------------

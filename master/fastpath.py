@@ -59,16 +59,16 @@ class FastPath:
     async def _serve(master: Master, m: re.Match[str], body: bytes, scope: Scope
                      ) -> dict[str, Any]:
         group = check_name("group", m[1])
+        client = scope.get("client")
+        addr = f"{client[0]}:{client[1]}" if client else ""
         if m[2] is None:
             req = _parse(UpdateRequest, body)
             check_update(scope.get(PRINCIPAL), bool(req.enqueue),
-                         bool(req.dequeue or req.renew or req.release))
-            return await master.update(group, req)
+                         bool(req.dequeue or req.renew or req.release or req.lease))
+            return await master.update(group, req, addr)
         queue = check_name("queue", m[2])
         if m[3] == "tasks":
             return await master.enqueue(group, queue, _parse(EnqueueRequest, body).tasks)
-        client = scope.get("client")
-        addr = f"{client[0]}:{client[1]}" if client else ""
         return await master.lease(group, queue, _parse(LeaseRequest, body), addr)
 
 

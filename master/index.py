@@ -178,6 +178,7 @@ class Index:
         self.tasks, self.ready, self.avail = db(b"tasks"), db(b"ready"), db(b"avail")
         self.timers, self.conf, self.reap_db = db(b"timers"), db(b"conf"), db(b"reap")
         self.blobs = db(b"blobs")
+        self.dedup = db(b"dedup")  # enqueue idempotency keys (master/dedup.py)
         # blob ids whose last task reference went away (dequeued, deleted, reaped): soft
         # state for blob GC, which re-checks `blobs` before deleting anything. Bounded.
         # Frees of the open batch wait in `freed_pending` until it commits (commit.py).

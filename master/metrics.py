@@ -97,6 +97,10 @@ class MasterMetrics:
             yield CounterMetricFamily(name, doc, value=m.meters.counts.get(kind, 0))
         yield CounterMetricFamily("squall_tasks_reaped", "tasks of deleted queues reaped",
                                   value=m.reaped)
+        yield GaugeMetricFamily("squall_lease_waiting", "leases parked waiting for a task "
+                                "(wait_secs)", value=m.waiters.total)
+        yield CounterMetricFamily("squall_lease_waits_refused", "waiting leases refused by "
+                                  "the per-queue or total bound", value=m.waiters.refused)
 
     def _queues(self) -> Iterator[str]:
         """Per-queue series as text: one escaped label set per queue, shared by its six

@@ -14,6 +14,8 @@ same :func:`apply` runs live (inside the request's LMDB transaction) and on repl
                                            (kind "S"; holds its last enqueued slot) or a
                                            data node's decommission mark (kind "N",
                                            group "", name = node id)
+    ("K", group, key, queue, pid, exp_ms)  an enqueue's idempotency key (see dedup.py;
+                                           a plain put: replays idempotently)
 
 An op naming a generation that is no longer current does nothing, so a record that raced
 with a queue deletion replays the same way it applied.
@@ -26,6 +28,7 @@ from typing import Any
 
 import lmdb
 
+from squall.master import dedup
 from squall.master.index import AVAILABLE, LEASED, Index, QueueRec, Task, qprefix
 
 Op = tuple[Any, ...]
@@ -106,5 +109,7 @@ def _apply(index: Index, txn: lmdb.Transaction, ops: Sequence[Op],
                 touched[q.qid] = q
         elif kind == "C":
             index.set_conf(txn, op[1].encode(), op[2], op[3], op[4])
+        elif kind == "K":
+            dedup.apply_op(index, txn, op)
         else:
             raise ValueError(f"unknown op {kind!r}")

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,11 +43,13 @@ from squall.master import admin, drain
 from squall.master.blobscan import blob_ids_after
 from squall.master.cluster import Cluster, ClusterSettings
 from squall.master.commit import GroupCommit
+from squall.master.dedup import Dedup
 from squall.master.engine import Engine, Plan
 from squall.master.index import LEASED, Index, QueueRec
 from squall.master.ops import apply, replay
 from squall.master.placement import Placement
 from squall.master.stats import Meters
+from squall.master.waiters import Waiters
 from squall.master.wal import WAL, Tail, read_records
 
 log = logging.getLogger("squall.master")
@@ -74,6 +76,10 @@ class MasterSettings:
     # fdatasync each index commit (one per WAL group): a power loss cannot corrupt the
     # index. False trades that for speed: the index is synced at checkpoints only.
     index_sync: bool = True
+    lease_wait_max_s: float = 20.0  # cap of a lease's wait_secs (see waiters.py)
+    lease_waiters_per_queue: int = 100  # parked leases per queue (429 beyond)
+    lease_waiters_max: int = 1000  # parked leases in all (503 beyond)
+    dedup_retention_s: float = 300.0  # window of enqueue idempotency keys (see dedup.py)
 
 
 class Master:
@@ -92,7 +98,10 @@ class Master:
                                                                self.index.blobs, after, n))
         self.placement = Placement(self.cluster, self.key, settings.require_receipts)
         self.engine = Engine(self.index, self.clock, self.placement.verify)
+        self.dedup = self.engine.dedup = Dedup(self.index.dedup, settings.dedup_retention_s)
         self.meters = Meters()
+        self.waiters = Waiters(settings.lease_wait_max_s, settings.lease_waiters_per_queue,
+                               settings.lease_waiters_max)
         records, tail = read_records(self.wal_dir, after=self.index.applied)
         self.replayed = self._replay(records)
         for (_, node_id), mark in self.index.node_marks.items():  # decommissions resume
@@ -142,7 +151,17 @@ class Master:
             apply(self.index, txn, plan.ops, ticket)
             return msgpack.packb(plan.ops), plan
 
-        ticket, plan = await self.commit.run(work, pre=self._sweep if sweep_first else None)
+        if not sweep_first:
+            ticket, plan = await self.commit.run(work)
+        else:
+            swept: list[tuple[str, str]] = []
+            try:
+                ticket, plan = await self.commit.run(work, pre=self._sweeper(swept))
+            finally:
+                # a refused `work` does not take its sweep back: whoever is woken leases in
+                # this batch or a later one, so it still answers only once they are durable
+                if swept:
+                    self.waiters.notify(swept)
         self._record(plan)
         plan.result["ticket"] = ticket
         return plan.result
@@ -154,13 +173,35 @@ class Master:
         for group, queue, secs in plan.lease_secs:
             self.meters.lease_done((group, queue), secs)
 
-    async def update(self, group: str, req: UpdateRequest) -> dict[str, Any]:
-        return await self._execute(lambda txn: self.engine.plan_update(txn, group, req))
+    def _woke(self, group: str, queues: Iterable[str]) -> None:
+        """After a commit: tasks of these queues may be available (parked leases look)."""
+        self.waiters.notify((group, q) for q in queues)
+
+    async def update(self, group: str, req: UpdateRequest, addr: str = "") -> dict[str, Any]:
+        if req.lease is not None:
+            check_name("group", group)
+        res = await self._execute(lambda txn: self.engine.plan_update(txn, group, req, addr),
+                                  sweep_first=req.lease is not None)
+        self._woke(group, {*(e.queue for e in req.enqueue), *(r.queue for r in req.release)})
+        if req.lease is not None:
+            self._leased(group, req.lease.queue, res["leased"])
+        return res
 
     async def enqueue(self, group: str, queue: str, tasks: list[TaskSpec]) -> dict[str, Any]:
-        return await self._execute(lambda txn: self.engine.plan_enqueue(txn, group, queue, tasks))
+        res = await self._execute(lambda txn: self.engine.plan_enqueue(txn, group, queue, tasks))
+        self._woke(group, (queue,))
+        return res
 
     async def lease(self, group: str, queue: str, req: LeaseRequest, addr: str) -> dict[str, Any]:
+        """Lease now; with ``wait_secs``, wait for tasks (see waiters.py)."""
+        if not req.wait_secs or self.waiters.closed:
+            return await self._lease_now(group, queue, req, addr)
+        return await self.waiters.wait((check_name("group", group), check_name("queue", queue)),
+                                       req.wait_secs,
+                                       lambda: self._lease_now(group, queue, req, addr))
+
+    async def _lease_now(self, group: str, queue: str, req: LeaseRequest, addr: str
+                         ) -> dict[str, Any]:
         # a bad request changes nothing, not even the sweep; expired leases are swept in
         # their own child txn, so a plan that then fails cannot abort it
         check_name("group", group)
@@ -169,11 +210,15 @@ class Master:
             check_pid(req.max_pid)
         res = await self._execute(
             lambda txn: self.engine.plan_lease(txn, group, queue, req, addr), sweep_first=True)
-        if res["tasks"]:
-            self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in res["tasks"])
-            for t in res["tasks"]:
-                t["payload"] = self.placement.for_reader(t["payload"], t["expires_at"])
+        self._leased(group, queue, res["tasks"])
         return res
+
+    def _leased(self, group: str, queue: str, tasks: list[dict[str, Any]]) -> None:
+        """Leased tasks as answered: payloads with live replicas and a read token."""
+        if tasks:
+            self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in tasks)
+            for t in tasks:
+                t["payload"] = self.placement.for_reader(t["payload"], t["expires_at"])
 
     async def delete_queue(self, group: str, queue: str) -> dict[str, Any]:
         res = await self._execute(lambda txn: admin.plan_delete(self.engine, group, queue))
@@ -181,15 +226,19 @@ class Master:
         return res
 
     async def reset_leases(self, group: str, queue: str) -> dict[str, Any]:
-        return await self._execute(lambda txn: admin.plan_reset(self.engine, group, queue))
+        res = await self._execute(lambda txn: admin.plan_reset(self.engine, group, queue))
+        self._woke(group, (queue,))
+        return res
 
     async def cancel(self, group: str, queue: str, pid: str) -> dict[str, Any]:
         return await self._execute(
             lambda txn: admin.plan_cancel(self.engine, txn, group, queue, pid))
 
     async def redrive(self, group: str, queue: str, max_tasks: int) -> dict[str, Any]:
-        return await self._execute(
+        res = await self._execute(
             lambda txn: admin.plan_redrive(self.engine, txn, group, queue, max_tasks))
+        self._woke(group, (str(res.get("source", "")).rpartition("#")[2] or queue,))
+        return res
 
     async def set_policy(self, group: str, queue: str, p: Policy | None) -> dict[str, Any]:
         return await self._execute(lambda txn: admin.plan_policy(self.engine, group, queue, p))
@@ -277,12 +326,30 @@ class Master:
     # -- background ----------------------------------------------------------------------
     def sweep_once(self) -> int:
         """One sweep in its own transaction (tests; no request may be in flight)."""
-        return self.commit.run_sync(self._sweep)
+        swept: list[tuple[str, str]] = []
+        n = self.commit.run_sync(self._sweeper(swept))
+        if swept:
+            self.waiters.notify(swept)
+        return n
 
-    def _sweep(self, txn: lmdb.Transaction) -> int:
-        n = self.engine.sweep(txn, self.settings.sweep_batch)
-        # expired leases, for metrics (a batch refused afterwards is counted all the same)
-        self.meters.count("expire", self.engine.swept_expired)
+    def _sweeper(self, swept: list[tuple[str, str]]) -> Callable[[lmdb.Transaction], int]:
+        """A sweep that adds the queues it made tasks due in to `swept`: wake their parked
+        leases once the sweep's batch is committed (visible), never before."""
+        def sweep(txn: lmdb.Transaction) -> int:
+            n = self.engine.sweep(txn, self.settings.sweep_batch)
+            # expired leases, for metrics (a batch refused afterwards is counted all the same)
+            self.meters.count("expire", self.engine.swept_expired)
+            if n:
+                swept.extend(self.engine.swept)
+            return n
+        return sweep
+
+    async def _sweep_derived(self) -> int:
+        """A background sweep in the current batch; wakes parked leases once committed."""
+        swept: list[tuple[str, str]] = []
+        n = await self._derived(self._sweeper(swept))
+        if swept:
+            self.waiters.notify(swept)
         return n
 
     def reap_once(self) -> int:
@@ -298,6 +365,13 @@ class Master:
             return 0
         return self.index.reap(txn, *pending, self.settings.reap_batch)
 
+    def _reap_and_expire(self, txn: lmdb.Transaction) -> int:
+        """Background cleanup in one derived step: reap a batch of a deleted queue
+        generation, and drop a paced batch of expired idempotency keys."""
+        n = self._reap(txn)
+        self.dedup.sweep(txn, self.engine.now_ms())
+        return n
+
     async def _derived(self, fn: Callable[[lmdb.Transaction], int]) -> int:
         """Unlogged derived work (sweeps, reaps) inside the current batch."""
         _, n = await self.commit.run(lambda txn, _ticket: (None, fn(txn)))
@@ -309,6 +383,7 @@ class Master:
             res = await self._execute(
                 lambda txn, g=group, n=name: admin.plan_fire(self.engine, txn, g, n))
             fired += sum(1 for e in res.get("enqueued", ()) if not e["collapsed"])
+            self._woke(group, {e["queue"] for e in res.get("enqueued", ())})
         return fired
 
     async def tick(self) -> dict[str, int]:
@@ -319,9 +394,9 @@ class Master:
         if self.ready() is not None:
             return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
         try:
-            swept = await self._derived(self._sweep)
+            swept = await self._sweep_derived()
             fired = await self.fire_schedules()
-            reaped = await self._derived(self._reap)
+            reaped = await self._derived(self._reap_and_expire)
         except Unavailable:  # a refused batch (the disk failed meanwhile): next tick
             return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
         self.reaped += reaped
@@ -384,6 +459,7 @@ class Master:
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]
 
     async def stop(self) -> None:
+        self.waiters.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

@@ -151,6 +151,7 @@ class FakeCluster:
         self.node: dict[str, Handler] = {}
         self.log: list[str] = []
         self.replica_sets: list[list[str]] = []  # the next allocations' replicas
+        self.lookups = 0
 
     def stored(self, blob_id: str, data: bytes, nodes: list[str]) -> dict[str, Any]:
         self.blobs[blob_id] = data
@@ -174,6 +175,9 @@ class FakeCluster:
             self.enqueued += body["tasks"]
             return httpx.Response(200, json={"ticket": 1, "enqueued": [
                 {"queue": "q", "pid": t["pid"], "collapsed": False} for t in body["tasks"]]})
+        if host == "master" and "/tasks/" in path:  # a task lookup: the master knows
+            self.lookups += 1                          # nothing newer than the lease
+            return httpx.Response(404, json={"error": {"code": "not_found", "message": "-"}})
         resp = self.node.get(host, lambda r: None)(request)
         if resp is not None:
             return resp  # type: ignore[no-any-return]
@@ -200,7 +204,8 @@ def refused(request: httpx.Request) -> httpx.Response:
 @pytest.fixture
 async def fake() -> AsyncIterator[tuple[AsyncClient, FakeCluster]]:
     cl = FakeCluster()
-    async with AsyncClient("http://master", transport=httpx.MockTransport(cl), retries=1) as c:
+    async with AsyncClient("http://master", transport=httpx.MockTransport(cl), retries=1,
+                           front_door=False) as c:  # the three-step write path
         c._core.retry.base_s = c._core.retry.max_s = 0.001
         yield c, cl
 
@@ -268,8 +273,10 @@ async def test_read_skips_dead_missing_and_corrupt_replicas(
     cl.node["n4"] = cl.node["n2"]
     with pytest.raises(sc.DataCorrupt, match="no replica"):
         await task.payload()
+    assert cl.lookups == 0  # a corrupt copy is not a stale location
     with pytest.raises(sc.Unavailable, match="no live replica"):
         await leased(c, data, []).payload()
+    assert cl.lookups == 1  # it asked the master where the copies are now
 
 
 class Broken(httpx.AsyncByteStream):

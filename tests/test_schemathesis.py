@@ -58,8 +58,10 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     data_dir = tmp_path_factory.mktemp("schemathesis") / "master"
     # a small body limit, so that generated bodies reach the 413 path too
-    # every operation with a valid admin credential; "testserver" is the test client's Host
-    yield create_master_app(MasterSettings(data_dir=str(data_dir), max_body_bytes=64 << 10),
+    # every operation with a valid admin credential; "testserver" is the test client's Host;
+    # waiting leases capped short: generated wait_secs must not hold each case 20 s
+    yield create_master_app(MasterSettings(data_dir=str(data_dir), max_body_bytes=64 << 10,
+                                           lease_wait_max_s=0.05),
                             security=SecuritySettings(allowed_hosts=("testserver",)))
     st_asgi.shutdown_lifespans()  # the lifespan's exit: stop loops, close WAL + LMDB
 

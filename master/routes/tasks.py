@@ -31,11 +31,12 @@ QueueP = Annotated[str, Path(description="queue name", pattern=NAME_PATTERN)]
 @router.post("/update", response_model=UpdateResponse)
 async def update(group: GroupP, body: UpdateRequest, m: MasterDep, request: Request) -> JSON:
     """Apply enqueues, dequeues (acks), renewals and releases on queues of one group,
-    all or nothing, in the order dequeue, renew, release, enqueue. Enqueues need the
-    producer role, the others the consumer role."""
+    all or nothing, in the order dequeue, renew, release, enqueue; then, with `lease`,
+    lease the next tasks of a queue of the group in the same atomic update. Enqueues need
+    the producer role, the others the consumer role."""
     check_update(request.scope.get(PRINCIPAL), bool(body.enqueue),
-                 bool(body.dequeue or body.renew or body.release))
-    return JSON(await m.update(group, body))
+                 bool(body.dequeue or body.renew or body.release or body.lease))
+    return JSON(await m.update(group, body, client_addr(request)))
 
 
 @router.post("/queues/{queue}/tasks", response_model=EnqueueResponse)

@@ -1,0 +1,92 @@
+"""Enqueue through a data node's front door (issue 9): tasks with small payloads go to one
+data node in one request (``POST {node}/v1/groups/{g}/queues/{q}/tasks``, msgpack); the
+node stores and replicates the payloads and commits the tasks to the master, then answers.
+One round trip instead of three (allocate, write, enqueue).
+
+Used by ``put`` and ``put_many`` when every payload of the batch is bytes of at most
+``max_bytes`` (64 KiB, the nodes' default limit) and at least one task has a payload.
+Which nodes exist comes from the master's ``GET /v1/cluster`` (alive ones), cached for
+``NODES_TTL_S``; requests rotate over them. A node that fails (down, overloaded, no front
+door, quorum not met) is skipped for a while and the next one is tried; when none of up
+to three takes the batch, the caller falls back to the classic path, and the front door
+rests for ``NODES_TTL_S``. Bad input and credential errors are raised as they are.
+The client's credential goes with the request (the node checks role producer and the
+group, as the master would). Every task carries a client-made pid, so a request whose answer was lost (the node
+committed, then died) collapses into the first attempt wherever it is resent.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgpack
+
+from squall.client._blobs import NodeBook
+from squall.client._effects import Call, Proto, Retry, call
+from squall.common.errors import BadRequest, Forbidden, SquallError, Unauthorized
+
+NODES_TTL_S = 10.0
+MAX_BYTES = 64 << 10
+
+
+class FrontDoor:
+    def __init__(self, retry: Retry, nodes: NodeBook, timeout_s: float,
+                 token: str | None = None, max_bytes: int = MAX_BYTES) -> None:
+        self.retry, self.book, self.timeout_s, self.max_bytes = retry, nodes, timeout_s, max_bytes
+        self.headers = {"Content-Type": "application/msgpack"}
+        if token:  # the data node checks the client's credential (role producer)
+            self.headers["Authorization"] = f"Bearer {token}"
+        self._nodes: list[str] = []
+        self._at = -1e18
+        self._turn = 0
+        self.used = self.fallbacks = 0
+
+    def eligible(self, sources: list[Any]) -> bool:
+        return (any(s is not None for s in sources)
+                and all(s is None or (isinstance(s, bytes) and len(s) <= self.max_bytes)
+                        for s in sources))
+
+    def _refresh(self) -> Proto[None]:
+        if time.monotonic() - self._at < NODES_TTL_S:
+            return
+        try:
+            ans = yield from call(Call("GET", "/v1/cluster", retries=0), self.retry)
+            self._nodes = [n["address"] for n in ans.get("nodes", ())
+                           if n.get("state") == "alive"]
+        except SquallError:
+            self._nodes = []
+        self._at = time.monotonic()
+
+    def enqueue(self, group: str, name: str, specs: list[dict[str, Any]],
+                sources: list[Any]) -> Proto[list[dict[str, Any]] | None]:
+        """The master's enqueue results, or None: no node took it (use the classic path)."""
+        yield from self._refresh()
+        if not self._nodes:
+            return None
+        tasks = []
+        for spec, src in zip(specs, sources, strict=True):
+            t = dict(spec)
+            if src is not None:
+                t["payload"] = src
+            tasks.append(t)
+        body = msgpack.packb({"tasks": tasks}, use_bin_type=True)
+        self._turn += 1
+        order = self._nodes[self._turn % len(self._nodes):] + self._nodes[
+            :self._turn % len(self._nodes)]
+        for node in self.book.order(order)[:3]:
+            c = Call("POST", f"{node}/v1/groups/{group}/queues/{name}/tasks", content=body,
+                     headers=self.headers,
+                     timeout=self.timeout_s, retries=0)
+            try:
+                ans = yield from call(c, self.retry)
+            except (Unauthorized, Forbidden, BadRequest):
+                raise  # the same on every path: the caller's problem
+            except SquallError:  # down, busy, quorum not met, too large, no front door...
+                self.book.failed(node)
+                continue
+            self.used += 1
+            return list(ans["enqueued"])
+        self.fallbacks += 1
+        self._nodes, self._at = [], time.monotonic()  # the classic path for NODES_TTL_S
+        return None

@@ -1,0 +1,225 @@
+"""The front door for small payloads: one client request enqueues many tasks *with* their
+payloads (issue 9; DESIGN §2).
+
+    client --POST {node}/v1/groups/{g}/queues/{q}/tasks (msgpack)--> front-door node
+      1. blob ids from a block the master granted this node ahead of time (no allocation
+         round trip; see master/routes/frontdoor.py)
+      2. store the payloads here (one transaction, synced) and on the block's peers
+         (``/v1/replicate:batch-put``) at once; every node signs a receipt per blob
+      3. the write quorum holds every payload: hand the enqueue (payload refs with their
+         receipts) to the committer, which sends everything waiting at that moment to the
+         master in one ``POST /v1/nodes/commit`` (each client request is its own update,
+         all or nothing; the master group-commits them under one fsync)
+      4. answer the client with the master's answer
+
+Invariants (DESIGN §4): an enqueue is answered only after the master answered, i.e. its
+metadata is in the fsynced WAL and its payload on the write quorum; the master accepts a
+payload reference only with a write quorum of receipts, so a task is never leasable before
+its payload is durable; a crash between 2 and 3 leaves blobs no task references, which the
+master's orphan collection deletes after ``orphan_grace_s``; a crash between 3 and 4 leaves
+an enqueue the client does not know about: its retry (to any node) carries the same pids and
+collapses into it (the client makes a pid for every task).
+
+Test hook: ``SQUALL_TEST_CRASH=after_store|after_commit`` makes the node SIGKILL itself at
+that point of the next front-door request (crash tests only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+
+from squall.common.checksum import crc32c
+from squall.common.cluster import BlockGrant, PeerError
+from squall.common.errors import StatusError, Unavailable, from_response
+from squall.common.payload import Frame, encode_frame
+from squall.datanode.replication import forward_batch, quorum_message
+from squall.datanode.store import BlobMeta
+
+if TYPE_CHECKING:
+    from squall.datanode.service import DataNode
+
+log = logging.getLogger("squall.datanode.frontdoor")
+BLOCK_IDS = 1000
+BLOCK_MARGIN_S = 5.0  # stop using a block this long before it expires
+COMMIT_UPDATES_MAX = 500  # client requests per node-to-master commit
+COMMIT_PENDING_MAX = 5000  # client requests waiting for a commit (503 beyond)
+
+
+@dataclass
+class _Block:
+    prefix: str
+    count: int
+    expires_at: float
+    replicas: list[str]
+    quorum: int
+    used: int = 0
+
+
+class FrontDoor:
+    def __init__(self, node: DataNode) -> None:
+        self.node = node
+        s = node.settings
+        self.master = (s.master_url or "").rstrip("/")
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0),
+                                       verify=s.tls.client_context())
+        self._block: _Block | None = None
+        self._block_lock = asyncio.Lock()
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
+        self._wake = asyncio.Event()
+        self._committer: asyncio.Task[None] | None = None
+        self.commits = self.committed = 0
+        self.crash = os.environ.get("SQUALL_TEST_CRASH", "")
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": "Bearer " + (self.node.settings.node_credential or
+                                              self.node.node_token("heartbeat",
+                                                                   [self.node.node_id]))}
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        if not self.master:
+            raise Unavailable("this data node has no master (--master): no front door")
+        try:
+            r = await self._http.post(self.master + path, content=orjson.dumps(body),
+                                      headers={**self._auth(),
+                                               "Content-Type": "application/json"})
+        except httpx.HTTPError as e:
+            raise Unavailable(f"the master is unreachable from this node ({e!r})",
+                              retry_after=1) from e
+        data = orjson.loads(r.content) if r.content else {}
+        if r.status_code >= 400:
+            raise from_response(r.status_code, data, None)
+        return data
+
+    # -- blob ids --------------------------------------------------------------------------
+    async def take_ids(self, n: int) -> tuple[list[str], list[str], int]:
+        """`n` fresh blob ids (one block), the peers to replicate them to, the quorum."""
+        async with self._block_lock:
+            b = self._block
+            now = self.node.clock.now()
+            if b is None or b.used + n > b.count or now > b.expires_at - BLOCK_MARGIN_S:
+                g = BlockGrant.model_validate(await self._post(
+                    "/v1/nodes/blocks", {"node_id": self.node.node_id,
+                                         "count": max(BLOCK_IDS, n)}))
+                b = self._block = _Block(g.prefix, g.count, g.expires_at, g.replicas,
+                                         g.write_quorum)
+            ids = [f"{b.prefix}{i}" for i in range(b.used, b.used + n)]
+            b.used += n
+            return ids, b.replicas, b.quorum
+
+    def drop_block(self) -> None:
+        """A peer of the block failed: ask the master for a new placement next time."""
+        self._block = None
+
+    # -- one client request ----------------------------------------------------------------
+    async def enqueue(self, group: str, queue: str, tasks: list[dict[str, Any]]
+                      ) -> dict[str, Any]:
+        fields = ("pid", "not_before", "delay_secs", "idempotency_key")
+        items = [{k: t[k] for k in fields if t.get(k) is not None} for t in tasks]
+        with_payload = [i for i, t in enumerate(tasks) if t.get("payload") is not None]
+        if with_payload:
+            refs = await self._store([tasks[i]["payload"] for i in with_payload])
+            for i, ref in zip(with_payload, refs, strict=True):
+                items[i]["payload"] = ref
+        self._hook("after_store")
+        for it in items:
+            it["queue"] = queue
+        res = await self._commit({"group": group, "enqueue": items})
+        self._hook("after_commit")
+        return res
+
+    def _hook(self, where: str) -> None:
+        if self.crash == where:
+            log.warning("SQUALL_TEST_CRASH=%s: killing myself", where)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def _store(self, payloads: list[bytes]) -> list[dict[str, Any]]:
+        node = self.node
+        ids, peers, quorum = await self.take_ids(len(payloads))
+        frames = [Frame(b, d, crc32c(d)) for b, d in zip(ids, payloads, strict=True)]
+        body = b"".join(encode_frame(f.blob_id, f.data, crc=f.crc32c) for f in frames)
+        like = [BlobMeta(f.blob_id, 0, len(f.data), f.crc32c, 0, 0, 0) for f in frames]
+        local, remote = await asyncio.gather(
+            node.store.put_batch([(f.blob_id, f.data, f.crc32c) for f in frames]),
+            forward_batch(node, body, like, peers), return_exceptions=True)
+        if isinstance(local, BaseException):
+            raise local
+        if isinstance(remote, BaseException):
+            raise remote
+        node.puts += len(frames)
+        errors = [r for r in remote if isinstance(r, PeerError)]
+        good = [r for r in remote if not isinstance(r, PeerError)]
+        if errors:
+            node.peer_errors += len(errors)
+            self.drop_block()
+        if 1 + len(good) < quorum:
+            raise Unavailable(quorum_message(f"a front-door batch of {len(frames)} payloads",
+                                             1 + len(good), 1 + len(peers), quorum, errors),
+                              retry_after=1)
+        return [{"blob_id": m.blob_id, "size": m.size, "crc32c": m.crc32c,
+                 "replicas": [node.address, *(p[m.blob_id]["address"] for p in good)],
+                 "receipts": [node.receipt(m), *(p[m.blob_id]["receipt"] for p in good)]}
+                for m, _ in local]
+
+    # -- the group commit to the master ----------------------------------------------------
+    async def _commit(self, update: dict[str, Any]) -> dict[str, Any]:
+        if len(self._pending) >= COMMIT_PENDING_MAX:
+            raise Unavailable(f"{len(self._pending)} front-door requests wait for the master "
+                              "on this node; retry shortly", retry_after=1)
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_loop(), name="frontdoor-commit")
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending.append((update, fut))
+        self._wake.set()
+        return await fut
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch = self._pending[:COMMIT_UPDATES_MAX]
+                del self._pending[:COMMIT_UPDATES_MAX]
+                await self._commit_batch(batch)
+
+    async def _commit_batch(self, batch: list[tuple[dict[str, Any],
+                                                    asyncio.Future[dict[str, Any]]]]) -> None:
+        t0 = time.monotonic()
+        try:
+            ans = await self._post("/v1/nodes/commit", {"node_id": self.node.node_id,
+                                                        "updates": [u for u, _ in batch]})
+            results = ans["results"]
+            if not isinstance(results, list) or len(results) != len(batch):
+                raise ValueError(f"{len(results)} results for {len(batch)} updates")
+        except Exception as e:  # every waiting request gets an answer, whatever happened
+            err = e if isinstance(e, StatusError) else Unavailable(
+                f"committing to the master failed ({type(e).__name__}: {e}); retry")
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(err)
+            return
+        self.commits += 1
+        self.committed += len(batch)
+        log.debug("committed %d front-door requests in %.1f ms", len(batch),
+                  1000 * (time.monotonic() - t0))
+        for (_, fut), r in zip(batch, results, strict=True):
+            if fut.done():
+                continue
+            if "ok" in r:
+                fut.set_result(r["ok"])
+            else:
+                e = r.get("error") or {}
+                fut.set_exception(from_response(int(e.get("status", 500)), {"error": e}, None))
+
+    async def aclose(self) -> None:
+        if self._committer is not None:
+            self._committer.cancel()
+        await self._http.aclose()

@@ -1,0 +1,154 @@
+"""The data path of the client (issue 9): payloads read in batches (one request per data
+node), replica locations refreshed from the master, and ack + lease in one update; against
+a real local cluster (a master and data nodes as subprocesses)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from squall.client import Client, NewTask, NotFound
+from squall.client._blobs import BATCH_BLOB_BYTES
+from squall.client._cli_dev import DevCluster
+from tests.helpers import free_port_block, wait_for
+
+
+def start_cluster(data_dir: Path, nodes: int) -> DevCluster:
+    for _ in range(5):
+        c = DevCluster(data_dir, free_port_block(nodes + 1), nodes, heartbeat_interval_s=0.3)
+        try:
+            c.start()
+            return c
+        except RuntimeError as e:
+            c.stop()
+            if "in use" not in str(e):
+                raise
+    raise RuntimeError("no free ports")
+
+
+class Counting(httpx.HTTPTransport):
+    """Counts requests by (method, last path segment)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: Counter[tuple[str, str]] = Counter()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        kind = "blob" if path.startswith("/v1/blobs/") else path.rsplit("/", 1)[-1]
+        self.seen[(request.method, kind)] += 1
+        return super().handle_request(request)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    c = start_cluster(tmp_path_factory.mktemp("datapath"), 3)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_lease_with_payloads_reads_one_batch_per_node(cluster: DevCluster) -> None:
+    sizes = {"a0": 0, "a1": 1, "a2": 1000, "a3": BATCH_BLOB_BYTES - 1, "a4": BATCH_BLOB_BYTES,
+             "a5": BATCH_BLOB_BYTES + 1, "a6": 4 << 20}
+    blobs = {pid: os.urandom(n) for pid, n in sizes.items()}
+    blobs |= {f"b{i:03d}": os.urandom(100 + i) for i in range(200)}
+    t = Counting()
+    with Client(cluster.master_url, transport=t) as c:
+        c.put_many("dp#batch", (NewTask(v, pid=k) for k, v in blobs.items()))
+        c.put("dp#batch", pid="none")
+        t.seen.clear()
+        tasks = c.lease("dp#batch", 1000, 60, payloads=True)
+        assert len(tasks) == len(blobs) + 1
+        nodes = {x.payload_ref.replicas[0] for x in tasks if x.payload_ref}
+        # small payloads came in one batch read per data node; the large ones stay lazy
+        assert t.seen[("POST", "blobs:batch-get")] <= len(nodes)
+        assert t.seen[("GET", "blob")] == 0
+        lazy = {x.pid for x in tasks if not x.payload_loaded}
+        assert lazy == {"a5", "a6"}
+        got = {x.pid: x.payload() for x in tasks}
+        assert t.seen[("GET", "blob")] == 2  # only the lazy ones
+        assert got.pop("none") == b""
+        assert got == blobs
+        c.release(tasks)
+        # read_payloads on tasks leased without them: everything, in order
+        again = c.lease("dp#batch", 1000, 60)
+        t.seen.clear()
+        data = c.read_payloads(again)
+        assert data == [blobs.get(x.pid, b"") for x in again]
+        assert t.seen[("POST", "blobs:batch-get")] <= len(nodes)
+        assert all(x.payload_loaded for x in again)
+        c.done(again)
+
+
+def test_done_and_lease_in_one_update(cluster: DevCluster) -> None:
+    with Client(cluster.master_url) as c:
+        c.put_many("dp#ack", [NewTask(b"x%d" % i, pid=f"p{i}") for i in range(5)])
+        first = c.lease("dp#ack", 2, 60)
+        ticket = c.stats().wal_ticket  # type: ignore[union-attr]
+        nxt = c.lease("dp#ack", 2, 60, done=first, payloads=True)
+        assert [x.pid for x in nxt] == ["p2", "p3"]
+        assert all(x.finished for x in first) and [x.payload() for x in nxt] == [b"x2", b"x3"]
+        assert c.stats().wal_ticket == ticket + 1  # type: ignore[union-attr]  # one record
+        s = c.stats("dp#ack")
+        assert (s.completed, s.leased, s.available) == (2, 2, 1)
+        # all or nothing: a task in `done` already dequeued: nothing is leased either
+        with pytest.raises(NotFound):
+            c.lease("dp#ack", 1, 60, done=[first[0]])
+        assert c.stats("dp#ack").available == 1
+        # the same group only
+        with pytest.raises(Exception, match="one group"):
+            c.lease("other#ack", 1, 60, done=nxt)
+        c.done(nxt)
+
+
+def test_stale_replicas_are_refreshed_from_the_master(tmp_path: Path) -> None:
+    cl = start_cluster(tmp_path / "cl", 3)
+    try:
+        with Client(cl.master_url) as c:
+            data = os.urandom(3000)
+            c.put("dp#moved", data, pid="x")
+            [task] = c.lease("dp#moved", 1, 300)
+            assert task.payload_ref is not None
+            listed = list(task.payload_ref.replicas)
+            port_of = {cl.node_url(i): i for i in cl.node_procs}
+            a, b = (port_of[u] for u in listed)
+            cl.kill_node(a)  # the master copies the blob to the third node ...
+            wait_for(lambda: (i := c.task("dp#moved", "x").payload) is not None
+                     and len([u for u in i.replicas if u not in listed]) == 1
+                     and c.cluster().under_replicated == 0, 60, what="re-replication")
+            cl.kill_node(b)  # ... and now both nodes the lease answer named are gone
+            assert task.payload() == data
+            assert set(task.payload_ref.replicas) - set(listed)  # the refreshed list
+    finally:
+        cl.stop()
+
+
+def test_task_lookup_answers_group_and_name(cluster: DevCluster) -> None:
+    with Client(cluster.master_url) as c:
+        c.put("dp#look", pid="x")
+        assert c.task("dp#look", "x").queue == "dp#look"
+        assert [t.queue for t in c.tasks("dp#look")] == ["dp#look"]
+        c.done(c.lease("dp#look", 1))
+
+
+@pytest.mark.parametrize(("role", "args", "why"), [
+    ("master", ["--replication-factor", "2", "--write-quorum", "3"], "write_quorum 3"),
+    ("master", ["--heartbeat-interval-s", "0"], "heartbeat_interval_s"),
+    ("datanode", ["--heartbeat-interval-s", "0", "--advertise", "http://127.0.0.1:1"],
+     "heartbeat-interval-s"),
+])
+def test_bad_cluster_settings_are_refused(tmp_path: Path, role: str, args: list[str],
+                                          why: str) -> None:
+    r = subprocess.run([sys.executable, "-m", f"squall.{role}", "--data-dir",
+                        str(tmp_path / role), "--port", "1", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and why in r.stderr + r.stdout

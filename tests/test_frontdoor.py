@@ -1,0 +1,136 @@
+"""The data-node front door (issue 9): small payloads enqueued in one client round trip,
+byte identity around its size limit, and a front-door node SIGKILLed between storing and
+committing (an orphan, collected) and between committing and answering (the client's retry
+collapses: nothing enqueued twice)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgpack
+import pytest
+
+from squall.client import Client, NewTask
+from squall.client._cli_dev import DevCluster
+from squall.client._frontdoor import MAX_BYTES
+from tests.helpers import free_port_block, wait_for
+
+GRACE_S = 8.0  # the master's orphan grace in the crash test (blocks live a quarter of it)
+
+
+def start_cluster(data_dir: Path, nodes: int, env: dict[str, str] | None = None
+                  ) -> DevCluster:
+    for _ in range(5):
+        c = DevCluster(data_dir, free_port_block(nodes + 1), nodes, heartbeat_interval_s=0.3,
+                       extra_env=env)
+        try:
+            c.start()
+            return c
+        except RuntimeError as e:
+            c.stop()
+            if "in use" not in str(e):
+                raise
+    raise RuntimeError("no free ports")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    c = start_cluster(tmp_path_factory.mktemp("frontdoor"), 3)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_small_payloads_take_the_front_door(cluster: DevCluster) -> None:
+    sizes = {"s0": 0, "s1": 1, "s2": 1000, "s3": MAX_BYTES - 1, "s4": MAX_BYTES}
+    blobs = {k: os.urandom(n) for k, n in sizes.items()}
+    with Client(cluster.master_url) as c:
+        for k, v in blobs.items():
+            assert not c.put("fd#small", v, pid=k).collapsed
+        assert c.put("fd#small", blobs["s2"], pid="s2").collapsed  # a resend collapses
+        assert c._core.front is not None and c._core.front.used == 6
+        assert c.put_many("fd#small", (NewTask(os.urandom(100), pid=f"m{i:03d}")
+                                       for i in range(300))) == 300
+        big = os.urandom(MAX_BYTES + 1)
+        c.put("fd#small", big, pid="t-big")  # over the limit: the streamed path
+        assert c._core.front.used == 9 and c._core.front.fallbacks == 0
+        tasks = c.lease("fd#small", 1000, 60, payloads=True)
+        got = {t.pid: t.payload() for t in tasks}
+        assert len(got) == 306 and got["t-big"] == big
+        assert {k: got[k] for k in blobs} == blobs
+        for t in tasks:  # receipts from the write quorum: the master lists two holders
+            assert t.payload_ref is not None and len(t.payload_ref.replicas) == 2
+        c.done(tasks)
+
+
+def _first(c: Client, url: str, nodes: list[str]) -> None:
+    """Make the client's front door try `url` first next."""
+    fd = c._core.front
+    assert fd is not None
+    fd._nodes, fd._at = [url, *(n for n in nodes if n != url)], time.monotonic() + 3600
+    fd._turn = -1
+
+
+def _blobs(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    m = re.search(r"^squall_datanode_blobs (\S+)$", text, re.M)
+    return float(m[1]) if m else -1
+
+
+@pytest.mark.parametrize("crash", ["after_store", "after_commit"])
+def test_front_door_node_killed(tmp_path: Path, crash: str) -> None:
+    cl = start_cluster(tmp_path / "cl", 3, {"SQUALL_ORPHAN_GRACE_S": str(GRACE_S)})
+    try:
+        nodes = [cl.node_url(i) for i in (1, 2, 3)]
+        cl.kill_node(1)  # node 1 comes back armed to SIGKILL itself mid-request
+        cl.env = {**cl.env, "SQUALL_TEST_CRASH": crash}
+        cl.start_node(1)
+        cl._wait(nodes[0] + "/readyz", cl.node_procs[1], "node-1", 60)
+        cl.wait_alive(3)
+        data = os.urandom(5000)
+        with Client(cl.master_url) as c:
+            _first(c, nodes[0], nodes)
+            r = c.put("fd#crash", data)  # FIFO: the client makes the pid, resends carry it
+            assert not r.collapsed  # (a resend that collapses into our own first attempt)
+            wait_for(lambda: cl.node_procs[1].poll() is not None, 10, what="node 1 died")
+            s = c.stats("fd#crash")
+            assert s.total == 1  # once, whichever node's attempt the master applied
+            [t] = c.lease("fd#crash", 10, 60)
+            assert t.pid == r.pid and t.payload() == data
+            c.done(t)
+            if crash == "after_store":
+                # node 1 stored and replicated, then died before committing: the copies
+                # on the live nodes belong to no task, and the master collects them
+                wait_for(lambda: sum(_blobs(u) for u in nodes[1:]) == 0, 60,
+                         what="the orphan and the dequeued blob collected")
+    finally:
+        cl.stop()
+
+
+@pytest.mark.parametrize(("ctype", "body", "status"), [
+    ("text/plain", msgpack.packb({"tasks": [{"pid": "a"}]}), 400),
+    ("application/msgpack", b"\xc1garbage", 400),
+    ("application/msgpack", msgpack.packb([1, 2]), 400),
+    ("application/msgpack", msgpack.packb({"tasks": []}), 400),
+    ("application/msgpack", msgpack.packb({"tasks": [{"pid": 5}]}), 400),
+    ("application/msgpack", msgpack.packb({"tasks": [{"pid": "a", "x": 1}]}), 400),
+    ("application/msgpack", msgpack.packb({"tasks": [{"pid": "a", "payload": "str"}]}), 400),
+    ("application/msgpack", msgpack.packb({"tasks": [{"pid": "a", "delay_secs": True}]}),
+     400),
+    ("application/msgpack", msgpack.packb({"tasks": [{"pid": "a" * 2000}]}), 413),
+    ("application/msgpack", msgpack.packb({"tasks": [{"pid": "a",
+                                                     "payload": b"x" * (MAX_BYTES + 1)}]}),
+     413),
+])
+def test_front_door_bad_input(cluster: DevCluster, ctype: str, body: bytes,
+                              status: int) -> None:
+    r = httpx.post(cluster.node_url(1) + "/v1/groups/fd/queues/bad/tasks", content=body,
+                   headers={"Content-Type": ctype}, timeout=30)
+    assert r.status_code == status, r.text
+    assert set(r.json()["error"]) >= {"code", "message"}

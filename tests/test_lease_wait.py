@@ -1,0 +1,144 @@
+"""Waiting leases (``wait_secs``, SQS long polling): answered as soon as a task becomes
+available (enqueue, release, delay end, expiry), empty at the deadline, bounded per queue
+and in total, and answered at once when the master stops (graceful) or fails fast when it
+dies (SIGKILL), with the client going on against the restarted master."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from squall.client import AsyncClient, Client, Overloaded, TransportError, Unavailable
+from squall.common.clock import ManualClock
+from squall.master.app import create_master_app
+from squall.master.service import Master, MasterSettings
+from tests.helpers import MasterProcess, wait_for
+
+Env = tuple[AsyncClient, Master, ManualClock]
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    clock = ManualClock()
+    settings = MasterSettings(data_dir=str(tmp_path / "m"), lease_waiters_per_queue=2,
+                              lease_waiters_max=3, lease_wait_max_s=10.0)
+    app = create_master_app(settings, clock=clock, background=False)
+    async with app.router.lifespan_context(app), \
+            AsyncClient("http://master", transport=httpx.ASGITransport(app=app),
+                        retries=0) as c:
+        yield c, app.state.master, clock
+
+
+async def _parked(m: Master, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while m.waiters.total < n:
+        assert time.monotonic() < deadline, f"{n} leases never parked"
+        await asyncio.sleep(0.005)
+
+
+async def test_parked_lease_answers_on_enqueue_and_release(env: Env) -> None:
+    c, m, _ = env
+    t0 = time.monotonic()
+    waiting = asyncio.create_task(c.lease("w#q", 5, 30, wait_secs=10))
+    await _parked(m, 1)
+    await c.put("w#q", pid="a")
+    [task] = await asyncio.wait_for(waiting, 5)
+    assert task.pid == "a" and time.monotonic() - t0 < 5
+    assert m.waiters.total == 0
+    waiting = asyncio.create_task(c.lease("w#q", 5, 30, wait_secs=10))
+    await _parked(m, 1)
+    await task.release()
+    [again] = await asyncio.wait_for(waiting, 5)
+    assert again.pid == "a" and again.attempts == 2
+
+
+async def test_parked_lease_answers_when_a_delay_ends_or_a_lease_expires(env: Env) -> None:
+    c, m, clock = env
+    await c.put("w#d", pid="later", delay=60)
+    waiting = asyncio.create_task(c.lease("w#d", 1, 30, wait_secs=10))
+    await _parked(m, 1)
+    clock.advance(61)
+    await m.tick()  # the sweeper makes it due and wakes the parked lease
+    [task] = await asyncio.wait_for(waiting, 5)
+    assert task.pid == "later"
+    waiting = asyncio.create_task(c.lease("w#d", 1, 30, wait_secs=10))
+    await _parked(m, 1)
+    clock.advance(31)
+    await m.tick()
+    [again] = await asyncio.wait_for(waiting, 5)
+    assert again.pid == "later" and again.attempts == 2
+
+
+async def test_empty_at_the_deadline_and_other_queues_do_not_answer(env: Env) -> None:
+    c, m, _ = env
+    t0 = time.monotonic()
+    waiting = asyncio.create_task(c.lease("w#empty", 1, 30, wait_secs=0.4))
+    await _parked(m, 1)
+    await c.put("w#other", pid="x")  # another queue: a spurious wake at most
+    assert await asyncio.wait_for(waiting, 5) == []
+    assert time.monotonic() - t0 >= 0.39
+    assert m.waiters.total == 0
+
+
+async def test_bounds_per_queue_and_in_total(env: Env) -> None:
+    c, m, _ = env
+    parked = [asyncio.create_task(c.lease("w#b", 1, 30, wait_secs=10)) for _ in range(2)]
+    await _parked(m, 2)
+    with pytest.raises(Overloaded) as e:
+        await c.lease("w#b", 1, 30, wait_secs=10)
+    assert e.value.retry_after == 1
+    parked.append(asyncio.create_task(c.lease("w#b2", 1, 30, wait_secs=10)))
+    await _parked(m, 3)
+    with pytest.raises(Unavailable):
+        await c.lease("w#b3", 1, 30, wait_secs=10)
+    assert await c.lease("w#b3", 1, 30) == []  # a lease that does not wait still works
+    m.waiters.close()  # shutdown: every parked lease answers at once, empty
+    assert await asyncio.wait_for(asyncio.gather(*parked), 5) == [[], [], []]
+    assert m.waiters.total == 0
+
+
+def test_parked_lease_when_the_master_stops_or_dies(tmp_path: Path) -> None:
+    master = MasterProcess(str(tmp_path / "m")).start()
+    try:
+        with Client(master.url, retries=0) as c:
+            out: list[object] = []
+
+            def lease() -> None:
+                t0 = time.monotonic()
+                try:
+                    out.append(c.lease("w#r", 1, 30, wait_secs=20))
+                except TransportError as e:
+                    out.append(e)
+                out.append(time.monotonic() - t0)
+
+            def parked_then(stop: object) -> list[object]:
+                out.clear()
+                th = threading.Thread(target=lease)
+                th.start()
+                wait_for(lambda: "squall_lease_waiting 1.0" in httpx.get(
+                    master.url + "/metrics").text, 10, what="the lease to park")
+                stop()  # type: ignore[operator]
+                th.join(15)
+                assert not th.is_alive()
+                return list(out)
+
+            # a graceful stop answers the parked lease at once, empty
+            got, took = parked_then(master.stop)
+            assert got == [] and took < 10
+            master.fixed_port = True
+            master.start()
+            # SIGKILL: the connection breaks, the client gets a clean TransportError ...
+            got, took = parked_then(master.kill9)
+            assert isinstance(got, TransportError) and took < 10
+            master.start()
+            # ... and goes on against the restarted master
+            c.put("w#r", pid="after")
+            assert [t.pid for t in c.lease("w#r", 1, 30, wait_secs=5)] == ["after"]
+    finally:
+        master.stop()

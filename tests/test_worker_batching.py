@@ -1,0 +1,123 @@
+"""The Worker's data path (issue 9): a dequeue the master could not take is retried while
+the lease lasts (never released with an error, never dead-lettered), an idle worker long-
+polls instead of polling, a sync Client's own transport is kept, and finished tasks are
+acknowledged in coalesced updates."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import squall.client as sc
+from squall.client import AsyncClient, Client, NewTask, Worker
+from squall.master.app import create_master_app
+from squall.master.service import MasterSettings
+from tests.helpers import MasterProcess, wait_for
+
+
+class Flaky(httpx.AsyncBaseTransport):
+    """Forwards to an in-process master; answers 503 to the first `fail_dequeues` updates
+    that carry dequeues, and counts requests by path end."""
+
+    def __init__(self, app: Any, fail_dequeues: int = 0) -> None:
+        self.inner = httpx.ASGITransport(app=app)
+        self.fail_dequeues = fail_dequeues
+        self.seen: Counter[str] = Counter()
+        self.dequeued: list[int] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        end = request.url.path.rsplit("/", 1)[-1]
+        self.seen[end] += 1
+        if end == "update":
+            body = await request.aread()
+            if b'"dequeue":[{' in body:
+                self.dequeued.append(body.count(b'"token"'))
+                if self.fail_dequeues > 0:
+                    self.fail_dequeues -= 1
+                    return httpx.Response(503, json={"error": {"code": "unavailable",
+                                                               "message": "restarting"}})
+        return await self.inner.handle_async_request(request)
+
+
+@pytest.fixture
+async def app(tmp_path: Path) -> AsyncIterator[Any]:
+    a = create_master_app(MasterSettings(data_dir=str(tmp_path / "m"), sweep_interval_s=0.02))
+    async with a.router.lifespan_context(a):
+        yield a
+
+
+async def test_done_is_retried_while_the_lease_lasts(app: Any) -> None:
+    flaky = Flaky(app, fail_dequeues=5)
+    async with AsyncClient("http://m", transport=flaky, retries=0) as c:
+        await c.set_policy("wk#once", max_attempts=1)
+        await c.put("wk#once", pid="only")
+
+        async def handler(task: sc.AsyncLeasedTask) -> None:
+            return None
+
+        stats = await asyncio.wait_for(Worker(c, "wk#once", handler, burst=True,
+                                              lease_secs=30).arun(install_signals=False), 60)
+        assert (stats.done, stats.failed, stats.lost) == (1, 0, 0)
+        assert len(flaky.dequeued) == 6  # five refusals, then saved
+        assert (await c.stats("wk#once")).completed == 1
+        assert await c.dead_letters("wk#once") == []
+
+
+async def test_idle_worker_long_polls_and_acks_in_batches(app: Any) -> None:
+    flaky = Flaky(app)
+    async with AsyncClient("http://m", transport=flaky) as c:
+        done: list[str] = []
+
+        async def handler(task: sc.AsyncLeasedTask) -> None:
+            assert await task.payload() == b""
+            done.append(task.pid)
+
+        w = Worker(c, "wk#idle", handler, concurrency=50, wait_s=5.0)
+        run = asyncio.create_task(w.arun(install_signals=False))
+        await asyncio.sleep(0.5)  # idle: one lease parked on the master, no polling
+        assert flaky.seen["lease"] <= 3
+        await c.put_many("wk#idle", [NewTask(pid=f"{i:03d}") for i in range(200)])
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(done) < 200:
+            assert asyncio.get_running_loop().time() < deadline, len(done)
+            await asyncio.sleep(0.01)
+        w.stop()
+        stats = await asyncio.wait_for(run, 30)
+        assert stats.done == 200 and sorted(done) == [f"{i:03d}" for i in range(200)]
+        # acks were coalesced: far fewer updates than tasks
+        assert sum(flaky.dequeued) == 200 and len(flaky.dequeued) < 100
+        assert (await c.stats("wk#idle")).total == 0
+
+
+class SyncOnly(httpx.BaseTransport):
+    """A custom sync transport (no async face) that counts what goes through it."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            self.n += 1
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_worker_keeps_a_sync_clients_transport(master_proc: MasterProcess) -> None:
+    t = SyncOnly()
+    with Client(master_proc.url, transport=t) as c:
+        c.put_many("wk#t", [NewTask(pid=f"{i}") for i in range(20)])
+        before = t.n
+        stats = Worker(c, "wk#t", lambda task: None, burst=True).run()
+        assert stats.done == 20 and t.n > before  # the worker's calls went through it
+        wait_for(lambda: c.stats("wk#t").total == 0, 5)
