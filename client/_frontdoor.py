@@ -11,8 +11,9 @@ door, quorum not met) is skipped for a while and the next one is tried; when non
 to three takes the batch, the caller falls back to the classic path, and the front door
 rests for ``NODES_TTL_S``. Bad input and credential errors are raised as they are.
 The client's credential goes with the request (the node checks role producer and the
-group, as the master would). Every task carries a client-made pid, so a request whose answer was lost (the node
-committed, then died) collapses into the first attempt wherever it is resent.
+group, as the master would). Every task carries a client-made pid, so a request whose
+answer was lost (the node committed, then died) collapses into the first attempt wherever
+it is resent.
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ _CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.U
 
 
 class MasterAuth(httpx.Auth):
-    """Adds ``Authorization: Bearer <credential>`` to requests for the master only (data
-    nodes get the payload tokens the master hands out, never the credential). The
-    credential is `token`, else ``$SQUALL_TOKEN``."""
+    """Adds ``Authorization: Bearer <credential>`` to requests for the master only (blob
+    requests to data nodes carry the payload tokens the master hands out; the front door
+    sets the credential itself, ``client/_frontdoor.py``). The credential is `token`, else
+    ``$SQUALL_TOKEN``."""
 
     def __init__(self, master: str, token: str | None) -> None:
         self.token = token or os.environ.get("SQUALL_TOKEN") or None

@@ -267,8 +267,19 @@ async def test_heartbeat_carries_revocations_and_node_credentials(apps: dict[str
         assert auth.credential_id(gone) in r.json()["revoked"]
         r = await c.post("/v1/nodes/heartbeat", json={**beat, "node_id": "n2"}, headers=h)
         assert r.status_code == 403, r.text
+        # the front door's routes: the same rule (n1 exists now, so n1 gets its block)
+        r = await c.post("/v1/nodes/blocks", json={"node_id": "n1", "count": 10}, headers=h)
+        assert r.status_code in (200, 503), r.text  # 503: no peer for RF 2 (not a refusal)
+        commit = {"node_id": "n2", "updates": [{"group": "g", "enqueue": [
+            {"queue": "q", "pid": "p"}]}]}
+        for path, body in (("/v1/nodes/blocks", {"node_id": "n2", "count": 10}),
+                           ("/v1/nodes/commit", commit)):
+            r = await c.post(path, json=body, headers=h)
+            assert r.status_code == 403, (path, r.text)
         h = {"Authorization": f"Bearer {mint('admin')}"}
         assert (await c.post("/v1/nodes/heartbeat", json=beat, headers=h)).status_code == 403
+        assert (await c.post("/v1/nodes/commit", json={**commit, "node_id": "n1"},
+                             headers=h)).status_code == 403  # admin is no node
 
 
 async def test_dashboard_page_is_public_its_data_is_admin(tmp_path) -> None:  # type: ignore[no-untyped-def]

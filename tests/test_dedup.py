@@ -34,7 +34,7 @@ async def master(data_dir: Path, clock: ManualClock
     app = create_master_app(MasterSettings(data_dir=str(data_dir), dedup_retention_s=300),
                             clock=clock, background=False)
     async with app.router.lifespan_context(app), \
-            AsyncClient("http://m", transport=httpx.ASGITransport(app=app)) as c:
+            AsyncClient("http://127.0.0.1", transport=httpx.ASGITransport(app=app)) as c:
         yield c, app.state.master
 
 

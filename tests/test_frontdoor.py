@@ -18,7 +18,7 @@ import pytest
 from squall.client import Client, NewTask
 from squall.client._cli_dev import DevCluster
 from squall.client._frontdoor import MAX_BYTES
-from tests.helpers import free_port_block, wait_for
+from tests.helpers import ADMIN, free_port_block, wait_for
 
 GRACE_S = 8.0  # the master's orphan grace in the crash test (blocks live a quarter of it)
 
@@ -78,7 +78,7 @@ def _first(c: Client, url: str, nodes: list[str]) -> None:
 
 
 def _blobs(url: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=5).text
+    text = httpx.get(url + "/metrics", headers=ADMIN, timeout=5).text
     m = re.search(r"^squall_datanode_blobs (\S+)$", text, re.M)
     return float(m[1]) if m else -1
 
@@ -114,7 +114,7 @@ def test_front_door_node_killed(tmp_path: Path, crash: str) -> None:
 
 
 @pytest.mark.parametrize(("ctype", "body", "status"), [
-    ("text/plain", msgpack.packb({"tasks": [{"pid": "a"}]}), 400),
+    ("text/plain", msgpack.packb({"tasks": [{"pid": "a"}]}), 415),  # never a browser's
     ("application/msgpack", b"\xc1garbage", 400),
     ("application/msgpack", msgpack.packb([1, 2]), 400),
     ("application/msgpack", msgpack.packb({"tasks": []}), 400),
@@ -131,6 +131,6 @@ def test_front_door_node_killed(tmp_path: Path, crash: str) -> None:
 def test_front_door_bad_input(cluster: DevCluster, ctype: str, body: bytes,
                               status: int) -> None:
     r = httpx.post(cluster.node_url(1) + "/v1/groups/fd/queues/bad/tasks", content=body,
-                   headers={"Content-Type": ctype}, timeout=30)
+                   headers={"Content-Type": ctype, **ADMIN}, timeout=30)
     assert r.status_code == status, r.text
     assert set(r.json()["error"]) >= {"code", "message"}

@@ -18,7 +18,7 @@ from squall.client import AsyncClient, Client, Overloaded, TransportError, Unava
 from squall.common.clock import ManualClock
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
-from tests.helpers import MasterProcess, wait_for
+from tests.helpers import ADMIN, MasterProcess, wait_for
 
 Env = tuple[AsyncClient, Master, ManualClock]
 
@@ -30,7 +30,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
                               lease_waiters_max=3, lease_wait_max_s=10.0)
     app = create_master_app(settings, clock=clock, background=False)
     async with app.router.lifespan_context(app), \
-            AsyncClient("http://master", transport=httpx.ASGITransport(app=app),
+            AsyncClient("http://127.0.0.1", transport=httpx.ASGITransport(app=app),
                         retries=0) as c:
         yield c, app.state.master, clock
 
@@ -122,7 +122,7 @@ def test_parked_lease_when_the_master_stops_or_dies(tmp_path: Path) -> None:
                 th = threading.Thread(target=lease)
                 th.start()
                 wait_for(lambda: "squall_lease_waiting 1.0" in httpx.get(
-                    master.url + "/metrics").text, 10, what="the lease to park")
+                    master.url + "/metrics", headers=ADMIN).text, 10, what="the lease to park")
                 stop()  # type: ignore[operator]
                 th.join(15)
                 assert not th.is_alive()

@@ -55,7 +55,7 @@ async def app(tmp_path: Path) -> AsyncIterator[Any]:
 
 async def test_done_is_retried_while_the_lease_lasts(app: Any) -> None:
     flaky = Flaky(app, fail_dequeues=5)
-    async with AsyncClient("http://m", transport=flaky, retries=0) as c:
+    async with AsyncClient("http://127.0.0.1", transport=flaky, retries=0) as c:
         await c.set_policy("wk#once", max_attempts=1)
         await c.put("wk#once", pid="only")
 
@@ -72,7 +72,7 @@ async def test_done_is_retried_while_the_lease_lasts(app: Any) -> None:
 
 async def test_idle_worker_long_polls_and_acks_in_batches(app: Any) -> None:
     flaky = Flaky(app)
-    async with AsyncClient("http://m", transport=flaky) as c:
+    async with AsyncClient("http://127.0.0.1", transport=flaky) as c:
         done: list[str] = []
 
         async def handler(task: sc.AsyncLeasedTask) -> None:

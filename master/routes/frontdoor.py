@@ -25,8 +25,8 @@ from fastapi import APIRouter, Request
 
 from squall.common.cluster import BlockGrant, BlockRequest, NodeCommitRequest, NodeCommitResponse
 from squall.common.errors import Overloaded, StatusError, Unavailable
-from squall.common.models import UpdateRequest
 from squall.common.guard import PRINCIPAL
+from squall.common.models import UpdateRequest
 from squall.common.tokens import bearer, verify
 from squall.master.deps import MasterDep, client_addr
 from squall.master.http import ERROR_RESPONSES, JSON
