@@ -42,8 +42,8 @@ from squall.common.models import EnqueueResult
 QueueArg = Annotated[str, typer.Argument(help="queue, written group#name (group: default)")]
 PidArg = Annotated[str, typer.Argument(help="the task's pid")]
 # the lease token; `--token` after the verb is kept as an alias (`squall --token CRED`,
-# before the verb, is the credential: a string, never an integer)
-TokenOpt = Annotated[int, typer.Option("--lease-token", "--token", "-t",
+# before the verb, is the credential; a lease token looks like `123.<32 hex digits>`)
+TokenOpt = Annotated[str, typer.Option("--lease-token", "--token", "-t",
                                        help="the lease token (from `squall lease`)")]
 
 

@@ -72,7 +72,7 @@ def pid_segment(pid: str) -> str:
     return seg.replace(".", "%2E") if seg in (".", "..") else seg
 
 
-def held_wire(queue: str, pid: str, token: int) -> tuple[WireTask, str]:
+def held_wire(queue: str, pid: str, token: str) -> tuple[WireTask, str]:
     """The wire form of a task known only by queue, pid and lease token (and its group)."""
     group, name = split_queue(queue)
     return WireTask(queue=name, pid=pid, token=token, expires_at=0.0, attempts=0,

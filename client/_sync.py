@@ -278,7 +278,7 @@ class Client:
         """Remove a queued (available or delayed) task by pid without leasing it."""
         return self._run(self._core.cancel(queue, pid))
 
-    def held(self, queue: str, pid: str, token: int) -> LeasedTask:
+    def held(self, queue: str, pid: str, token: str) -> LeasedTask:
         """A task leased elsewhere (e.g. by ``squall lease``), known by pid and lease token,
         to ``done()``, ``release()`` or ``renew()`` (its payload reference is not known)."""
         return self._task(*held_wire(queue, pid, token))

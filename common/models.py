@@ -23,7 +23,11 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 Pid = Annotated[str, Field(min_length=1, max_length=PID_MAX_BYTES,
                            description="priority-ID: queues serve the smallest pid first")]
-Token = Annotated[int, Field(ge=1, lt=1 << 63, description="lease token (fencing number)")]
+LEASE_TOKEN_PATTERN = r"^[0-9]{1,20}\.[0-9a-f]{32}$"
+Token = Annotated[str, Field(
+    min_length=34, max_length=53, pattern=LEASE_TOKEN_PATTERN,
+    description="lease token, as the lease answered it: opaque, good for one lease of one "
+                "task (`<fencing number>.<mac>`; the number grows with every lease)")]
 LeaseSecs = Annotated[float, Field(gt=0, le=MAX_LEASE_SECS)]
 DelaySecs = Annotated[float, Field(ge=0, le=MAX_DELAY_SECS)]
 EpochSecs = Annotated[float, Field(ge=0, le=1e11)]
@@ -130,7 +134,8 @@ class RenewResult(_M):
 class LeasedTask(_M):
     queue: str
     pid: str
-    token: int
+    token: str = Field(description="lease token: pass it back to dequeue, renew or release "
+                       "(opaque; the fencing number it carries grows with every lease)")
     expires_at: float
     attempts: int = Field(description="times this task has been leased, this lease included")
     enqueued_at: float

@@ -8,10 +8,13 @@ raises before anything is applied; the transaction then aborts and nothing is lo
 Leases: a lease sets the task LEASED with a new token from one global sequence (tokens are
 never reused, so a token from a dequeued-and-requeued task can never match). The holder of
 the current token may renew, release or dequeue; an expired lease keeps its token valid
-until someone else leases the task. The sweeper (:meth:`Engine.sweep`) moves due timers
-(expired leases, delays that ended) to ``ready``; it runs before every lease and in the
-background, so an expired task is hidden for at most one sweep interval. With a retry
-backoff policy an expired task waits out its backoff first (its token still valid).
+until someone else leases the task. On the wire a token is that number sealed with a MAC
+(:mod:`squall.master.leasetokens`): sealed in lease answers, opened in :meth:`Engine.held`,
+where a forged or borrowed token opens to 0 and is refused as stale. The sweeper
+(:meth:`Engine.sweep`) moves due timers (expired leases, delays that ended) to ``ready``;
+it runs before every lease and in the background, so an expired task is hidden for at
+most one sweep interval. With a retry backoff policy an expired task waits out its backoff
+first (its token still valid).
 
 Dead letters (SQS's maxReceiveCount): when a task that has been leased ``max_attempts``
 times comes up for lease again, or its holder releases it with an error on its last
@@ -54,6 +57,7 @@ from squall.master.index import (
     pidkey,
     qprefix,
 )
+from squall.master.leasetokens import LeaseTokens
 from squall.master.ops import Op
 
 AUTO_PID_DIGITS = 20
@@ -141,11 +145,12 @@ def _plain_payload(p: PayloadRef) -> dict[str, Any]:
 
 
 class Engine:
-    def __init__(self, index: Index, clock: Clock,
+    def __init__(self, index: Index, clock: Clock, tokens: LeaseTokens,
                  store_payload: Callable[[PayloadRef], dict[str, Any]] = _plain_payload
                  ) -> None:
         self.index = index
         self.clock = clock
+        self.tokens = tokens  # fencing numbers <-> wire tokens (see leasetokens.py)
         self.store_payload = store_payload  # checks a payload's write receipts
         self.swept_expired = 0
         self.swept: list[tuple[str, str]] = []  # queues the last sweep made tasks due in
@@ -222,10 +227,11 @@ class Engine:
                            info)
         if t.token == 0:
             raise LeaseLost(f"{where} is not leased; lease it before acting on it.", info)
-        if t.token != ref.token:
+        # a token this master did not issue for this task opens to 0: answered as stale
+        if t.token != self.tokens.open(v.group, ref.queue, ref.pid, ref.token):
             raise LeaseLost(
-                f"{where}: lease token {ref.token} is stale; the task was leased again since "
-                f"(current token {t.token}). Another worker owns it now: drop this result.",
+                f"{where}: lease token {ref.token} is stale (or not this task's); the task "
+                "was leased again since. Another worker owns it now: drop this result.",
                 info)
         if not t.live:
             raise LeaseLost(f"{where}: lease token {ref.token} was given up (released or "
@@ -296,7 +302,8 @@ class Engine:
             t.attempts += 1
             t.leased_ms, t.worker, t.worker_addr = now, req.worker, worker_addr
             v.put(q, t, enqueue=False)
-            leased.append({"queue": queue, "pid": t.pid, "token": t.token,
+            leased.append({"queue": queue, "pid": t.pid,
+                           "token": self.tokens.seal(group, queue, t.pid, t.token),
                            "expires_at": expiry / 1000, "attempts": t.attempts,
                            "enqueued_at": t.enqueued_ms / 1000, "payload": t.payload})
         v.plan.events[(group, queue, "lease")] += len(leased)

@@ -46,6 +46,7 @@ from squall.master.commit import GroupCommit
 from squall.master.dedup import Dedup
 from squall.master.engine import Engine, Plan
 from squall.master.index import LEASED, Index, QueueRec
+from squall.master.leasetokens import LeaseTokens, load_or_make_key
 from squall.master.ops import apply, replay
 from squall.master.placement import Placement
 from squall.master.stats import Meters
@@ -80,6 +81,7 @@ class MasterSettings:
     lease_waiters_per_queue: int = 100  # parked leases per queue (429 beyond)
     lease_waiters_max: int = 1000  # parked leases in all (503 beyond)
     dedup_retention_s: float = 300.0  # window of enqueue idempotency keys (see dedup.py)
+    lease_key: bytes | None = None  # seals lease tokens; None: <data_dir>/lease.key
 
 
 class Master:
@@ -97,7 +99,9 @@ class Master:
                                lambda after, n: blob_ids_after(self.index.env,
                                                                self.index.blobs, after, n))
         self.placement = Placement(self.cluster, self.key, settings.require_receipts)
-        self.engine = Engine(self.index, self.clock, self.placement.verify)
+        lease_key = settings.lease_key or load_or_make_key(settings.data_dir)
+        self.engine = Engine(self.index, self.clock, LeaseTokens(lease_key),
+                             self.placement.verify)
         self.dedup = self.engine.dedup = Dedup(self.index.dedup, settings.dedup_retention_s)
         self.meters = Meters()
         self.waiters = Waiters(settings.lease_wait_max_s, settings.lease_waiters_per_queue,

@@ -36,6 +36,24 @@ os.environ["SQUALL_TOKEN"] = ADMIN_TOKEN
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # headers for raw HTTP calls
 
 
+# lease tokens on the wire are `<fencing number>.<mac>` (master/leasetokens.py)
+FAKE_TOKEN = "1." + "0" * 32  # well formed, never issued: stands in where any token does
+
+
+def lease_seq(token: str) -> int:
+    """The fencing number a lease token carries (it grows with every lease)."""
+    return int(token.partition(".")[0])
+
+
+def forge_token(token: str, seq: int | None = None, flip: bool = False) -> str:
+    """A well-formed token the master never issued: `token`'s mac with another number, or
+    (``flip``) its number with one mac digit changed."""
+    n, _, mac = token.partition(".")
+    if flip:
+        mac = mac[:-1] + ("0" if mac[-1] != "0" else "1")
+    return f"{n if seq is None else seq}.{mac}"
+
+
 def master_auth(master_url: str) -> httpx.Auth:
     """httpx `auth=` sending the admin credential to the master only: a client that also
     calls data nodes (payload tokens in their own Authorization header) must not send it

@@ -178,7 +178,7 @@ async def test_update_needs_the_role_of_what_it_does(apps: dict[str, Any]) -> No
                                 headers={"Authorization": f"Bearer {cred}"})
 
     enq = {"enqueue": [{"queue": "q", "pid": "1"}]}
-    deq = {"dequeue": [{"queue": "q", "pid": "1", "token": 1}]}
+    deq = {"dequeue": [{"queue": "q", "pid": "1", "token": "1." + "0" * 32}]}
     assert (await upd(mint("consumer"), enq)).status_code == 403
     assert (await upd(mint("producer"), deq)).status_code == 403
     assert (await upd(mint("producer"), enq)).status_code == 200

@@ -21,7 +21,9 @@ from squall.common.clock import ManualClock
 from squall.common.models import MAX_BATCH
 from squall.common.names import PID_MAX_BYTES
 from squall.master.service import Master, MasterSettings
-from tests.helpers import ADMIN, MasterProcess
+from tests.helpers import ADMIN, FAKE_TOKEN, MasterProcess, forge_token, lease_seq
+
+TK = FAKE_TOKEN  # any well-formed lease token
 
 BODY_LIMIT = 64 << 10  # the in-process app's body limit (1001 small items still fit)
 G = "/v1/groups/g"
@@ -112,6 +114,24 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("token over 2**63", "POST", UPDATE,
      {"json": {"dequeue": [{"queue": "q", "pid": "a", "token": 2**64}]}}, 400, "bad_request",
      "token"),
+    ("token an integer", "POST", UPDATE,  # the wire form before lease tokens were sealed
+     {"json": {"dequeue": [{"queue": "q", "pid": "a", "token": 12}]}}, 400, "bad_request",
+     "token"),
+    ("token true", "POST", UPDATE,
+     {"json": {"renew": [{"queue": "q", "pid": "a", "token": True}]}}, 400, "bad_request",
+     "token"),
+    ("token too long", "POST", UPDATE,
+     {"json": {"dequeue": [{"queue": "q", "pid": "a", "token": "1." + "0" * 10_000}]}}, 400,
+     "bad_request", "token"),
+    ("token mac not hex", "POST", UPDATE,
+     {"json": {"release": [{"queue": "q", "pid": "a", "token": "1." + "z" * 32}]}}, 400,
+     "bad_request", "token"),
+    ("token without number", "POST", UPDATE,
+     {"json": {"dequeue": [{"queue": "q", "pid": "a", "token": "." + "0" * 32}]}}, 400,
+     "bad_request", "token"),
+    ("token non-ascii digits", "POST", UPDATE,
+     {"json": {"dequeue": [{"queue": "q", "pid": "a", "token": "\u0661." + "0" * 32}]}},
+     400, "bad_request", "token"),
     ("payload size negative", "POST", TASKS,
      {"json": {"tasks": [{"pid": "a", "payload": {"blob_id": "b", "size": -1, "crc32c": 0}}]}},
      400, "bad_request", "size"),
@@ -150,7 +170,7 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
      {"content": b'{"tasks": [{"pid": "\\udc00"}]}', "headers": JSON_CT}, 400, "bad_request",
      "pid"),
     ("surrogate in dequeue", "POST", UPDATE,
-     {"content": b'{"dequeue": [{"queue": "q", "pid": "\\ud83d", "token": 1}]}',
+     {"content": b'{"dequeue": [{"queue": "q", "pid": "\\ud83d", "token": TK}]}',
       "headers": JSON_CT}, 400, "bad_request", "pid"),
     ("surrogate max_pid", "POST", LEASE,
      {"content": b'{"max_pid": "\\udfff"}', "headers": JSON_CT}, 400, "bad_request", "max_pid"),
@@ -178,19 +198,19 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("bad queue in enqueue item", "POST", UPDATE, {"json": {"enqueue": [{"queue": "a/b"}]}}, 400,
      "bad_request", "queue"),
     ("empty queue in dequeue", "POST", UPDATE,
-     {"json": {"dequeue": [{"queue": "", "pid": "a", "token": 1}]}}, 400, "bad_request", "queue"),
+     {"json": {"dequeue": [{"queue": "", "pid": "a", "token": TK}]}}, 400, "bad_request", "queue"),
     ("long queue in renew", "POST", UPDATE,
-     {"json": {"renew": [{"queue": "r" * 200, "pid": "a", "token": 1}]}}, 400, "bad_request",
+     {"json": {"renew": [{"queue": "r" * 200, "pid": "a", "token": TK}]}}, 400, "bad_request",
      "queue"),
     ("group#queue in release", "POST", UPDATE,
-     {"json": {"release": [{"queue": "g#q", "pid": "a", "token": 1}]}}, 400, "bad_request",
+     {"json": {"release": [{"queue": "g#q", "pid": "a", "token": TK}]}}, 400, "bad_request",
      "queue"),
     # unknown queues and tasks
     ("dequeue in unknown queue", "POST", UPDATE,
-     {"json": {"dequeue": [{"queue": "nowhere", "pid": "a", "token": 1}]}}, 404, "not_found",
+     {"json": {"dequeue": [{"queue": "nowhere", "pid": "a", "token": TK}]}}, 404, "not_found",
      "nowhere"),
     ("renew in unknown queue", "POST", UPDATE,
-     {"json": {"renew": [{"queue": "nowhere", "pid": "a", "token": 1}]}}, 404, "not_found", "'a'"),
+     {"json": {"renew": [{"queue": "nowhere", "pid": "a", "token": TK}]}}, 404, "not_found", "'a'"),
     ("unknown task", "GET", f"{G}/queues/q/tasks/nothing", {}, 404, "not_found", "nothing"),
     ("stats of unknown queue", "GET", f"{G}/queues/nowhere", {}, 404, "not_found", "nowhere"),
     ("unknown route", "GET", "/v1/nothing", {}, 404, None, ""),
@@ -201,7 +221,7 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("update enqueue over 1000", "POST", UPDATE,
      {"json": {"enqueue": [{"queue": "q"}] * (MAX_BATCH + 1)}}, 400, "bad_request", "1000"),
     ("update dequeue over 1000", "POST", UPDATE,
-     {"json": {"dequeue": [{"queue": "q", "pid": "a", "token": 1}] * (MAX_BATCH + 1)}}, 400,
+     {"json": {"dequeue": [{"queue": "q", "pid": "a", "token": TK}] * (MAX_BATCH + 1)}}, 400,
      "bad_request", "1000"),
     ("lease over 1000", "POST", LEASE, {"json": {"max_tasks": MAX_BATCH + 1}}, 400, "bad_request",
      "max_tasks"),
@@ -232,10 +252,10 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("lease_secs over a week", "POST", LEASE, {"json": {"lease_secs": 7 * 86400 + 1}}, 400,
      "bad_request", "lease_secs"),
     ("renew lease_secs 0", "POST", UPDATE,
-     {"json": {"renew": [{"queue": "q", "pid": "a", "token": 1, "lease_secs": 0}]}}, 400,
+     {"json": {"renew": [{"queue": "q", "pid": "a", "token": TK, "lease_secs": 0}]}}, 400,
      "bad_request", "lease_secs"),
     ("release delay negative", "POST", UPDATE,
-     {"json": {"release": [{"queue": "q", "pid": "a", "token": 1, "delay_secs": -1}]}}, 400,
+     {"json": {"release": [{"queue": "q", "pid": "a", "token": TK, "delay_secs": -1}]}}, 400,
      "bad_request", "delay_secs"),
     # queue listing
     ("bad regex", "GET", "/v1/queues?regex=(", {}, 400, "bad_request", "regex"),
@@ -315,13 +335,13 @@ async def test_lease_unknown_queue_is_empty(client: httpx.AsyncClient) -> None:
     check_error(r, 404, "not_found")
 
 
-async def _lease_one(c: httpx.AsyncClient, pid: str, lease_secs: float = 10.0) -> int:
+async def _lease_one(c: httpx.AsyncClient, pid: str, lease_secs: float = 10.0) -> str:
     r = await c.post(LEASE, json={"max_tasks": 1, "lease_secs": lease_secs,
                                   "max_pid": pid})
     assert r.status_code == 200, r.text
     [t] = r.json()["tasks"]
     assert t["pid"] == pid
-    return int(t["token"])
+    return str(t["token"])
 
 
 async def test_stale_tokens(api: API, clock: ManualClock) -> None:
@@ -330,22 +350,26 @@ async def test_stale_tokens(api: API, clock: ManualClock) -> None:
     r = await c.post(TASKS, json={"tasks": [{"pid": "a"}, {"pid": "b"}]})
     assert r.status_code == 200
     # never leased
-    r = await c.post(UPDATE, json={"dequeue": [{"queue": "q", "pid": "a", "token": 7}]})
+    r = await c.post(UPDATE, json={"dequeue": [{"queue": "q", "pid": "a", "token": TK}]})
     check_error(r, 409, "lease_lost", "not leased")
 
     t1 = await _lease_one(c, "a")
     clock.advance(11)  # the lease expires; the next lease hands the task to someone else
     t2 = await _lease_one(c, "a")
-    assert t2 > t1
+    assert lease_seq(t2) > lease_seq(t1)
     for section, extra in (("dequeue", {}), ("renew", {"lease_secs": 5}),
                            ("release", {"delay_secs": 0})):
         item = {"queue": "q", "pid": "a", "token": t1, **extra}
         r = await c.post(UPDATE, json={section: [item]})
         err = check_error(r, 409, "lease_lost", str(t1), "stale")
         assert err["details"]["token"] == t1
-    # a token that was never issued for this task
-    r = await c.post(UPDATE, json={"dequeue": [{"queue": "q", "pid": "a", "token": t2 + 1000}]})
-    check_error(r, 409, "lease_lost", str(t2 + 1000))
+    # tokens that were never issued for this task: a guessed number with a real mac, a
+    # forged mac, the next number in the sequence, the current number with the old mac
+    for bad in (forge_token(t2, lease_seq(t2) + 1000), forge_token(t2, flip=True),
+                forge_token(t1, lease_seq(t1) + 1), forge_token(t1, lease_seq(t2)),
+                f"{lease_seq(t2)}." + "0" * 32):
+        r = await c.post(UPDATE, json={"dequeue": [{"queue": "q", "pid": "a", "token": bad}]})
+        check_error(r, 409, "lease_lost", bad)
     # the current holder still owns it
     r = await c.get(f"{TASKS}/a")
     assert r.json()["state"] == "leased"
@@ -386,7 +410,8 @@ async def test_update_all_or_nothing(api: API) -> None:
         ({"enqueue": [*good["enqueue"],
                       {"queue": "q", "pid": "z", "not_before": 1, "delay_secs": 1}]}, 400,
          "bad_request"),
-        ({"release": [{"queue": "q", "pid": "y", "token": ty + 99}]}, 409, "lease_lost"),
+        ({"release": [{"queue": "q", "pid": "y", "token": forge_token(ty, flip=True)}]}, 409,
+         "lease_lost"),
         ({"release": [{"queue": "nowhere", "pid": "y", "token": ty}]}, 404, "not_found"),
         ({"dequeue": [*good["dequeue"], {"queue": "q", "pid": "x", "token": tx}]}, 404,
          "not_found"),  # the same task twice: the second one no longer exists
@@ -483,7 +508,7 @@ def test_real_master_stale_token(real: httpx.Client) -> None:
     assert r.status_code == 200, r.text
     r = real.post(f"{G}/queues/stale/lease", json={"lease_secs": 600})
     [t] = r.json()["tasks"]
-    bad = t["token"] + 1
+    bad = forge_token(t["token"], lease_seq(t["token"]) + 1)
     r = real.post(UPDATE, json={"dequeue": [{"queue": "stale", "pid": "t", "token": bad}]})
     check_error(r, 409, "lease_lost", str(bad))
     r = real.post(f"{G}/queues/stale/lease", json={"lease_secs": 600})

@@ -54,6 +54,7 @@ from squall.master.engine import AUTO_PID_DIGITS, ms
 from squall.master.index import AVAILABLE, DELAYED, LEASED, STATE_NAMES, Task, pidkey
 from squall.master.service import Master, MasterSettings
 from tests.crashkit import dump_index, kill9, restore_index, snapshot_index
+from tests.helpers import FAKE_TOKEN, forge_token, lease_seq
 
 G = "g"
 QUEUES = ("a", "b")
@@ -63,7 +64,7 @@ CHECKED = (*QUEUES, DLQ)
 LONG1 = "x" * 460 + "1"  # > 448 bytes: stored under a cut + hashed key
 LONG2 = "x" * 460 + "2"
 PIDS = ("a", "ab", "b", "c0", "é", LONG1, LONG2)
-FORGED = 10**9  # added to a token to make one that was never issued
+FORGED = 10**9  # added to a token's number to make one that was never issued
 
 queue_st = st.sampled_from(QUEUES)
 pid_st = st.sampled_from([None, None, *PIDS])  # None: FIFO
@@ -116,6 +117,12 @@ class Model:
     queues: dict[str, MQueue] = field(default_factory=dict)
     lease_seq: int = 0
     auto_pid: int = 0
+    issued: set[str] = field(default_factory=set)  # wire tokens the master answered
+
+    def fence(self, token: str) -> int:
+        """The fencing number of a wire token, 0 for one the master never issued (the
+        model cannot seal; it knows which tokens it was given)."""
+        return lease_seq(token) if token in self.issued else 0
 
     def sweep(self, now: int) -> None:
         for q in self.queues.values():
@@ -125,21 +132,21 @@ class Model:
                         t.error = "lease expired"
                     t.state, t.due = AVAILABLE, 0
 
-    def held(self, queue: str, pid: str, token: int) -> tuple[MQueue, MTask]:
+    def held(self, queue: str, pid: str, token: str) -> tuple[MQueue, MTask]:
         q = self.queues.get(queue)
         t = q.tasks.get(pid) if q is not None else None
         if q is None or t is None:
             raise NotFound("gone")
-        if t.token != token or not t.live:
+        if t.token != self.fence(token) or not t.live:
             raise LeaseLost("stale")
         return q, t
 
-    def dequeue(self, queue: str, pid: str, token: int) -> None:
+    def dequeue(self, queue: str, pid: str, token: str) -> None:
         q, _ = self.held(queue, pid, token)
         del q.tasks[pid]
         q.completed += 1
 
-    def renew(self, queue: str, pid: str, token: int, lease_secs: float, now: int) -> int:
+    def renew(self, queue: str, pid: str, token: str, lease_secs: float, now: int) -> int:
         _, t = self.held(queue, pid, token)
         t.state, t.due = LEASED, now + ms(lease_secs)
         return t.due
@@ -152,7 +159,7 @@ class Model:
         dlq.tasks[t.pid] = MTask(t.pid, AVAILABLE, 0, t.token, False, t.attempts,
                                  t.enqueued_ms, t.worker, reason)
 
-    def release(self, queue: str, pid: str, token: int, delay: float | None,
+    def release(self, queue: str, pid: str, token: str, delay: float | None,
                 error: str | None, now: int) -> None:
         _, t = self.held(queue, pid, token)
         t.live = False
@@ -261,7 +268,7 @@ class MasterMachine(RuleBasedStateMachine):
         self.loop.run_until_complete(
             self.m.set_policy(G, "a", Policy(max_attempts=MAX_ATTEMPTS)))
         self.model = Model()
-        self.handles: list[tuple[str, str, int]] = []  # every lease ever granted
+        self.handles: list[tuple[str, str, str]] = []  # every lease ever granted
         self.auto_pids: list[str] = []
 
     def teardown(self) -> None:
@@ -301,9 +308,13 @@ class MasterMachine(RuleBasedStateMachine):
         self.model = trial
         return expected, got, changed
 
-    def handle(self, i: int, forge: bool = False) -> tuple[str, str, int]:
+    def handle(self, i: int, forge: bool = False) -> tuple[str, str, str]:
         queue, pid, token = self.handles[i % len(self.handles)]
-        return queue, pid, token + FORGED if forge else token
+        if not forge:
+            return queue, pid, token
+        # a guessed number under a real mac, or the real number under a forged mac
+        return queue, pid, (forge_token(token, lease_seq(token) + FORGED) if i % 2
+                            else forge_token(token, flip=True))
 
     def spec(self, pid: str | None, timing: tuple[str, float] | None) -> dict[str, Any]:
         if timing is None:
@@ -349,8 +360,9 @@ class MasterMachine(RuleBasedStateMachine):
                                      lambda: self.m.lease(G, queue, req, "10.0.0.1"))
         assert got is not None
         tasks = got["tasks"]
-        assert [(t["pid"], t["token"], t["attempts"], wire_ms(t["expires_at"])) for t in tasks] \
-            == expected
+        assert [(t["pid"], lease_seq(t["token"]), t["attempts"], wire_ms(t["expires_at"]))
+                for t in tasks] == expected
+        self.model.issued.update(t["token"] for t in tasks)
         # invariant 3: a task under a valid lease is never leased again
         assert not validly_leased & {t["pid"] for t in tasks}
         # smallest pids first, none above max_pid
@@ -427,7 +439,7 @@ class MasterMachine(RuleBasedStateMachine):
             q2, p2, t2 = self.handle(j, forge=True)
             renew.append(RenewItem(queue=q2, pid=p2, token=t2))
         elif bad == "gone":
-            deq.append(TaskRef(queue=src, pid="never-enqueued", token=1))
+            deq.append(TaskRef(queue=src, pid="never-enqueued", token=FAKE_TOKEN))
         self._update(UpdateRequest(dequeue=deq, enqueue=enq, renew=renew))
 
     @rule(data=st.data())
@@ -435,7 +447,7 @@ class MasterMachine(RuleBasedStateMachine):
         """Any mix of the four item kinds, drawn from every lease ever granted."""
         refs = st.tuples(handle_st, st.sampled_from([False, False, False, True]))
 
-        def pick(n: int) -> list[tuple[str, str, int]]:
+        def pick(n: int) -> list[tuple[str, str, str]]:
             if not self.handles:
                 return []
             return [self.handle(i, f) for i, f in data.draw(st.lists(refs, max_size=n))]

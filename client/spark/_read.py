@@ -114,7 +114,7 @@ def task_row(t: TaskInfo, queue: str) -> tuple[Any, ...]:
 
 def _fetch(client: Client, t: TaskInfo, group: str) -> bytes:
     """A listed task's payload (its read token came with the listing); no lease taken."""
-    wire = WireTask(queue=t.queue, pid=t.pid, token=0, expires_at=0.0, attempts=t.attempts,
+    wire = WireTask(queue=t.queue, pid=t.pid, token="", expires_at=0.0, attempts=t.attempts,
                     enqueued_at=t.enqueued_at, payload=t.payload)
     return LeasedTask(client, wire, group).payload()
 

@@ -70,10 +70,10 @@ class StreamOptions:
                              "positive")
 
 
-def _task(client: Client, queue: str, pid: str, token: int) -> LeasedTask:
+def _task(client: Client, queue: str, pid: str, token: str) -> LeasedTask:
     """A task object for the verbs (dequeue, renew) from a pid and its lease token."""
     group, name = split_queue(queue)
-    wire = WireTask(queue=name, pid=pid, token=token, expires_at=0.0, attempts=0,
+    wire = WireTask(queue=name, pid=pid, token=str(token), expires_at=0.0, attempts=0,
                     enqueued_at=0.0, payload=None)
     return LeasedTask(client, wire, group)
 
@@ -176,7 +176,7 @@ def read_tasks(opts: StreamOptions, tasks: Held) -> Iterator[tuple[Any, ...]]:
 
         def fallback(i: int) -> bytes:
             t = infos[i]
-            wire = WireTask(queue=t.queue, pid=t.pid, token=0, expires_at=0.0,
+            wire = WireTask(queue=t.queue, pid=t.pid, token="", expires_at=0.0,
                             attempts=t.attempts, enqueued_at=t.enqueued_at, payload=t.payload)
             return LeasedTask(c, wire, group).payload()
 
