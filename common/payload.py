@@ -20,7 +20,7 @@ no data. A blob's ``crc32c`` is checked by the receiver.
 
 Reads of large blobs: httpx hands a body over in 64 KiB reads, each through h11 and a copy
 or two, which caps one client at a few hundred MB/s. :class:`Downloads` reads blobs over
-plain keep-alive HTTP/1.1 connections (stdlib ``http.client``) straight into one buffer of
+keep-alive HTTP/1.1 connections (stdlib ``http.client``, HTTPS too) straight into one buffer of
 the blob's size (``readinto``: the kernel copies into it, nothing else does), about twice
 as fast; :func:`get_blob` and :func:`iter_blob` take either.
 """
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import ssl
 import struct
 import threading
 import time
@@ -224,6 +225,9 @@ def get_batch(client: httpx.Client, node: str, blob_ids: list[str], token: str |
     return {f.blob_id: f for f in decode_frames(r.content)}
 
 
+_Key = tuple[str, str, int]  # scheme, host, port
+
+
 class Downloads:
     """Blob reads over keep-alive HTTP/1.1 connections of the standard library, each body
     read into one buffer (see the module docstring). Thread-safe: a connection serves one
@@ -231,10 +235,13 @@ class Downloads:
     keep-alive timeout), and a request that meets a connection the node has closed is
     retried once on a new one (a GET is idempotent)."""
 
-    def __init__(self, timeout: float = 60.0, idle_s: float = 2.0, idle_per_node: int = 8
-                 ) -> None:
+    def __init__(self, timeout: float = 60.0, idle_s: float = 2.0, idle_per_node: int = 8,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """`ssl_context` verifies ``https://`` nodes (and may carry a client certificate
+        for mutual TLS); without one, the system's default verification is used."""
         self.timeout, self.idle_s, self.idle_per_node = timeout, idle_s, idle_per_node
-        self._idle: dict[tuple[str, int], list[tuple[float, http.client.HTTPConnection]]] = {}
+        self.ssl_context = ssl_context
+        self._idle: dict[_Key, list[tuple[float, http.client.HTTPConnection]]] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -291,7 +298,8 @@ class Downloads:
         the CRC32C to check or None for a range). The connection goes back to the pool
         only when the body was read whole."""
         u = urlsplit(node.rstrip("/"))
-        key = (u.hostname or "127.0.0.1", u.port or 80)
+        tls = u.scheme == "https"
+        key = (u.scheme, u.hostname or "127.0.0.1", u.port or (443 if tls else 80))
         path = f"{u.path}/v1/blobs/{blob_id}"
         headers = {**_auth(token), **_range(start, end)}
         for attempt in range(2):
@@ -330,7 +338,7 @@ class Downloads:
         else:
             conn.close()
 
-    def _take(self, key: tuple[str, int]) -> tuple[http.client.HTTPConnection, bool]:
+    def _take(self, key: _Key) -> tuple[http.client.HTTPConnection, bool]:
         now = time.monotonic()
         with self._lock:
             conns = self._idle.get(key, [])
@@ -339,9 +347,15 @@ class Downloads:
                 if now - t < self.idle_s:
                     return c, True
                 c.close()
-        return http.client.HTTPConnection(key[0], key[1], timeout=self.timeout), False
+        scheme, host, port = key
+        if scheme == "https":
+            if self.ssl_context is None:
+                self.ssl_context = ssl.create_default_context()
+            return http.client.HTTPSConnection(host, port, timeout=self.timeout,
+                                               context=self.ssl_context), False
+        return http.client.HTTPConnection(host, port, timeout=self.timeout), False
 
-    def _give(self, key: tuple[str, int], conn: http.client.HTTPConnection) -> None:
+    def _give(self, key: _Key, conn: http.client.HTTPConnection) -> None:
         with self._lock:
             conns = self._idle.setdefault(key, [])
             if len(conns) < self.idle_per_node:

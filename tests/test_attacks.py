@@ -1,7 +1,7 @@
 """The attacks of issue 10, each as a regression test: CSRF-style text/plain POSTs, DNS
 rebinding Hosts, regex bombs, deeply nested JSON, slow headers and bodies, oversized
 unauthenticated bodies, extra blobs under a write token, forged heartbeats and a fake node
-claiming blobs, and 10,000 mutated credentials and data-node tokens."""
+claiming blobs, and 10,000 mutated credentials, data-node tokens and lease tokens."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from squall.common.errors import Forbidden, Unauthorized
 from squall.common.serving import HeaderDeadline
 from squall.master.app import create_master_app
 from squall.master.cluster import Cluster, ClusterSettings
+from squall.master.leasetokens import LeaseTokens
 from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
 from tests.helpers import ADMIN, TEST_AUTH_KEY, mint, running_app
@@ -260,8 +261,8 @@ def test_extra_blobs_under_a_write_token_are_refused(tmp_path) -> None:  # type:
 
 
 def test_ten_thousand_mutated_credentials_and_tokens_are_refused() -> None:
-    """Bit flips, truncations, other keys, other scopes, blobs and nodes, expired: none
-    passes."""
+    """Bit flips, truncations, other keys, other scopes, blobs, nodes and tasks, expired: none
+    passes (credentials, payload and heartbeat tokens, lease tokens)."""
     rng = random.Random(10)
     now = time.time()
     other = b"some-other-auth-key-0123456789abcdef"
@@ -283,6 +284,17 @@ def test_ten_thousand_mutated_credentials_and_tokens_are_refused() -> None:
             ("read", tokens.sign(other, "read", ["blob-1"], now + 60)),  # other key
             ("read", tokens.sign(cluster, "read", ["blob-1"], now - 1)),  # expired
             ("node", tokens.sign(cluster, "heartbeat", ["n2"], now + 60))]  # other node
+    leases = LeaseTokens(b"lease-key-for-the-fuzz-0123456789ab")
+    lease = leases.seal("g", "q", "p", 41)
+    flips = {lease[:i] + c + lease[i + 1:] for i in range(len(lease))
+             for c in "0123456789abcdef." if c != lease[i]}
+    cuts = {lease[:k] for k in range(len(lease))} | {lease[k:] for k in range(1, len(lease))}
+    seqs = {f"{n}{lease[2:]}" for n in (0, 1, 40, 42, 4100, 10**19)}
+    bad += [("lease", m) for m in sorted(flips | cuts | seqs) if m != lease]
+    bad += [("lease", leases.seal("g", "q", "p2", 41)),  # other task
+            ("lease", leases.seal("g", "q2", "p", 41)),  # other queue
+            ("lease", leases.seal("h", "q", "p", 41)),  # other group
+            ("lease", LeaseTokens(other).seal("g", "q", "p", 41))]  # other master's key
     while len(bad) < 10_000:  # random garbage with the right prefixes
         kind = rng.choice(["cred", "read"])
         body = "".join(rng.choice("ABCDEFabcdef0123456789-_") for _ in range(rng.randrange(80)))
@@ -294,6 +306,9 @@ def test_ten_thousand_mutated_credentials_and_tokens_are_refused() -> None:
         try:
             if kind == "cred":
                 auth.verify([TEST_AUTH_KEY], t, now)
+            elif kind == "lease":
+                if leases.open("g", "q", "p", t) == 0:  # 0: refused as a stale token
+                    continue
             elif kind == "node":
                 tokens.verify(cluster, t, "heartbeat", "n1", now)
             elif kind == "write":

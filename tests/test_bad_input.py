@@ -25,7 +25,7 @@ from tests.helpers import ADMIN, FAKE_TOKEN, MasterProcess, forge_token, lease_s
 
 TK = FAKE_TOKEN  # any well-formed lease token
 
-BODY_LIMIT = 64 << 10  # the in-process app's body limit (1001 small items still fit)
+BODY_LIMIT = 128 << 10  # the in-process app's body limit (1001 small items still fit)
 G = "/v1/groups/g"
 TASKS = f"{G}/queues/q/tasks"
 LEASE = f"{G}/queues/q/lease"
@@ -170,7 +170,7 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
      {"content": b'{"tasks": [{"pid": "\\udc00"}]}', "headers": JSON_CT}, 400, "bad_request",
      "pid"),
     ("surrogate in dequeue", "POST", UPDATE,
-     {"content": b'{"dequeue": [{"queue": "q", "pid": "\\ud83d", "token": TK}]}',
+     {"content": b'{"dequeue": [{"queue": "q", "pid": "\\ud83d", "token": "%s"}]}' % TK.encode(),
       "headers": JSON_CT}, 400, "bad_request", "pid"),
     ("surrogate max_pid", "POST", LEASE,
      {"content": b'{"max_pid": "\\udfff"}', "headers": JSON_CT}, 400, "bad_request", "max_pid"),

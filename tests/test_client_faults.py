@@ -19,6 +19,7 @@ from squall.common.models import PayloadRef
 from squall.common.payload import decode_frames
 from squall.master.app import create_master_app
 from squall.master.service import MasterSettings
+from tests.helpers import FAKE_TOKEN
 
 
 class Faults:
@@ -251,7 +252,7 @@ async def test_write_allocates_again_when_no_replica_takes_it(
 def leased(c: AsyncClient, data: bytes, replicas: list[str], blob_id: str = "b0") -> Any:
     ref = PayloadRef(blob_id=blob_id, size=len(data), crc32c=crc32c(data), replicas=replicas,
                      token="r")
-    return c._task(WireTask(queue="q", pid="p", token=1, expires_at=0, attempts=1,
+    return c._task(WireTask(queue="q", pid="p", token=FAKE_TOKEN, expires_at=0, attempts=1,
                             enqueued_at=0, payload=ref), "default")
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import ADMIN, MasterProcess, wait_for
+from tests.helpers import ADMIN, MasterProcess, lease_seq, wait_for
 
 KILLS = 22
 THREADS = 4
@@ -57,7 +57,7 @@ def ms(secs: float) -> int:
 class Lease:
     queue: str
     pid: str
-    token: int
+    token: str  # as the master answered it (opaque; its fencing number is `seq`)
     expires_ms: int
     lease_ms: int
     who: str
@@ -65,6 +65,10 @@ class Lease:
     @property
     def key(self) -> Key:
         return (self.queue, self.pid)
+
+    @property
+    def seq(self) -> int:
+        return lease_seq(self.token)
 
     @property
     def grant_ms(self) -> int:
@@ -82,11 +86,11 @@ class Ledger:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     enqueued: dict[Key, int] = field(default_factory=dict)  # acked enqueue -> cycle
-    dequeued: dict[Key, int] = field(default_factory=dict)  # acked dequeue -> its token
+    dequeued: dict[Key, int] = field(default_factory=dict)  # acked dequeue -> its seq
     maybe_dequeued: set[Key] = field(default_factory=set)  # acked or ambiguous dequeue
     gone_404: list[Key] = field(default_factory=list)  # dequeues answered "no such task"
     leases: list[Lease] = field(default_factory=list)
-    renewed: dict[tuple[Key, int], int] = field(default_factory=dict)  # (key, token) -> exp
+    renewed: dict[tuple[Key, str], int] = field(default_factory=dict)  # (key, token) -> exp
     ambiguous_long_leases: int = 0  # long-lease requests without an answer: max tasks held
     errors: list[str] = field(default_factory=list)  # unexpected statuses (never a 5xx)
     acks: int = 0
@@ -226,7 +230,7 @@ class Worker:
             return
         with self.ledger.lock:
             for h in batch:
-                self.ledger.dequeued[h.lease.key] = h.lease.token
+                self.ledger.dequeued[h.lease.key] = h.lease.seq
                 self.ledger.maybe_dequeued.add(h.lease.key)
             for e in r.json()["enqueued"]:
                 if e["collapsed"]:
@@ -267,7 +271,7 @@ def check_ledger(led: Ledger) -> None:
         dequeued = dict(led.dequeued)
         gone = list(led.gone_404)
         maybe = set(led.maybe_dequeued)
-    seen: dict[int, Lease] = {}
+    seen: dict[str, Lease] = {}
     for x in leases:
         assert x.token not in seen, f"lease token {x.token} was handed out twice: " \
                                     f"{seen[x.token]} and {x}"
@@ -276,13 +280,13 @@ def check_ledger(led: Ledger) -> None:
     for x in leases:
         by_key[x.key].append(x)
     for key, ls in by_key.items():
-        ls.sort(key=lambda x: x.token)
+        ls.sort(key=lambda x: x.seq)
         for a, b in itertools.pairwise(ls):
             assert b.grant_ms >= led.expiry_ms(a), (
                 f"{key}: lease {b.token} by {b.who} granted at {b.grant_ms} while lease "
                 f"{a.token} by {a.who} was valid until {led.expiry_ms(a)}")
         if key in dequeued:
-            later = [x.token for x in ls if x.token > dequeued[key]]
+            later = [x.token for x in ls if x.seq > dequeued[key]]
             assert not later, f"{key} was leased again ({later}) after its acknowledged " \
                               f"dequeue with token {dequeued[key]}"
     for key in gone:

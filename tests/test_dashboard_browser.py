@@ -152,7 +152,14 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
 
     # a queue's page: leased sample, policy, dead letters with their reason
     page.click('#queues tbody tr a[href="#/queue/shots/thumbs"]')
-    page.wait_for_selector("#queue:not([hidden]) #qdlq tbody tr.dlq")
+    page.wait_for_function("location.hash === '#/queue/shots/thumbs'", timeout=10_000)
+    try:
+        page.wait_for_selector("#queue:not([hidden]) #qdlq tbody tr.dlq", timeout=60_000)
+    except Exception as e:  # say what the page showed instead
+        shown = page.evaluate("[location.hash, document.querySelector('#errbanner').textContent,"
+                              " document.querySelector('#qtitle').textContent,"
+                              " document.querySelector('#qdlq').textContent]")
+        raise AssertionError(f"the queue page shows no dead letters: {shown}") from e
     assert "UnidentifiedImageError" in page.locator("#qdlq").inner_text()
     assert '"max_attempts": 1' in page.locator("#qpolicy").inner_text()
     page.screenshot(path=str(img / "dashboard-queue.png"), full_page=True)

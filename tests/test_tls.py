@@ -1,6 +1,7 @@
 """TLS on every hop: a master and data nodes serving HTTPS with mutual TLS (node to master,
 node to node, client to both), certificates made by trustme. The end-to-end path (put with
-a replicated payload, lease, read the payload, done) works; a data node whose certificate
+a replicated payload, lease, read the payload (the client's and the stdlib fast reader's),
+done) works; a data node whose certificate
 comes from another CA is refused by the master."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pytest
 import trustme
 
 from squall.client import Client
+from squall.common import payload as wire
+from squall.common.errors import TransportError
 from tests.helpers import ADMIN, DataNodeProcess, MasterProcess, start_all, wait_for
 
 KEY = "tls-test-cluster-key-0123456789abcdef"
@@ -114,6 +117,16 @@ def test_put_lease_done_over_mutual_tls(cluster: tuple[TLSMaster, list[TLSNode],
         assert t.payload_ref is not None and len(t.payload_ref.replicas) == 2
         assert all(u.startswith("https://") for u in t.payload_ref.replicas)
         assert t.payload() == payload
+        ref = t.payload_ref
+        # the fast stdlib reader (Downloads) speaks TLS too, with the client certificate
+        with wire.Downloads(ssl_context=certs.context(client_pem)) as d:
+            for node in ref.replicas:
+                assert wire.get_blob(d, node, ref.blob_id, ref.token) == payload
+        with wire.Downloads(ssl_context=ssl.create_default_context(cafile=str(certs.ca_file))
+                            ) as d, pytest.raises(TransportError):
+            wire.get_blob(d, ref.replicas[0], ref.blob_id, ref.token)  # no client cert
+        with wire.Downloads() as d, pytest.raises(TransportError):
+            wire.get_blob(d, ref.replicas[0], ref.blob_id, ref.token)  # unknown CA
         t.done()
         assert c.stats("tls#q").completed == 1
     # without a client certificate the master refuses the connection
