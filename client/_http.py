@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import ssl
 from collections.abc import Generator
 from typing import Any
@@ -37,6 +38,18 @@ class MasterAuth(httpx.Auth):
                                                    self.origin.port)):
             request.headers["Authorization"] = f"Bearer {self.token}"
         yield request
+
+
+# Small requests are written in two parts (headers, body): without TCP_NODELAY, Nagle's
+# algorithm holds the second until the first is acknowledged, ~0.3-0.5 ms per request on
+# loopback (measured). asyncio sets it on every TCP transport (the async client); the sync
+# client's transport needs it said.
+NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
+
+def sync_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
+    """The sync client's default transport: TLS as :func:`tls_verify`, TCP_NODELAY."""
+    return httpx.HTTPTransport(verify=tls_verify(), limits=limits, socket_options=NODELAY)
 
 
 def tls_verify() -> ssl.SSLContext:

@@ -185,8 +185,9 @@ class Client:
         self.token = auth.token
         self._core = Core(Retry(attempts=retries, budget_s=retry_budget_s), blob_timeout,
                           worker, timeout, front_door, auth.token)
-        self._http = httpx.Client(base_url=self.master, transport=transport, timeout=timeout,
-                                  limits=limits, auth=auth, verify=_http.tls_verify())
+        self._http = httpx.Client(base_url=self.master, timeout=timeout, limits=limits,
+                                  transport=transport or _http.sync_transport(limits),
+                                  auth=auth, verify=_http.tls_verify())
         self._run = _Driver(self._http).run
         self._iter = _Driver(self._http).iterate
 

@@ -1,10 +1,16 @@
 """The data path of the client (issue 9): payloads read in batches (one request per data
-node), replica locations refreshed from the master, and ack + lease in one update; against
-a real local cluster (a master and data nodes as subprocesses)."""
+node), replica locations refreshed from the master, ack + lease in one update, and byte
+identity through the client for every payload size class (0 B, 1 B, the front door's inline
+limit ± 1, 4 MiB, 256 MiB) and source type; against a real local cluster (a master and data
+nodes as subprocesses)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import random
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -17,6 +23,7 @@ import pytest
 from squall.client import Client, NewTask, NotFound
 from squall.client._blobs import BATCH_BLOB_BYTES
 from squall.client._cli_dev import DevCluster
+from squall.client._frontdoor import MAX_BYTES as INLINE
 from tests.helpers import free_port_block, wait_for
 
 
@@ -152,3 +159,80 @@ def test_bad_cluster_settings_are_refused(tmp_path: Path, role: str, args: list[
                         str(tmp_path / role), "--port", "1", *args],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and why in r.stderr + r.stdout
+
+
+def _front(c: Client) -> tuple[int, int]:
+    """(batches the front door took, fallbacks to the classic path) of this client."""
+    fd = c._core.front
+    assert fd is not None
+    return fd.used, fd.fallbacks
+
+
+def test_byte_identity_across_the_inline_limit(cluster: DevCluster) -> None:
+    """put -> lease(payloads=True) / read_payloads / iter_payload give back exactly the
+    bytes put, on both sides of the front door's limit, from bytes, a file, a stream and an
+    iterable of parts; <= the limit goes through the front door, above it the streamed
+    path."""
+    rng = random.Random(9)
+    sizes = [0, 1, INLINE - 1, INLINE, INLINE + 1, 4 << 20]
+    want = {f"s{n:08d}": rng.randbytes(n) for n in sizes}
+    with Client(cluster.master_url) as c:
+        for pid, data in want.items():
+            before = _front(c)
+            c.put("dp#ident", data, pid=pid)
+            took = _front(c)[0] - before[0]
+            assert took == (1 if len(data) <= INLINE else 0), (len(data), took)
+        assert _front(c)[1] == 0  # no fallback: the front door answered every time
+        tasks = c.lease("dp#ident", 100, 120, payloads=True)
+        assert sorted(x.pid for x in tasks) == sorted(want)
+        for x in tasks:
+            assert x.payload() == want[x.pid], x.pid
+            assert b"".join(x.iter_payload(chunk_bytes=7919)) == want[x.pid], x.pid
+        assert c.read_payloads(tasks) == [want[x.pid] for x in tasks]
+        c.done(tasks)
+        # the other source types, on both sides of the limit
+        sources = {"io-small": io.BytesIO(want[f"s{INLINE:08d}"]),
+                   "io-big": io.BytesIO(want[f"s{4 << 20:08d}"]),
+                   "parts": iter([b"ab", b"", b"c" * (INLINE + 1)])}
+        expect = {"io-small": want[f"s{INLINE:08d}"], "io-big": want[f"s{4 << 20:08d}"],
+                  "parts": b"ab" + b"c" * (INLINE + 1)}
+        c.put_many("dp#ident2", [NewTask(v, pid=k) for k, v in sources.items()])
+        got = c.lease("dp#ident2", 10, 120, payloads=True)
+        assert {x.pid: x.payload() for x in got} == expect
+        c.done(got)
+
+
+def test_byte_identity_256_mib_from_a_file(cluster: DevCluster, tmp_path: Path) -> None:
+    """A 256 MiB payload put from a file (streamed, never whole in the client's memory)
+    reads back identical, whole and streamed."""
+    src, digest, size = tmp_path / "big.bin", hashlib.sha256(), 256 << 20
+    rng = random.Random(256)
+    with open(src, "wb") as f:
+        for _ in range(size >> 22):
+            part = rng.randbytes(4 << 20)
+            digest.update(part)
+            f.write(part)
+    with Client(cluster.master_url) as c:
+        c.put("dp#huge", src, pid="big")
+        [t] = c.lease("dp#huge", 1, 600, payloads=True)
+        assert not t.payload_loaded  # large payloads stay lazy
+        assert t.payload_ref is not None and t.payload_ref.size == size
+        h, n = hashlib.sha256(), 0
+        for part in t.iter_payload():
+            h.update(part)
+            n += len(part)
+        assert (n, h.hexdigest()) == (size, digest.hexdigest())
+        whole = t.payload()
+        assert len(whole) == size and hashlib.sha256(whole).digest() == digest.digest()
+        del whole
+        t.done()
+
+
+def test_the_sync_client_sends_small_requests_without_nagle_delay(cluster: DevCluster) -> None:
+    """TCP_NODELAY on the sync client's connections (asyncio sets it for the async one)."""
+    with Client(cluster.master_url) as c:
+        c.stats()
+        conns = c._http._transport._pool.connections  # type: ignore[attr-defined]
+        assert conns
+        sock = conns[0]._connection._network_stream.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
