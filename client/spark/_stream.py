@@ -2,25 +2,37 @@
 micro-batch by micro-batch and dequeues them only when the micro-batch commits;
 ``writeStream.format("squall")`` enqueues rows keyed by pid.
 
-**Offsets are leases.** ``latestOffset`` (on the driver) leases up to
-``max_tasks_per_batch`` tasks of the queue for ``lease_secs`` and returns them as the
-micro-batch's end offset: ``{"batch": n, "tasks": [[pid, lease token], ...]}``. Spark
-writes that offset to the checkpoint *before* the micro-batch runs. The executors list the
-tasks by pid (the same columns as ``spark.read``) and, with ``with_payload=true``, read
-their payloads from the data nodes (no lease is needed to read). Only ``commit(end)``,
-called once the sink has committed the micro-batch, dequeues them, with their tokens.
-While a micro-batch is under way its leases are renewed every ``lease_secs / 3`` by a thread
-of the reader.
+**Offsets are leases.** ``latestOffset(start)`` (on the driver) first *settles* ``start``
+(see below), then leases up to ``max_tasks_per_batch`` tasks of the queue for
+``lease_secs`` and returns them as the micro-batch's end offset:
+``{"batch": n, "tasks": [[pid, lease token], ...]}``. Spark writes that offset to the
+checkpoint *before* the micro-batch runs. The executors look the tasks up by pid (the same
+columns as ``spark.read``) and, with ``with_payload=true``, read their payloads from the data
+nodes (no lease is needed to read). While a micro-batch is under way its leases are renewed
+every ``lease_secs / 3`` by a thread of the reader.
 
-**Restart.** A query killed mid-batch restarts from its checkpoint: Spark replays the last
-logged micro-batch with the same offset, i.e. the same tasks (their leases are still held by
-the dead query's token, or have expired and nobody else leased them since: the old token
-still dequeues), then commits it. Leases taken for an offset that never reached the
-checkpoint simply expire and the tasks come back in a later micro-batch. So every task
-reaches the sink at least once and leaves the source once; a **pid-keyed sink** (squall's
-own, where an enqueue of a queued pid collapses) makes it exactly once end to end.
+**Settling = dequeueing a micro-batch's tasks with their tokens**, once the sink has
+committed it. Spark calls ``commit(end)`` for a micro-batch only when it constructs the
+*next* one (after writing the next offset), so with no new data the last micro-batch's
+tasks would stay leased (renewed) for ever. But Spark calls ``latestOffset(start)`` only
+with ``start`` = the end offset of a micro-batch already in the commit log (a micro-batch
+logged in the offset log but not committed is re-run *without* asking for a new offset), so
+``latestOffset`` settles ``start`` itself, on every trigger, before it leases anything new;
+``commit`` settles again (a no-op by then). Settling twice is harmless: a task already
+dequeued is skipped.
+
+**Restart.** A query killed mid-batch restarts from its checkpoint: Spark re-runs the last
+logged micro-batch with the same offset, i.e. the same tasks and tokens, before it asks for
+a new offset. The dead query's tokens still renew and dequeue those tasks even after their
+leases expired, because nobody leased them since: this query leases only after it settled
+every logged micro-batch. Leases taken for an offset that never reached the checkpoint
+simply expire and the tasks come back in a later micro-batch. So every task leaves the
+source exactly once, after a micro-batch holding it committed, and reaches the sink at
+least once; a **pid-keyed sink** (squall's own, where an enqueue of a queued pid collapses)
+makes it exactly once end to end, as long as the replayed outputs are still queued there.
 Assumption: this query is the only consumer of the source queue (another consumer could
-lease a task whose lease expired while the query was down).
+lease a task whose lease expired while the query was down: its token would then be stale
+and the task would reach the sink twice, once from each).
 """
 
 from __future__ import annotations
@@ -84,7 +96,8 @@ class LeaseKeeper:
     def __init__(self, opts: StreamOptions) -> None:
         self.opts = opts
         self.client = Client(opts.master, worker="spark-stream")
-        self.held: dict[str, int] = {}
+        self.held: dict[str, Any] = {}
+        self.settled = 0  # the highest micro-batch number settled by this process
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="squall-stream-renew",
@@ -138,9 +151,15 @@ def lease_batch(keeper: LeaseKeeper, start: dict[str, Any], limit: int) -> dict[
     return {"batch": int(start.get("batch", 0)) + 1, "tasks": tasks}
 
 
-def commit_batch(keeper: LeaseKeeper, end: dict[str, Any]) -> int:
-    """Dequeue a committed micro-batch's tasks with their lease tokens; returns how many
-    were dequeued (a task already gone or taken over by another consumer is logged)."""
+def settle(keeper: LeaseKeeper, end: dict[str, Any]) -> int:
+    """Dequeue a committed micro-batch's tasks with their lease tokens, unless this process
+    settled it already; returns how many were dequeued now. A task already gone (settled by
+    an earlier run of the query) is skipped; one whose token is stale (another consumer
+    leased it) is logged. Any other failure (the master unreachable) raises: nothing new may
+    be leased before a committed micro-batch is settled."""
+    n = int(end.get("batch", 0))
+    if n <= keeper.settled:
+        return 0
     held: Held = end.get("tasks", [])
     c, q = keeper.client, keeper.opts.queue
     done = 0
@@ -149,14 +168,17 @@ def commit_batch(keeper: LeaseKeeper, end: dict[str, Any]) -> int:
         try:
             c.done([_task(c, q, p, t) for p, t in part])
             done += len(part)
-        except StatusError:
+        except StatusError:  # all or nothing: one gone or stale refuses all
             for p, t in part:
                 try:
                     c.done(_task(c, q, p, t))
                     done += 1
+                except NotFound:
+                    log.debug("stream settle: task %s %r already dequeued", q, p)
                 except StatusError as e:
-                    log.warning("stream commit: task %s %r was not dequeued: %s", q, p, e)
+                    log.warning("stream settle: task %s %r was not dequeued: %s", q, p, e)
     keeper.drop([p for p, _ in held])
+    keeper.settled = n
     return done
 
 
@@ -231,6 +253,7 @@ class SquallStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any] | None = None,
                      limit: ReadLimit | None = None) -> dict[str, Any]:
         start = start if start is not None else self.initialOffset()
+        settle(self.keeper, start)  # `start` is committed (see the module's docstring)
         n = self.opts.max_tasks_per_batch
         if isinstance(limit, ReadMaxRows):
             n = max(1, min(n, limit.max_rows))
@@ -251,8 +274,7 @@ class SquallStreamReader(DataSourceStreamReader):
         return read_tasks(self.opts, partition.tasks)
 
     def commit(self, end: dict[str, Any]) -> None:
-        if end.get("tasks"):
-            commit_batch(self.keeper, end)
+        settle(self.keeper, end)
 
     def stop(self) -> None:
         if self._keeper is not None:
