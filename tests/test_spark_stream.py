@@ -145,7 +145,7 @@ def gated(hold_pid: str, blocked: str, gate: str) -> Callable[[], Column]:
                     time.sleep(0.02)
             return payload + b"!"
 
-        return F.udf(bang, "binary")("pid", "payload")
+        return F.udf(bang, "binary", useArrow=False)("pid", "payload")
 
     return out
 
