@@ -170,7 +170,8 @@ class Payloads:
         self.downloads.close()
 
     def _post(self, path: str, body: Any) -> Any:
-        r = self.http.post(self.master + path, content=orjson.dumps(body), headers=JSON_H)
+        r = self.http.post(self.master + path, content=orjson.dumps(body),
+                           headers={**JSON_H, **AUTH})
         if r.status_code != 200:
             raise RuntimeError(f"POST {path}: {r.status_code} {r.text[:300]}")
         return orjson.loads(r.content)
