@@ -348,9 +348,7 @@ class Downloads:
                     return c, True
                 c.close()
         scheme, host, port = key
-        if scheme == "https":
-            if self.ssl_context is None:
-                self.ssl_context = ssl.create_default_context()
+        if scheme == "https":  # context None: the stdlib's default verification
             return http.client.HTTPSConnection(host, port, timeout=self.timeout,
                                                context=self.ssl_context), False
         return http.client.HTTPConnection(host, port, timeout=self.timeout), False

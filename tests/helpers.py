@@ -3,6 +3,7 @@ on conditions."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -98,8 +99,11 @@ def free_port_block(n: int) -> int:
 
 
 def wait_for(cond: Callable[[], T], timeout: float = 20.0, interval: float = 0.02,
-             what: str = "condition") -> T:
-    """Poll `cond` until it returns a truthy value; fail after `timeout` seconds."""
+             what: str = "condition",
+             fatal: type[BaseException] | tuple[type[BaseException], ...] = ()) -> T:
+    """Poll `cond` until it returns a truthy value; fail after `timeout` seconds. An
+    exception of `cond` is retried (and chained to the timeout), except a `fatal` one,
+    which fails at once."""
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     while time.monotonic() < deadline:
@@ -107,10 +111,24 @@ def wait_for(cond: Callable[[], T], timeout: float = 20.0, interval: float = 0.0
             v = cond()
             if v:
                 return v
+        except fatal:
+            raise
         except Exception as e:
             last_exc = e
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}") from last_exc
+
+
+async def until(cond: Callable[[], T], timeout: float = 20.0, interval: float = 0.005,
+                what: str = "condition") -> T:
+    """:func:`wait_for` inside an event loop: poll `cond` (a plain check, e.g. of an
+    in-process server's state) without blocking the loop; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (v := cond()):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+    return v
 
 
 class ServerProcess:

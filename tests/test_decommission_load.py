@@ -146,9 +146,8 @@ class Load:
         with Client(self.url) as wc:
             deadline = time.monotonic() + 120
             while not self.stop.is_set() and time.monotonic() < deadline:
-                tasks = wc.lease(WORK, 10, lease_secs=60)
+                tasks = wc.lease(WORK, 10, lease_secs=60, wait_secs=0.2)  # long poll
                 if not tasks:
-                    time.sleep(0.05)
                     continue
                 for t in tasks:
                     assert t.payload() == content(t.pid), t.pid
@@ -169,8 +168,9 @@ def watch_drain(fleet: Fleet, node_id: str, keep: dict[str, str], load: Load
     on at least 2 nodes. The draining node still serves reads, so it counts as a holder:
     the point is that no payload ever has fewer than RF copies while its copies move."""
     samples = 0
-    deadline = time.monotonic() + 180
-    while True:
+
+    def sample() -> dict[str, Any] | None:
+        nonlocal samples
         state = fleet.node(node_id)
         count = copies_on_nodes(fleet.http, fleet.nodes, keep)
         low = {b: n for b, n in count.items() if n < 2}
@@ -178,11 +178,14 @@ def watch_drain(fleet: Fleet, node_id: str, keep: dict[str, str], load: Load
         samples += 1
         assert not load.errors, load.errors
         if state["state"] == "decommissioned":
-            assert samples >= 2  # it took some time: the samples did watch the move
             return state
         assert state["state"] == "draining", state
-        assert time.monotonic() < deadline, f"not decommissioned in time: {state}"
-        time.sleep(0.3)
+        return None
+
+    state = wait_for(sample, 180, interval=0.3, what=f"{node_id} decommissioned",
+                     fatal=AssertionError)
+    assert samples >= 2  # it took some time: the samples did watch the move
+    return state
 
 
 def squall(fleet: Fleet, *args: str, code: int = 0) -> str:

@@ -276,10 +276,8 @@ def start_pod(d: Deployment, p: Pod) -> None:
 
 def probe_until(d: Deployment, p: Pod, kind: str, timeout: float = 120.0) -> None:
     """Probe like the kubelet until it succeeds; fail at once if the container exited."""
-    deadline = time.monotonic() + timeout
-    while not d.probe(p, kind):
-        assert time.monotonic() < deadline, f"{p.name}: {kind} failed for {timeout}s"
-        time.sleep(0.1)
+    wait_for(lambda: d.probe(p, kind), timeout, interval=0.1, what=f"{p.name}: {kind}",
+             fatal=AssertionError)
 
 
 def test_the_dev_overlay_runs_as_written(deployment: Deployment) -> None:

@@ -18,7 +18,7 @@ from squall.client import AsyncClient, Client, Overloaded, TransportError, Unava
 from squall.common.clock import ManualClock
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
-from tests.helpers import ADMIN, MasterProcess, wait_for
+from tests.helpers import ADMIN, MasterProcess, until, wait_for
 
 Env = tuple[AsyncClient, Master, ManualClock]
 
@@ -36,10 +36,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
 
 
 async def _parked(m: Master, n: int) -> None:
-    deadline = time.monotonic() + 10
-    while m.waiters.total < n:
-        assert time.monotonic() < deadline, f"{n} leases never parked"
-        await asyncio.sleep(0.005)
+    await until(lambda: m.waiters.total >= n, 10, what=f"{n} parked leases")
 
 
 async def test_parked_lease_answers_on_enqueue_and_release(env: Env) -> None:

@@ -67,11 +67,14 @@ def test_the_ledger_checker_catches_each_broken_promise() -> None:
     def put(pid: str, kind: str = "put", c: int = 7) -> dict[str, object]:
         return {"k": kind, "q": "s#a", "pid": pid, "crc": c, "n": 1, "err": "Unavailable()"}
 
-    def got(pid: str, tok: int, c: int = 7) -> dict[str, object]:
-        return {"k": "got", "q": "s#a", "pid": pid, "tok": tok, "crc": c, "w": "w0"}
+    def wire(seq: int) -> str:  # a lease token as the master answers it
+        return f"{seq}.{seq:032x}"
 
-    def done(pid: str, tok: int) -> dict[str, object]:
-        return {"k": "done", "q": "s#a", "pid": pid, "tok": tok}
+    def got(pid: str, seq: int, c: int = 7) -> dict[str, object]:
+        return {"k": "got", "q": "s#a", "pid": pid, "tok": wire(seq), "crc": c, "w": "w0"}
+
+    def done(pid: str, seq: int) -> dict[str, object]:
+        return {"k": "done", "q": "s#a", "pid": pid, "tok": wire(seq)}
 
     fine = [put("a"), got("a", 1), got("a", 2), done("a", 2), put("b", "put?"), got("b", 5),
             put("c", "put?"), put("d", "put-")]

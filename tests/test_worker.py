@@ -17,6 +17,7 @@ import squall.client as sc
 from squall.client import AsyncClient, NewTask, Worker
 from squall.master.app import create_master_app
 from squall.master.service import MasterSettings
+from tests.helpers import until
 
 FAST_RETRY = {"max_attempts": 3, "backoff": {"base_secs": 0.01, "cap_secs": 0.02}}
 
@@ -114,13 +115,13 @@ async def test_long_task_keeps_its_lease(client: AsyncClient) -> None:
 
     async def handler(task: sc.AsyncLeasedTask) -> None:
         first = task.expires_at
-        for _ in range(3000):  # bounded: until the renewer extended the lease three times
+
+        def renewed_three_times() -> bool:
             if task.expires_at != (renewals[-1] if renewals else first):
                 renewals.append(task.expires_at)
-                if len(renewals) >= 3:
-                    return
-            await asyncio.sleep(0.01)
-        raise AssertionError("the lease was never renewed")
+            return len(renewals) >= 3
+
+        await until(renewed_three_times, 30, interval=0.01, what="three lease renewals")
 
     stats = await run(Worker(client, ["w#long"], handler, lease_secs=1.5, burst=True))
     assert stats.done == 1 and stats.lost == 0 and stats.leased == 1

@@ -19,7 +19,7 @@ import squall.client as sc
 from squall.client import AsyncClient, Client, NewTask, Worker
 from squall.master.app import create_master_app
 from squall.master.service import MasterSettings
-from tests.helpers import MasterProcess, wait_for
+from tests.helpers import MasterProcess, until, wait_for
 
 
 class Flaky(httpx.AsyncBaseTransport):
@@ -81,13 +81,11 @@ async def test_idle_worker_long_polls_and_acks_in_batches(app: Any) -> None:
 
         w = Worker(c, "wk#idle", handler, concurrency=50, wait_s=5.0)
         run = asyncio.create_task(w.arun(install_signals=False))
-        await asyncio.sleep(0.5)  # idle: one lease parked on the master, no polling
+        m = app.state.master  # idle: one lease parked on the master, no polling
+        await until(lambda: m.waiters.total >= 1, 10, what="the worker's lease parked")
         assert flaky.seen["lease"] <= 3
         await c.put_many("wk#idle", [NewTask(pid=f"{i:03d}") for i in range(200)])
-        deadline = asyncio.get_running_loop().time() + 30
-        while len(done) < 200:
-            assert asyncio.get_running_loop().time() < deadline, len(done)
-            await asyncio.sleep(0.01)
+        await until(lambda: len(done) >= 200, 30, interval=0.01, what="200 tasks done")
         w.stop()
         stats = await asyncio.wait_for(run, 30)
         assert stats.done == 200 and sorted(done) == [f"{i:03d}" for i in range(200)]

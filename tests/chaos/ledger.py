@@ -29,12 +29,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.helpers import lease_seq
+
 Key = tuple[str, str]
-
-
-def seq(token: str | int) -> int:
-    """A lease token's fencing number (``<seq>.<mac>`` on the wire; it grows per lease)."""
-    return int(str(token).partition(".")[0])
 
 
 def payload_of(pid: str, size: int) -> bytes:
@@ -132,9 +129,9 @@ def check(recs: list[dict[str, Any]]) -> tuple[Verdict, set[Key]]:
             maybe_crc[key] = r["crc"]  # its checksum, should it show up anyway
             refused[key] = r["err"]
         elif k == "got":
-            got[key].append((seq(r["tok"]), r["crc"], r.get("w", "")))
+            got[key].append((lease_seq(r["tok"]), r["crc"], r.get("w", "")))
         elif k == "done":
-            done_tok[key] = max(done_tok.get(key, 0), seq(r["tok"]))
+            done_tok[key] = max(done_tok.get(key, 0), lease_seq(r["tok"]))
     kinds = Counter(r["k"] for r in recs)
     v.acked_puts = len(put_crc)
     v.ambiguous_puts = len(set(maybe_crc) - set(put_crc) - set(refused))
