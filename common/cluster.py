@@ -86,6 +86,9 @@ class PutResult(_Lenient):
 
 class BatchPutResult(_Lenient):
     blobs: list[PutResult]
+    node_id: str | None = Field(None, description="with `receipt=batch`: the node")
+    batch_receipt: str | None = Field(None, description="with `receipt=batch`: one receipt "
+                                      "for every blob of the batch (see common/tokens.py)")
 
 
 class BatchGetRequest(_M):

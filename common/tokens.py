@@ -23,6 +23,16 @@ quorum of valid receipts)::
     "sqr1." + b64url(claims) + "." + b64url(HMAC-SHA256(key, b"squall-receipt-v1\\n" + claims))
     claims = JSON {"n": node id, "b": blob id, "s": size in bytes, "c": crc32c, "t": issued at}
 
+Batch receipt (a front-door batch: one proof per node for every blob of one request, so
+the master checks one MAC per node and request instead of one per blob)::
+
+    "sqb1." + b64url(claims) + "." + b64url(HMAC-SHA256(key, b"squall-batch-receipt-v1\n" + claims))
+    claims = JSON {"n": node id, "k": number of blobs, "d": b64url(BLAKE2b-128 of the JSON
+                   list of the distinct [blob id, size, crc32c] triples, sorted), "t": issued at}
+
+It proves the node holds *exactly* that set: the master recomputes the digest from the
+payload references that carry it in one request (:func:`verify_batch_receipt`).
+
 b64url is URL-safe base64 without ``=`` padding. The MAC covers the claims bytes exactly
 as sent (never re-serialised), is compared in constant time, and the two kinds use
 different domain prefixes so a token can never pass as a receipt or the other way round.
@@ -51,11 +61,13 @@ from squall.common.errors import Forbidden, Unauthorized
 OPS = ("write", "read", "delete", "replicate", "heartbeat")
 TOKEN_PREFIX = "sqt1."
 RECEIPT_PREFIX = "sqr1."
+BATCH_RECEIPT_PREFIX = "sqb1."
 MAX_TOKEN_CHARS = 256 << 10
 DEV_CLUSTER_KEY = b"squall-dev-cluster-key-do-not-use-in-production"
 MIN_KEY_BYTES = 16
 _TOKEN_DOMAIN = b"squall-token-v1\n"
 _RECEIPT_DOMAIN = b"squall-receipt-v1\n"
+_BATCH_DOMAIN = b"squall-batch-receipt-v1\n"
 
 log = logging.getLogger("squall.tokens")
 
@@ -256,3 +268,38 @@ def verify_receipt(key: bytes, receipt: object, blob_id: str, size: int | None =
         if want is not None and want != got:
             raise Unauthorized(f"receipt is for {what} {got!r}, not {want!r}")
     return r
+
+
+Triple = tuple[str, int, int]  # blob id, size, crc32c
+
+
+def blobs_digest(blobs: Iterable[Triple]) -> tuple[str, int]:
+    """(digest, count) naming exactly this set of (blob id, size, crc32c) triples."""
+    distinct = sorted(set(blobs))
+    raw = orjson.dumps(distinct)
+    return _b64(hashlib.blake2b(raw, digest_size=16).digest()), len(distinct)
+
+
+def sign_batch_receipt(key: bytes, node_id: str, blobs: Iterable[Triple],
+                       issued_at: float = 0.0) -> str:
+    """Proof that `node_id` durably holds every one of `blobs` (one MAC for the set)."""
+    digest, count = blobs_digest(blobs)
+    return _seal(key, BATCH_RECEIPT_PREFIX, _BATCH_DOMAIN,
+                 {"n": node_id, "k": count, "d": digest, "t": round(float(issued_at), 3)})
+
+
+def verify_batch_receipt(key: bytes, receipt: object, blobs: Iterable[Triple],
+                         node_id: str | None = None) -> tuple[str, float]:
+    """Check a batch receipt's signature and that it names exactly `blobs` (and this node
+    when given); Unauthorized otherwise. Returns (node id, issued at)."""
+    c = _open(key, BATCH_RECEIPT_PREFIX, _BATCH_DOMAIN, receipt, "batch receipt")
+    n, k, d, t = c.get("n"), c.get("k"), c.get("d"), c.get("t", 0.0)
+    if (not isinstance(n, str) or not isinstance(k, int) or not isinstance(d, str)
+            or not isinstance(t, int | float)):
+        raise Unauthorized("malformed batch receipt claims")
+    digest, count = blobs_digest(blobs)
+    if (count, digest) != (k, d):
+        raise Unauthorized(f"the batch receipt covers {k} blob(s), not exactly these {count}")
+    if node_id is not None and node_id != n:
+        raise Unauthorized(f"batch receipt is for node {n!r}, not {node_id!r}")
+    return n, float(t)

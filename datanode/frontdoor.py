@@ -5,7 +5,8 @@ payloads (issue 9; DESIGN §2).
       1. blob ids from a block the master granted this node ahead of time (no allocation
          round trip; see master/routes/frontdoor.py)
       2. store the payloads here (one transaction, synced) and on the block's peers
-         (``/v1/replicate:batch-put``) at once; every node signs a receipt per blob
+         (``/v1/replicate:batch-put?receipt=batch``) at once; every node signs one batch
+         receipt for the request's blobs (the master checks one MAC per node, not per blob)
       3. the write quorum holds every payload: hand the enqueue (payload refs with their
          receipts) to the committer, which sends everything waiting at that moment to the
          master in one ``POST /v1/nodes/commit`` (each client request is its own update,
@@ -149,7 +150,8 @@ class FrontDoor:
         like = [BlobMeta(f.blob_id, 0, len(f.data), f.crc32c, 0, 0, 0) for f in frames]
         local, remote = await asyncio.gather(
             node.store.put_batch([(f.blob_id, f.data, f.crc32c) for f in frames]),
-            forward_batch(node, body, like, peers), return_exceptions=True)
+            forward_batch(node, body, like, peers, batch_receipt=True),
+            return_exceptions=True)
         if isinstance(local, BaseException):
             raise local
         if isinstance(remote, BaseException):
@@ -164,9 +166,10 @@ class FrontDoor:
             raise Unavailable(quorum_message(f"a front-door batch of {len(frames)} payloads",
                                              1 + len(good), 1 + len(peers), quorum, errors),
                               retry_after=1)
+        mine = node.batch_receipt(m for m, _ in local)  # one per node for the batch
         return [{"blob_id": m.blob_id, "size": m.size, "crc32c": m.crc32c,
                  "replicas": [node.address, *(p[m.blob_id]["address"] for p in good)],
-                 "receipts": [node.receipt(m), *(p[m.blob_id]["receipt"] for p in good)]}
+                 "receipts": [mine, *(p[m.blob_id]["receipt"] for p in good)]}
                 for m, _ in local]
 
     # -- the group commit to the master ----------------------------------------------------

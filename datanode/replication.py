@@ -40,7 +40,7 @@ from squall.common.cluster import (
 )
 from squall.common.errors import StatusError, Unauthorized, Unavailable
 from squall.common.payload import OK, encode_frame
-from squall.common.tokens import verify_receipt
+from squall.common.tokens import verify_batch_receipt, verify_receipt
 from squall.datanode.peers import PeerResponse
 from squall.datanode.service import DataNode
 from squall.datanode.store import BlobMeta, Upload
@@ -184,17 +184,19 @@ def quorum_message(what: str, have: int, total: int, quorum: int,
 
 
 async def forward_batch(node: DataNode, body: bytes, metas: list[BlobMeta],
-                        peers: list[str]) -> list[dict[str, dict[str, str]] | PeerError]:
+                        peers: list[str], batch_receipt: bool = False
+                        ) -> list[dict[str, dict[str, str]] | PeerError]:
     """Send a batch body to each peer's batch replicate endpoint; per peer, a stored-replica
     entry (node_id, address, receipt) per blob, its receipt checked, or the peer's error (a
-    batch is all or nothing on every node)."""
+    batch is all or nothing on every node). `batch_receipt`: each peer signs one receipt
+    for the whole batch (checked once), and every blob's entry carries it."""
     assert node.peers is not None
     ids = [m.blob_id for m in metas]
     headers = {"Authorization": "Bearer " + node.node_token("replicate", ids),
                "Content-Type": "application/octet-stream"}
 
     async def one(peer: str) -> dict[str, dict[str, str]] | PeerError:
-        return await _post_batch(node, peer, body, headers, metas)
+        return await _post_batch(node, peer, body, headers, metas, batch_receipt)
 
     out = list(await asyncio.gather(*(one(p) for p in peers)))
     node.forwarded += len(peers)
@@ -202,18 +204,27 @@ async def forward_batch(node: DataNode, body: bytes, metas: list[BlobMeta],
 
 
 async def _post_batch(node: DataNode, peer: str, body: bytes, headers: dict[str, str],
-                      metas: list[BlobMeta]) -> dict[str, dict[str, str]] | PeerError:
+                      metas: list[BlobMeta], batch_receipt: bool = False
+                      ) -> dict[str, dict[str, str]] | PeerError:
     """POST a batch body to a peer's batch replicate endpoint: a stored-replica entry per
     blob (its receipt checked against the blob's size and CRC32C), or the peer's error."""
     assert node.peers is not None
     try:
-        r = await node.peers.post(f"{peer}/v1/replicate:batch-put", content=body,
-                                  headers=headers)
+        r = await node.peers.post(f"{peer}/v1/replicate:batch-put"
+                                  + ("?receipt=batch" if batch_receipt else ""),
+                                  content=body, headers=headers)
     except Exception as e:
         return _transport(peer, e)
     if r.status_code != 200:
         return _describe_http(peer, r)
     try:  # plain JSON, not models: a hundred blobs' worth per batch
+        if batch_receipt:
+            ans = r.json()
+            node_id, receipt = str(ans["node_id"]), str(ans["batch_receipt"])
+            verify_batch_receipt(node.key, receipt, [(m.blob_id, m.size, m.crc32c)
+                                                     for m in metas], node_id)
+            entry = {"node_id": node_id, "address": peer, "receipt": receipt}
+            return {m.blob_id: entry for m in metas}
         got = {b["blob_id"]: b["stored"][0] for b in r.json()["blobs"]}
         out = {}
         for m in metas:

@@ -12,7 +12,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from squall.common.clock import Clock, SystemClock
-from squall.common.tokens import TokenClaims, bearer, sign, sign_receipt, verify
+from squall.common.tokens import (
+    TokenClaims,
+    bearer,
+    sign,
+    sign_batch_receipt,
+    sign_receipt,
+    verify,
+)
 from squall.datanode.config import DataNodeSettings
 from squall.datanode.peers import Pacer, Peers
 from squall.datanode.store import BlobMeta, BlobStore
@@ -60,6 +67,12 @@ class DataNode:
     def receipt(self, meta: BlobMeta) -> str:
         return sign_receipt(self.key, self.node_id, meta.blob_id, meta.size, meta.crc32c,
                             self.clock.now())
+
+    def batch_receipt(self, metas: Iterable[BlobMeta]) -> str:
+        """One receipt for a whole batch (see ``common/tokens.py``)."""
+        return sign_batch_receipt(self.key, self.node_id,
+                                  [(m.blob_id, m.size, m.crc32c) for m in metas],
+                                  self.clock.now())
 
     def node_token(self, op: str, ids: Iterable[str]) -> str:
         """A token this node signs for its own requests to peers and to the master."""

@@ -1,6 +1,7 @@
-"""The hot POST routes (update, enqueue, lease) served without the framework's machinery.
+"""The hot POST routes (update, enqueue, lease, and the data nodes' front-door commit)
+served without the framework's machinery.
 
-Every request of a worker or producer goes through one of these three, and FastAPI's
+Every request of a worker or producer goes through one of these, and FastAPI's
 routing, dependency injection and stdlib JSON parsing cost about as much as the master's
 own work for them. This thin ASGI layer matches their paths, validates the body with
 pydantic's native JSON parser into the *same* models, calls the same :class:`Master`
@@ -17,17 +18,20 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from squall.common.cluster import NodeCommitRequest
 from squall.common.errors import BadRequest, StatusError
 from squall.common.guard import PRINCIPAL
 from squall.common.http import JSON, error_response
 from squall.common.models import EnqueueRequest, LeaseRequest, UpdateRequest
 from squall.common.names import check_name
 from squall.master.http import invalid
+from squall.master.routes.frontdoor import commit_updates, node_speaks
 from squall.master.security import check_update
 from squall.master.service import Master
 
 M = TypeVar("M", bound=BaseModel)
-_ROUTE = re.compile(r"^/v1/groups/([^/]+)/(?:update|queues/([^/]+)/(tasks|lease))$")
+_ROUTE = re.compile(r"^/v1/groups/([^/]+)/(?:update|queues/([^/]+)/(tasks|lease))$"
+                    r"|^/v1/nodes/(commit)$")
 
 
 class FastPath:
@@ -58,9 +62,15 @@ class FastPath:
     @staticmethod
     async def _serve(master: Master, m: re.Match[str], body: bytes, scope: Scope
                      ) -> dict[str, Any]:
-        group = check_name("group", m[1])
         client = scope.get("client")
         addr = f"{client[0]}:{client[1]}" if client else ""
+        if m[4] is not None:  # a data node's group commit of front-door enqueues
+            req_c = _parse(NodeCommitRequest, body)
+            auth = next((v.decode("latin-1") for k, v in scope.get("headers", ())
+                         if k == b"authorization"), None)
+            node_speaks(master, scope.get(PRINCIPAL), auth, req_c.node_id)
+            return await commit_updates(master, req_c, addr)
+        group = check_name("group", m[1])
         if m[2] is None:
             req = _parse(UpdateRequest, body)
             check_update(scope.get(PRINCIPAL), bool(req.enqueue),

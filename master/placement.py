@@ -6,8 +6,10 @@
 - :meth:`Placement.verify` is called while planning an enqueue: a payload reference is
   accepted only with valid receipts (see ``common/tokens.py``) for its blob id, size and
   checksum from at least ``write_quorum`` distinct nodes, written recently enough that blob
-  GC cannot have collected it. The stored reference keeps blob id, size, checksum and the
-  nodes' addresses; receipts and tokens are not stored.
+  GC cannot have collected it. A *batch* receipt (a front-door request's) is checked once
+  for every reference of the request carrying it, by :meth:`Placement.prove` before
+  planning: it must name exactly that set of blobs. The stored reference keeps blob id,
+  size, checksum and the nodes' addresses; receipts and tokens are not stored.
 - :meth:`Placement.for_reader` adds the live replicas and a read token to a reference.
 """
 
@@ -15,11 +17,17 @@ from __future__ import annotations
 
 import random
 import secrets
+from collections.abc import Iterable
 from typing import Any
 
 from squall.common.errors import BadRequest, Unauthorized, Unavailable
 from squall.common.models import PayloadRef
-from squall.common.tokens import sign, verify_receipt
+from squall.common.tokens import (
+    BATCH_RECEIPT_PREFIX,
+    sign,
+    verify_batch_receipt,
+    verify_receipt,
+)
 from squall.master.cluster import Cluster
 
 WRITE_TOKEN_SECS = 300.0
@@ -29,6 +37,8 @@ READ_TOKEN_MARGIN_SECS = 600.0
 class Placement:
     def __init__(self, cluster: Cluster, key: bytes, require_receipts: bool = True) -> None:
         self.cluster, self.key, self.require_receipts = cluster, key, require_receipts
+        # batch receipts checked by the last prove(): (receipt, blob, size, crc) -> outcome
+        self._proven: dict[tuple[str, str, int, int], tuple[str, float] | Unauthorized] = {}
 
     def allocate(self, count: int, size_bytes: int) -> dict[str, Any]:
         c = self.cluster
@@ -60,6 +70,39 @@ class Placement:
         return {"blobs": [{"blob_id": b, "replicas": replicas} for b in ids],
                 "token": token, "expires_at": expires, "write_quorum": quorum}
 
+    def prove(self, refs: Iterable[PayloadRef]) -> None:
+        """Check every batch receipt among `refs` (one request's payload references) once,
+        against the set of references carrying it; :meth:`verify` then reads the outcome.
+        Called in the same synchronous step as the plan that verifies `refs`."""
+        self._proven = {}
+        if not self.require_receipts:
+            return
+        groups: dict[str, list[PayloadRef]] = {}
+        for p in refs:
+            for r in p.receipts:
+                if r.startswith(BATCH_RECEIPT_PREFIX):
+                    groups.setdefault(r, []).append(p)
+        for r, ps in groups.items():
+            triples = [(p.blob_id, p.size, p.crc32c) for p in ps]
+            try:
+                proof: tuple[str, float] | Unauthorized = verify_batch_receipt(self.key, r,
+                                                                               triples)
+            except Unauthorized as e:
+                proof = e
+            for t in triples:
+                self._proven[(r, *t)] = proof
+
+    def _receipt(self, p: PayloadRef, r: str) -> tuple[str, float]:
+        if not r.startswith(BATCH_RECEIPT_PREFIX):
+            rec = verify_receipt(self.key, r, p.blob_id, p.size, p.crc32c)
+            return rec.node_id, rec.issued_at
+        proof = self._proven.get((r, p.blob_id, p.size, p.crc32c))
+        if proof is None:
+            raise Unauthorized("a batch receipt is only valid with its whole batch")
+        if isinstance(proof, Unauthorized):
+            raise proof
+        return proof
+
     def verify(self, p: PayloadRef) -> dict[str, Any]:
         """The reference to store for `p`, or an error if its write quorum is not proven."""
         stored = {"blob_id": p.blob_id, "size": p.size, "crc32c": p.crc32c,
@@ -71,14 +114,14 @@ class Placement:
         nodes: dict[str, str] = {}
         for r in p.receipts:
             try:
-                rec = verify_receipt(self.key, r, p.blob_id, p.size, p.crc32c)
+                node_id, issued_at = self._receipt(p, r)
             except Unauthorized as e:
                 raise BadRequest(f"payload {p.blob_id}: invalid receipt ({e.message})") from None
-            if now - rec.issued_at > c.s.orphan_grace_s / 2:
-                raise BadRequest(f"payload {p.blob_id} was written {now - rec.issued_at:.0f}s "
+            if now - issued_at > c.s.orphan_grace_s / 2:
+                raise BadRequest(f"payload {p.blob_id} was written {now - issued_at:.0f}s "
                                  "ago, too long before this enqueue: write it again")
-            n = c.nodes.get(rec.node_id)
-            nodes[rec.node_id] = n.address if n else ""
+            n = c.nodes.get(node_id)
+            nodes[node_id] = n.address if n else ""
         if len(nodes) < c.s.quorum:
             raise BadRequest(
                 f"payload {p.blob_id}: {len(nodes)} valid receipt(s) from distinct data nodes, "

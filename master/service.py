@@ -184,15 +184,26 @@ class Master:
     async def update(self, group: str, req: UpdateRequest, addr: str = "") -> dict[str, Any]:
         if req.lease is not None:
             check_name("group", group)
-        res = await self._execute(lambda txn: self.engine.plan_update(txn, group, req, addr),
-                                  sweep_first=req.lease is not None)
+        refs = [e.payload for e in req.enqueue if e.payload is not None]
+
+        def work(txn: lmdb.Transaction) -> dict[str, Any]:
+            self.placement.prove(refs)  # batch receipts, once per batch, right before use
+            return self.engine.plan_update(txn, group, req, addr)
+
+        res = await self._execute(work, sweep_first=req.lease is not None)
         self._woke(group, {*(e.queue for e in req.enqueue), *(r.queue for r in req.release)})
         if req.lease is not None:
             self._leased(group, req.lease.queue, res["leased"])
         return res
 
     async def enqueue(self, group: str, queue: str, tasks: list[TaskSpec]) -> dict[str, Any]:
-        res = await self._execute(lambda txn: self.engine.plan_enqueue(txn, group, queue, tasks))
+        refs = [t.payload for t in tasks if t.payload is not None]
+
+        def work(txn: lmdb.Transaction) -> dict[str, Any]:
+            self.placement.prove(refs)
+            return self.engine.plan_enqueue(txn, group, queue, tasks)
+
+        res = await self._execute(work)
         self._woke(group, (queue,))
         return res
 

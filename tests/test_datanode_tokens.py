@@ -129,6 +129,31 @@ def test_receipts() -> None:
         tokens.verify(KEY, "sqt1." + r[5:], "write", "blob-1", NOW)
 
 
+def test_batch_receipts_name_exactly_their_set() -> None:
+    blobs = [("b-1", 10, 1), ("b-2", 0, 2), ("b-3", 1024, 3)]
+    r = tokens.sign_batch_receipt(KEY, "dn-1", blobs, NOW)
+    assert r.startswith(tokens.BATCH_RECEIPT_PREFIX)
+    assert tokens.verify_batch_receipt(KEY, r, list(reversed(blobs)), "dn-1") == ("dn-1", NOW)
+    assert tokens.verify_batch_receipt(KEY, r, [*blobs, blobs[0]]) == ("dn-1", NOW)  # a set
+    for other in (blobs[:2], [*blobs, ("b-4", 1, 4)], [("b-1", 11, 1), *blobs[1:]],
+                  [("b-1", 10, 9), *blobs[1:]], [("b-9", 10, 1), *blobs[1:]], []):
+        with pytest.raises(Unauthorized, match="covers 3 blob"):
+            tokens.verify_batch_receipt(KEY, r, other)
+    with pytest.raises(Unauthorized, match="not 'dn-2'"):
+        tokens.verify_batch_receipt(KEY, r, blobs, "dn-2")
+    with pytest.raises(Unauthorized):
+        tokens.verify_batch_receipt(b"another-cluster-key-0123456789ab", r, blobs)
+    for m in mutations(r, random.Random(6), 100):
+        with pytest.raises(Unauthorized):
+            tokens.verify_batch_receipt(KEY, m, blobs)
+    # neither a blob receipt nor a token passes as a batch receipt, nor the other way round
+    one = tokens.sign_receipt(KEY, "dn-1", "b-1", 10, 1, NOW)
+    with pytest.raises(Unauthorized):
+        tokens.verify_batch_receipt(KEY, "sqb1." + one[5:], blobs[:1])
+    with pytest.raises(Unauthorized):
+        tokens.verify_receipt(KEY, "sqr1." + r[5:], "b-1")
+
+
 def test_load_cluster_key(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
     f = tmp_path / "key"
     f.write_bytes(b"  " + b"x" * 32 + b"\n")

@@ -18,6 +18,8 @@ import pytest
 from squall.client import Client, NewTask
 from squall.client._cli_dev import DevCluster
 from squall.client._frontdoor import MAX_BYTES
+from squall.common import tokens
+from squall.common.tokens import load_cluster_key
 from tests.helpers import ADMIN, free_port_block, wait_for
 
 GRACE_S = 8.0  # the master's orphan grace in the crash test (blocks live a quarter of it)
@@ -134,3 +136,38 @@ def test_front_door_bad_input(cluster: DevCluster, ctype: str, body: bytes,
                    headers={"Content-Type": ctype, **ADMIN}, timeout=30)
     assert r.status_code == status, r.text
     assert set(r.json()["error"]) >= {"code", "message"}
+
+
+def test_batch_receipts_prove_exactly_their_set(cluster: DevCluster) -> None:
+    """A front-door batch is proven by one receipt per node for the whole set of blobs; the
+    master accepts it only on references that make up exactly that set (a subset, a
+    superset, another size or a receipt of another node's are refused), and still needs
+    the write quorum of distinct nodes."""
+    key = load_cluster_key(cluster.env.get("SQUALL_CLUSTER_KEY_FILE"))
+    http = httpx.Client(base_url=cluster.master_url, headers={
+        "Authorization": f"Bearer {cluster.admin}"}, timeout=10)
+    nodes = [n["node_id"] for n in http.get("/v1/cluster").json()["nodes"]]
+    blobs = [(f"brx-{i}", 10 + i, 100 + i) for i in range(3)]
+    now = time.time()
+    r1, r2 = (tokens.sign_batch_receipt(key, n, blobs, now) for n in nodes[:2])
+
+    def put(refs: list[tuple[str, int, int]], receipts: list[str], pid: str) -> httpx.Response:
+        return http.post("/v1/groups/g/update", json={"enqueue": [
+            {"queue": "brx", "pid": f"{pid}-{b}", "payload": {
+                "blob_id": b, "size": s, "crc32c": c, "receipts": receipts}}
+            for b, s, c in refs]})
+
+    for refs, receipts, why in (
+            (blobs[:2], [r1, r2], "covers 3 blob"),
+            ([*blobs, ("brx-9", 1, 1)], [r1, r2], "covers 3 blob"),
+            ([(blobs[0][0], 99, blobs[0][2]), *blobs[1:]], [r1, r2], "covers 3 blob"),
+            (blobs, [r1, r1], "1 valid receipt"),
+            (blobs, [r1, r2[:-3] + "AAA"], "signature")):
+        r = put(refs, receipts, "bad")
+        assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
+    st = http.get("/v1/groups/g/queues/brx/stats")  # nothing was applied
+    assert st.status_code == 404 or st.json()["total"] == 0, st.text
+    r = put(blobs, [r1, r2], "good")
+    assert r.status_code == 200, r.text
+    assert [e["collapsed"] for e in r.json()["enqueued"]] == [False] * 3
+    http.close()

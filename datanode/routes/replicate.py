@@ -9,7 +9,9 @@ heartbeat ``replicate`` commands (re-replication).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
 
 from squall.common.checksum import parse_crc
 from squall.common.cluster import BatchPutResult, PutResult
@@ -20,6 +22,8 @@ from squall.datanode.routes.batch import answers, check_scope, parse_batch, stor
 from squall.datanode.routes.blobs import ERRORS, RAW_BODY, CrcH, LengthH
 
 router = APIRouter(tags=["replication"])
+ReceiptQ = Annotated[Literal["blob", "batch"], Query(
+    description="`batch`: one batch receipt for all the blobs instead of one each")]
 
 
 @router.put("/v1/replicate/{blob_id}", response_model=PutResult, responses=ERRORS,
@@ -39,10 +43,16 @@ async def replicate_blob(blob_id: BlobIdP, request: Request, node: NodeDep,
 
 @router.post("/v1/replicate:batch-put", response_model=BatchPutResult, responses=ERRORS,
              openapi_extra=RAW_BODY)
-async def replicate_batch(request: Request, node: NodeDep, authorization: AuthH = None) -> JSON:
-    """Store copies of a batch of small blobs sent by another node, all or nothing."""
+async def replicate_batch(request: Request, node: NodeDep, authorization: AuthH = None,
+                          receipt: ReceiptQ = "blob") -> JSON:
+    """Store copies of a batch of small blobs sent by another node, all or nothing.
+    `receipt=batch`: answer one batch receipt for the lot instead of one per blob (the
+    front door's forwards; the blob list is then left out)."""
     claims = node.authorize(authorization, "replicate", [])
     frames = parse_batch(await request.body())
     check_scope(claims.covers, frames)
     metas = await store_batch(node, frames)
+    if receipt == "batch":
+        return JSON({"blobs": [], "node_id": node.node_id,
+                     "batch_receipt": node.batch_receipt(metas)})
     return JSON({"blobs": answers(node, metas, [], [])})
