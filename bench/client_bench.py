@@ -7,7 +7,8 @@ Run ``python -m bench.client_bench [--quick] [--only B,D,A,M,C] [--async-handler
      done=<the previous batch>)``: one lease+ack update and one batch read per data node
      per batch (issue 9).
 - D  4 producer processes (``put`` one task at a time) + 4 ``Worker`` processes (no-op
-     handler, burst mode) at once; first put to last ack.
+     handler, long-lived: long polling while idle, stopped once the queue is empty) at
+     once; first put to last ack.
 - A  one client, one task at a time: ``put`` and ``lease(1)`` → ``payload()`` → ``done()``;
      the HTTP round trips of each are counted and timed (httpx event hooks).
 - M  master only (no payloads), batches of 100: ``put_many`` and ``lease(100, done=prev)``.

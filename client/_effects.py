@@ -12,6 +12,8 @@ them::
     Close(reply)-> None (drivers also close every stream a verb left open)
     Emit(value) -> None; the value goes to the caller of a streaming verb
                    (``iter_payload``, ``iter_tasks``)
+    Gather(gens)-> the results of these verbs run at once (threads in the sync driver,
+                   tasks in the async one), in order; the first failure once all ended
 
 Retries live here too (:func:`call`), as effects: a retryable failure becomes a ``Sleep``
 and the same ``Call`` again, so both clients retry identically.
@@ -61,6 +63,14 @@ class Reply:
     headers: dict[str, str]
     content: bytes = b""
     stream: Any = None  # the driver's handle of an open stream
+
+
+@dataclass(slots=True)
+class Gather:
+    """Run these protocol generators at once; their results in order, or the first failure
+    once every one of them has ended (what the others did stands)."""
+
+    gens: list[Generator[Any, Any, Any]]
 
 
 @dataclass(slots=True)

@@ -47,9 +47,12 @@ class MasterAuth(httpx.Auth):
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
-def sync_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
-    """The sync client's default transport: TLS as :func:`tls_verify`, TCP_NODELAY."""
-    return httpx.HTTPTransport(verify=tls_verify(), limits=limits, socket_options=NODELAY)
+def sync_transport(limits: httpx.Limits) -> httpx.BaseTransport:
+    """The sync client's default transport: :class:`LeanTransport` (``http.client``), TLS
+    as :func:`tls_verify`, TCP_NODELAY."""
+    from squall.client._leanhttp import LeanTransport
+
+    return LeanTransport(tls_verify(), limits.max_keepalive_connections or 100)
 
 
 def tls_verify() -> ssl.SSLContext:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from squall.client._blobs import BATCH_BLOB_BYTES, Blobs, NodeBook
-from squall.client._effects import Call, Emit, Proto, Retry, call
+from squall.client._effects import Call, Emit, Gather, Proto, Retry, call
 from squall.client._frontdoor import FrontDoor
 from squall.client._payloads import PayloadVerbs
 from squall.client._tasks import (
@@ -84,6 +84,9 @@ def _qpath(queue: str) -> tuple[str, str, str]:
     return group, name, f"/v1/groups/{group}/queues/{name}"
 
 
+MAX_IN_FLIGHT = 16  # put_many batches sent at once
+
+
 def _spec(t: NewTask, generated: set[str]) -> dict[str, Any]:
     """A TaskSpec dict; a task without a pid gets a client-made FIFO pid (so a retried
     enqueue collapses instead of enqueueing twice)."""
@@ -99,6 +102,19 @@ def _spec(t: NewTask, generated: set[str]) -> dict[str, Any]:
     if t.idempotency_key is not None:
         spec["idempotency_key"] = t.idempotency_key
     return spec
+
+
+def _specs(tasks: list[NewTask]) -> tuple[list[dict[str, Any]], set[str]]:
+    generated: set[str] = set()
+    return [_spec(t, generated) for t in tasks], generated
+
+
+def first_failure(outcomes: list[Any]) -> list[Any]:
+    """The results of a Gather, or its first failure raised."""
+    for o in outcomes:
+        if isinstance(o, BaseException):
+            raise o
+    return outcomes
 
 
 def _results(items: list[dict[str, Any]], generated: set[str], group: str
@@ -149,9 +165,12 @@ class Core(PayloadVerbs):
         return res[0]
 
     def _enqueue(self, queue: str, tasks: list[NewTask]) -> Proto[list[EnqueueResult]]:
+        return (yield from self._send(queue, tasks, _specs(tasks)))
+
+    def _send(self, queue: str, tasks: list[NewTask],
+              made: tuple[list[dict[str, Any]], set[str]]) -> Proto[list[EnqueueResult]]:
         group, name, path = _qpath(queue)
-        generated: set[str] = set()
-        specs = [_spec(t, generated) for t in tasks]
+        specs, generated = made
         sources = [as_source(t.payload) for t in tasks]
         if self.front is not None and self.front.eligible(sources):
             got = yield from self.front.enqueue(group, name, specs, sources)
@@ -162,21 +181,35 @@ class Core(PayloadVerbs):
         return _results(ans["enqueued"], generated, group)
 
     def put_many(self, queue: str, items: Iterable[Payload | NewTask], batch_size: int,
-                 progress: Callable[[list[EnqueueResult]], Any] | None) -> Proto[int]:
-        """Enqueue `items` (payloads or NewTasks) batch by batch: one allocation, one write
-        per replica set and one enqueue per batch; only one batch is held at a time."""
+                 progress: Callable[[list[EnqueueResult]], Any] | None,
+                 in_flight: int = 1) -> Proto[int]:
+        """Enqueue `items` (payloads or NewTasks) batch by batch: each batch one request
+        (the front door) or one allocation, one write per replica set and one enqueue.
+        `in_flight` batches are sent at once (their pids are made in order first, so
+        pid-less tasks keep the order of `items`); at most that many are held."""
         split_queue(queue)
         if not 1 <= batch_size <= MAX_BATCH:
             raise BadRequest(f"batch_size must be 1..{MAX_BATCH}")
+        if not 1 <= in_flight <= MAX_IN_FLIGHT:
+            raise BadRequest(f"in_flight must be 1..{MAX_IN_FLIGHT}")
         it: Iterator[Payload | NewTask] = iter(items)
         added = 0
-        while batch := list(islice(it, batch_size)):
-            tasks = [x if isinstance(x, NewTask) else NewTask(x) for x in batch]
-            res = yield from self._enqueue(queue, tasks)
-            added += sum(1 for r in res if not r.collapsed)
-            if progress is not None:
-                progress(res)
-        return added
+        while True:
+            wave = []
+            while len(wave) < in_flight and (batch := list(islice(it, batch_size))):
+                wave.append([x if isinstance(x, NewTask) else NewTask(x) for x in batch])
+            if not wave:
+                return added
+            made = [_specs(tasks) for tasks in wave]  # pids in the order of `items`
+            if len(wave) == 1:
+                results = [(yield from self._send(queue, wave[0], made[0]))]
+            else:
+                results = yield Gather([self._send(queue, tasks, m)
+                                        for tasks, m in zip(wave, made, strict=True)])
+            for res in results:
+                added += sum(1 for r in res if not r.collapsed)
+                if progress is not None:
+                    progress(res)
 
     # -- lease and the task verbs --------------------------------------------------------
     def lease(self, queue: str, max_tasks: int, lease_secs: float | None, max_pid: str | None,

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeAlias, TypeVar
 
 import httpx
 
 from squall.client import _http
-from squall.client._effects import Call, Close, Emit, Read, Reply, Retry, Sleep
-from squall.client._protocol import Core, default_master, held_wire
+from squall.client._effects import Call, Close, Emit, Gather, Read, Reply, Retry, Sleep
+from squall.client._protocol import Core, default_master, first_failure, held_wire
 from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder
 from squall.common.errors import SquallError
 from squall.common.models import (
@@ -100,6 +101,10 @@ class _Driver:
         if t is Close:
             eff.reply.stream[0].close()
             return None
+        if t is Gather:
+            with ThreadPoolExecutor(len(eff.gens), thread_name_prefix="squall-gather") as ex:
+                futures = [ex.submit(self.run, g) for g in eff.gens]
+            return first_failure([f.exception() or f.result() for f in futures])
         raise TypeError(f"unknown effect {eff!r}")  # pragma: no cover
 
     def _call(self, c: Call, streams: list[httpx.Response]) -> Any:
@@ -214,9 +219,13 @@ class Client:
                                          idempotency_key))
 
     def put_many(self, queue: str, items: Iterable[Payload | NewTask], *, batch_size: int = 100,
-                 progress: Callable[[list[EnqueueResult]], Any] | None = None) -> int:
-        """Enqueue many tasks, batch by batch; returns how many were new."""
-        return self._run(self._core.put_many(queue, items, batch_size, progress))
+                 progress: Callable[[list[EnqueueResult]], Any] | None = None,
+                 in_flight: int = 4) -> int:
+        """Enqueue many tasks, batch by batch; returns how many were new. `in_flight`
+        batches are sent at once (pid-less tasks still get pids in the order of `items`;
+        after a failure, later batches are not sent, but others of the same round may
+        have been enqueued: sending everything again collapses them, by pid)."""
+        return self._run(self._core.put_many(queue, items, batch_size, progress, in_flight))
 
     def lease(self, queue: str, max_tasks: int = 1, lease_secs: float | None = None,
               *, max_pid: str | None = None, payloads: bool = False,

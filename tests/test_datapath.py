@@ -232,7 +232,35 @@ def test_the_sync_client_sends_small_requests_without_nagle_delay(cluster: DevCl
     """TCP_NODELAY on the sync client's connections (asyncio sets it for the async one)."""
     with Client(cluster.master_url) as c:
         c.stats()
-        conns = c._http._transport._pool.connections  # type: ignore[attr-defined]
+        idle = c._http._transport._idle  # type: ignore[attr-defined]
+        conns = [conn for pool in idle.values() for conn in pool]
         assert conns
-        sock = conns[0]._connection._network_stream.get_extra_info("socket")
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        assert conns[0].sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+@pytest.mark.parametrize("in_flight", [1, 4])
+def test_put_many_in_flight_keeps_order_and_stops_at_a_failure(cluster: DevCluster,
+                                                               in_flight: int) -> None:
+    """Batches sent at once still give pid-less tasks pids in the order of the items (front
+    door and master-only alike); a failing batch stops the sending: nothing after its round
+    is enqueued, and the call raises."""
+    q = f"pm#order{in_flight}"
+    with Client(cluster.master_url) as c:
+        items: list[bytes | None] = [i.to_bytes(4, "big") if i % 3 else None
+                                     for i in range(1000)]
+        assert c.put_many(q, items, batch_size=50, in_flight=in_flight) == 1000
+        got = []
+        while batch := c.lease(q, 500, 60, payloads=True):
+            got += batch
+            c.done(batch)
+        assert [t.pid for t in got] == sorted(t.pid for t in got)
+        assert [t.payload() or None for t in got] == items  # the order of the items
+
+        bad = [NewTask(None, pid=f"p{i:04d}") for i in range(400)]
+        bad[130] = NewTask(None, pid="")  # an empty pid: refused (400)
+        with pytest.raises(Exception, match="pid"):
+            c.put_many(q + "x", bad, batch_size=50, in_flight=in_flight)
+        st = c.stats(q + "x")
+        # batches 0-1 went before the failing one (batch 2); with 4 in flight its round
+        # (batches 0-3) was sent at once; no later round was
+        assert st.total == (100 if in_flight == 1 else 150)

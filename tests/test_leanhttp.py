@@ -1,0 +1,188 @@
+"""The sync client's http.client transport (client/_leanhttp.py) against a raw HTTP/1.1
+server on 127.0.0.1: keep-alive reuse, an idle connection the server closed, a response
+left half-read, chunked bodies both ways, and errors mapped to httpx's exceptions."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from squall.client._leanhttp import LeanTransport
+from tests.helpers import wait_for
+
+Answer = Callable[[bytes], bytes | None]  # request head + body -> raw answer (None: hang up)
+
+
+class RawServer:
+    """Accepts connections and answers each request with `answer`; counts connections."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connections = 0
+        self.hang_up_after = False  # answer, then close without saying so
+        self.requests: list[bytes] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # the client may hang up mid-answer
+            self._exchange(conn)
+
+    def _exchange(self, conn: socket.socket) -> None:
+        buf = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                body = b""
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        n = int(line.split(b":")[1])
+                        while len(buf) < n:
+                            buf += conn.recv(65536)
+                        body, buf = buf[:n], buf[n:]
+                    elif line.lower().startswith(b"transfer-encoding: chunked"):
+                        while not buf.endswith(b"0\r\n\r\n"):
+                            buf += conn.recv(65536)
+                        body, buf = _dechunk(buf), b""
+                self.requests.append(head + b"\r\n\r\n" + body)
+                out = self.answer(head + b"\r\n\r\n" + body)
+                if out is None:
+                    return
+                conn.sendall(out)
+                if self.hang_up_after or b"connection: close" in out.lower():
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _dechunk(raw: bytes) -> bytes:
+    out = b""
+    while True:
+        size, _, raw = raw.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return out
+        out, raw = out + raw[:n], raw[n + 2:]
+
+
+def ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
+
+
+@pytest.fixture
+def client() -> Iterator[Callable[[Answer], tuple[httpx.Client, RawServer]]]:
+    made: list[tuple[httpx.Client, RawServer]] = []
+
+    def make(answer: Answer) -> tuple[httpx.Client, RawServer]:
+        srv = RawServer(answer)
+        c = httpx.Client(base_url=srv.url, timeout=5,
+                         transport=LeanTransport(ssl.create_default_context()))
+        made.append((c, srv))
+        return c, srv
+
+    yield make
+    for c, srv in made:
+        c.close()
+        srv.close()
+
+
+def test_keep_alive_reuses_one_connection(client) -> None:  # type: ignore[no-untyped-def]
+    c, srv = client(lambda req: ok(req.partition(b"\r\n\r\n")[2] or b"{}"))
+    for i in range(20):
+        assert c.post("/x", content=f'{{"i":{i}}}'.encode()).json() == {"i": i}
+    assert srv.connections == 1
+
+
+def test_an_idle_connection_the_server_closed_is_not_reused(client) -> None:  # type: ignore[no-untyped-def]
+    c, srv = client(lambda req: ok())
+    srv.hang_up_after = True  # answers, then closes the connection without saying so
+    assert c.get("/a").json() == {"ok": True}
+    pooled = [conn for pool in c._transport._idle.values() for conn in pool]
+    assert len(pooled) == 1
+    wait_for(lambda: select.select([pooled[0].sock], [], [], 0)[0], timeout=5,
+             what="the server's FIN")
+    srv.hang_up_after = False
+    assert c.get("/b").json() == {"ok": True}  # on a new connection, not the dead one
+    assert srv.connections == 2 and len(srv.requests) == 2
+
+
+def test_no_answer_is_an_error_never_a_silent_resend(client) -> None:  # type: ignore[no-untyped-def]
+    c, srv = client(lambda req: ok())
+    assert c.get("/a").json() == {"ok": True}
+    srv.answer = lambda req: None  # reads the request, hangs up without answering
+    with pytest.raises(httpx.RemoteProtocolError):
+        c.post("/b", content=b"once")
+    assert sum(b"/b" in r for r in srv.requests) == 1
+    srv.answer = lambda req: ok()
+    assert c.get("/c").json() == {"ok": True}
+    assert srv.connections == 2
+
+
+def test_half_read_responses_close_their_connection(client) -> None:  # type: ignore[no-untyped-def]
+    big = b"x" * (1 << 20)
+    c, srv = client(lambda req: ok(big) if b"/big" in req else ok())
+    with c.stream("GET", "/big") as r:
+        assert len(next(r.iter_raw())) > 0  # read a little, then leave
+    assert c.get("/small").json() == {"ok": True}
+    assert srv.connections == 2  # the half-read connection was not reused
+    with c.stream("GET", "/big") as r:
+        assert b"".join(r.iter_bytes()) == big
+    assert c.get("/small").json() == {"ok": True}
+    assert srv.connections == 2  # read to its end: back in the pool and reused
+
+
+def test_chunked_both_ways(client) -> None:  # type: ignore[no-untyped-def]
+    def answer(req: bytes) -> bytes:
+        body = req.partition(b"\r\n\r\n")[2]
+        return (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:3], body[3:]) if p)
+                + b"0\r\n\r\n")
+
+    c, srv = client(answer)
+    parts = [b"abc", b"", b"defgh" * 1000]
+    r = c.post("/up", content=iter(parts))
+    assert r.content == b"".join(parts)
+    assert b"transfer-encoding: chunked" in srv.requests[-1].lower()
+    assert c.post("/up", content=b"plain").content == b"plain"
+    assert srv.connections == 1
+
+
+def test_errors_are_httpx_errors(client) -> None:  # type: ignore[no-untyped-def]
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there
+    t = LeanTransport(ssl.create_default_context())
+    with httpx.Client(transport=t, timeout=2) as c, pytest.raises(httpx.ConnectError):
+        c.get(f"http://127.0.0.1:{port}/")
+    gate = threading.Event()  # the server holds its answer until the client gave up
+    hang, _ = client(lambda req: ok() if gate.wait(10) else None)
+    with pytest.raises(httpx.ReadTimeout):
+        hang.get("/slow", timeout=httpx.Timeout(5, read=0.3))
+    gate.set()
+    with httpx.Client(transport=t) as c, pytest.raises(httpx.UnsupportedProtocol):
+        c.get("ftp://127.0.0.1/")
