@@ -1,5 +1,6 @@
 """The hot blob routes served without the framework's machinery: ``PUT /v1/blobs/{id}``,
-``PUT /v1/replicate/{id}`` and ``GET /v1/blobs/{id}``.
+``PUT /v1/replicate/{id}``, ``GET /v1/blobs/{id}``, and the small-payload POSTs: the front
+door (``/v1/groups/{g}/queues/{q}/tasks``) and ``/v1/replicate:batch-put``.
 
 Every payload write and read goes through one of these, and FastAPI's routing, dependency
 resolution (headers, query, path) and response classes cost a data node about as much CPU
@@ -26,17 +27,21 @@ from squall.common.checksum import CRC_HEADER, parse_crc
 from squall.common.errors import BadRequest, StatusError
 from squall.common.http import JSON, error_response
 from squall.datanode.replication import store_and_forward
+from squall.datanode.routes import frontdoor
 from squall.datanode.routes.blobs import (
     MAX_REPLICAS,
     StreamAborted,
     open_read,
     peers_of,
 )
+from squall.datanode.routes.replicate import replicate_frames
 from squall.datanode.service import DataNode
 
 log = logging.getLogger("squall.datanode.blobs")
 _ROUTE = re.compile(r"^/v1/(blobs|replicate)/([A-Za-z0-9][A-Za-z0-9_.\-]{0,127})$")
 _SERVED = {("PUT", "blobs"), ("PUT", "replicate"), ("GET", "blobs")}
+_POSTS = re.compile(r"^/v1/(?:groups/([^/]+)/queues/([^/]+)/tasks|replicate:batch-put)$")
+_RECEIPTS = {b"": "blob", b"receipt=blob": "blob", b"receipt=batch": "batch"}
 
 
 class FastPath:
@@ -46,7 +51,12 @@ class FastPath:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         m = _ROUTE.match(scope["path"]) if scope["type"] == "http" else None
         if m is None or (scope["method"], m[1]) not in _SERVED:
-            await self.app(scope, receive, send)
+            p = (_POSTS.match(scope["path"])
+                 if scope["type"] == "http" and scope["method"] == "POST" else None)
+            if p is None or (p[1] is None and scope.get("query_string", b"") not in _RECEIPTS):
+                await self.app(scope, receive, send)  # FastAPI answers odd queries
+                return
+            await self._post(p, scope, receive, send)
             return
         node: DataNode = scope["app"].state.node
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -62,6 +72,28 @@ class FastPath:
             resp = error_response(e)
         except ClientDisconnect:  # the upload was aborted (nothing stored); nobody listens
             log.info("PUT %s: client disconnected mid-body; nothing stored", scope["path"])
+            return
+        await resp(scope, receive, send)
+
+
+    @staticmethod
+    async def _post(p: re.Match[str], scope: Scope, receive: Receive, send: Send) -> None:
+        node: DataNode = scope["app"].state.node
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            if p[1] is not None:
+                body = b"".join([b async for b in _body(receive)])  # BodyLimit bounds it
+                resp = JSON(await frontdoor.serve(node, p[1], p[2], body,
+                                                  headers.get("content-type", "")))
+            else:
+                claims = node.authorize(headers.get("authorization"), "replicate", [])
+                body = b"".join([b async for b in _body(receive)])
+                resp = JSON(await replicate_frames(
+                    node, claims, body, _RECEIPTS[scope.get("query_string", b"")]))
+        except StatusError as e:
+            resp = error_response(e)
+        except ClientDisconnect:
+            log.info("POST %s: client disconnected mid-body; nothing done", scope["path"])
             return
         await resp(scope, receive, send)
 

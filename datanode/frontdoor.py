@@ -35,13 +35,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from squall.common.checksum import crc32c
 from squall.common.cluster import BlockGrant, PeerError
 from squall.common.errors import StatusError, Unavailable, from_response
 from squall.common.payload import Frame, encode_frame
+from squall.datanode.peers import PeerUnreachable
 from squall.datanode.replication import forward_batch, quorum_message
 from squall.datanode.store import BlobMeta
 
@@ -70,8 +70,6 @@ class FrontDoor:
         self.node = node
         s = node.settings
         self.master = (s.master_url or "").rstrip("/")
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0),
-                                       verify=s.tls.client_context())
         self._block: _Block | None = None
         self._block_lock = asyncio.Lock()
         self._pending: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
@@ -88,11 +86,13 @@ class FrontDoor:
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         if not self.master:
             raise Unavailable("this data node has no master (--master): no front door")
+        assert self.node.peers is not None  # the lean keep-alive client (datanode/peers.py)
         try:
-            r = await self._http.post(self.master + path, content=orjson.dumps(body),
-                                      headers={**self._auth(),
-                                               "Content-Type": "application/json"})
-        except httpx.HTTPError as e:
+            r = await self.node.peers.post(self.master + path, content=orjson.dumps(body),
+                                           headers={**self._auth(),
+                                                    "Content-Type": "application/json"},
+                                           replay=False)  # a commit may have been applied
+        except PeerUnreachable as e:
             raise Unavailable(f"the master is unreachable from this node ({e!r})",
                               retry_after=1) from e
         data = orjson.loads(r.content) if r.content else {}
@@ -225,4 +225,3 @@ class FrontDoor:
     async def aclose(self) -> None:
         if self._committer is not None:
             self._committer.cancel()
-        await self._http.aclose()

@@ -106,12 +106,15 @@ class Peers:
                   ) -> PeerResponse:
         return await self.request("PUT", url, content, headers)
 
-    async def post(self, url: str, content: Body = None, headers: dict[str, str] | None = None
-                   ) -> PeerResponse:
-        return await self.request("POST", url, content, headers)
+    async def post(self, url: str, content: Body = None, headers: dict[str, str] | None = None,
+                   replay: bool = True) -> PeerResponse:
+        return await self.request("POST", url, content, headers, replay)
 
     async def request(self, method: str, url: str, content: Body = None,
-                      headers: dict[str, str] | None = None) -> PeerResponse:
+                      headers: dict[str, str] | None = None, replay: bool = True
+                      ) -> PeerResponse:
+        """`replay=False`: never resend, even on a reused connection that broke (the
+        request may have been applied)."""
         u = urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise PeerUnreachable(f"unsupported peer URL {url!r} (http(s)://host:port only)")
@@ -119,7 +122,8 @@ class Peers:
             self.tls = ssl.create_default_context()
         key = (u.hostname, u.port or (443 if u.scheme == "https" else 80), u.scheme)
         path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        replayable = content is None or isinstance(content, bytes | bytearray | memoryview)
+        replayable = replay and (content is None
+                                 or isinstance(content, bytes | bytearray | memoryview))
         self.requests += 1
         for attempt in range(2):
             conn = self._take(key)

@@ -19,6 +19,8 @@ from squall.client import Client, NewTask
 from squall.client._cli_dev import DevCluster
 from squall.client._frontdoor import MAX_BYTES
 from squall.common import tokens
+from squall.common.checksum import crc32c
+from squall.common.payload import encode_frame
 from squall.common.tokens import load_cluster_key
 from tests.helpers import ADMIN, free_port_block, wait_for
 
@@ -171,3 +173,25 @@ def test_batch_receipts_prove_exactly_their_set(cluster: DevCluster) -> None:
     assert r.status_code == 200, r.text
     assert [e["collapsed"] for e in r.json()["enqueued"]] == [False] * 3
     http.close()
+
+
+def test_replicate_batch_answers_one_batch_receipt(cluster: DevCluster) -> None:
+    """`/v1/replicate:batch-put?receipt=batch` (the front door's forwards, served by the
+    node's fast path) answers one receipt for the whole batch; without a credential it
+    stores nothing; an unknown `receipt` value is refused (400) by the documented route."""
+    key = load_cluster_key(cluster.env.get("SQUALL_CLUSTER_KEY_FILE"))
+    datas = {f"rb-{i}": os.urandom(i * 100) for i in range(5)}
+    body = b"".join(encode_frame(b, d) for b, d in datas.items())
+    auth = {"Authorization": "Bearer " + tokens.sign(key, "replicate", list(datas),
+                                                      time.time() + 60)}
+    url = cluster.node_url(1) + "/v1/replicate:batch-put"
+    assert httpx.post(url + "?receipt=batch", content=body, timeout=10).status_code == 401
+    r = httpx.post(url + "?receipt=bogus", content=body, headers=auth, timeout=10)
+    assert r.status_code == 400 and "receipt" in r.text
+    r = httpx.post(url + "?receipt=batch", content=body, headers=auth, timeout=10)
+    assert r.status_code == 200, r.text
+    ans = r.json()
+    triples = [(b, len(d), crc32c(d)) for b, d in datas.items()]
+    assert tokens.verify_batch_receipt(key, ans["batch_receipt"], triples, ans["node_id"])
+    r = httpx.post(url, content=body, headers=auth, timeout=10)  # per-blob receipts
+    assert r.status_code == 200 and len(r.json()["blobs"]) == len(datas)

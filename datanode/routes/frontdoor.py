@@ -25,6 +25,7 @@ from squall.common.models import MAX_BATCH, EnqueueResponse
 from squall.common.names import check_name, check_pid
 from squall.datanode.deps import NodeDep
 from squall.datanode.routes.blobs import ERRORS
+from squall.datanode.service import DataNode
 
 router = APIRouter(tags=["front door"])
 _FIELDS = {"pid", "payload", "not_before", "delay_secs", "idempotency_key"}
@@ -78,12 +79,18 @@ def _check(i: int, t: Any) -> None:
 async def enqueue(group: str, queue: str, request: Request, node: NodeDep) -> JSON:
     """Enqueue tasks with small payloads in one round trip: stored here and on the replica
     set, committed to the master with other requests, answered when durable."""
+    return JSON(await serve(node, group, queue, await request.body(),
+                            request.headers.get("content-type", "")))
+
+
+async def serve(node: DataNode, group: str, queue: str, body: bytes, content_type: str
+                ) -> dict[str, Any]:
+    """The route's work (the node's fast path calls it too)."""
     check_name("group", group)
     check_name("queue", queue)
     fd = node.frontdoor
     if fd is None:
         raise Unavailable("the front door is not running on this node")
-    tasks = parse(await request.body(), request.headers.get("content-type", ""),
-                  node.settings.front_door_max_bytes)
-    return JSON(await fd.enqueue(group, queue, tasks))
+    tasks = parse(body, content_type, node.settings.front_door_max_bytes)
+    return await fd.enqueue(group, queue, tasks)
 

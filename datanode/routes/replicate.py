@@ -9,17 +9,19 @@ heartbeat ``replicate`` commands (re-replication).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
 from squall.common.checksum import parse_crc
 from squall.common.cluster import BatchPutResult, PutResult
 from squall.common.http import JSON
+from squall.common.tokens import TokenClaims
 from squall.datanode.deps import AuthH, BlobIdP, NodeDep
 from squall.datanode.replication import store_and_forward
 from squall.datanode.routes.batch import answers, check_scope, parse_batch, store_batch
 from squall.datanode.routes.blobs import ERRORS, RAW_BODY, CrcH, LengthH
+from squall.datanode.service import DataNode
 
 router = APIRouter(tags=["replication"])
 ReceiptQ = Annotated[Literal["blob", "batch"], Query(
@@ -49,10 +51,16 @@ async def replicate_batch(request: Request, node: NodeDep, authorization: AuthH 
     `receipt=batch`: answer one batch receipt for the lot instead of one per blob (the
     front door's forwards; the blob list is then left out)."""
     claims = node.authorize(authorization, "replicate", [])
-    frames = parse_batch(await request.body())
+    return JSON(await replicate_frames(node, claims, await request.body(), receipt))
+
+
+async def replicate_frames(node: DataNode, claims: TokenClaims, body: bytes, receipt: str
+                           ) -> dict[str, Any]:
+    """The batch route's work once authorized (the node's fast path calls it too)."""
+    frames = parse_batch(body)
     check_scope(claims.covers, frames)
     metas = await store_batch(node, frames)
     if receipt == "batch":
-        return JSON({"blobs": [], "node_id": node.node_id,
-                     "batch_receipt": node.batch_receipt(metas)})
-    return JSON({"blobs": answers(node, metas, [], [])})
+        return {"blobs": [], "node_id": node.node_id,
+                "batch_receipt": node.batch_receipt(metas)}
+    return {"blobs": answers(node, metas, [], [])}
