@@ -20,6 +20,7 @@ mapping (``_http.py``) see exactly what they saw before.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import select
 import socket
@@ -102,16 +103,14 @@ class LeanTransport(httpx.BaseTransport):
                 body = request.read()
             else:
                 body = iter(request.stream)  # type: ignore[call-overload]
-            conn.request(request.method, target, body=body,
-                         headers=dict(request.headers.multi_items()),
-                         encode_chunked=chunked)
-            resp = conn.getresponse()
-        except TimeoutError as e:
+            with _mapped(conn, httpx.RemoteProtocolError):
+                conn.request(request.method, target, body=body,
+                             headers=dict(request.headers.multi_items()),
+                             encode_chunked=chunked)
+                resp = conn.getresponse()
+        except BaseException:
             conn.close()
-            raise httpx.ReadTimeout(str(e) or "timed out") from e
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            raise httpx.RemoteProtocolError(f"{type(e).__name__}: {e}") from e
+            raise
         return httpx.Response(resp.status, headers=resp.getheaders(),
                               stream=_Body(self, key, conn, resp),
                               extensions={"http_version": b"HTTP/1.1",
@@ -125,23 +124,13 @@ class _Body(httpx.SyncByteStream):
         self.done = False
 
     def __iter__(self) -> Iterator[bytes]:
-        try:
+        with _mapped(self.conn, httpx.ReadError):
             while True:
                 chunk = self.resp.read(CHUNK)
                 if not chunk:
                     break
                 yield chunk
-        except TimeoutError as e:
-            self._drop()
-            raise httpx.ReadTimeout(str(e) or "timed out") from e
-        except (OSError, http.client.HTTPException) as e:
-            self._drop()
-            raise httpx.ReadError(f"{type(e).__name__}: {e}") from e
         self.done = True
-
-    def _drop(self) -> None:
-        self.done = False
-        self.conn.close()
 
     def close(self) -> None:
         if self.done and self.resp.isclosed() and not self.resp.will_close:
@@ -149,6 +138,20 @@ class _Body(httpx.SyncByteStream):
         else:
             self.conn.close()
         self.done = False  # give back once
+
+
+@contextlib.contextmanager
+def _mapped(conn: http.client.HTTPConnection, other: type[httpx.TransportError]
+            ) -> Iterator[None]:
+    """http.client's failures raised as httpx's; the connection is closed (unusable)."""
+    try:
+        yield
+    except TimeoutError as e:
+        conn.close()
+        raise httpx.ReadTimeout(str(e) or "timed out") from e
+    except (OSError, http.client.HTTPException) as e:
+        conn.close()
+        raise other(f"{type(e).__name__}: {e}") from e
 
 
 def _readable(sock: socket.socket) -> bool:
