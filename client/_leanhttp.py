@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import httpx
 
 Key = tuple[str, str, int]
-CHUNK = 1 << 16
+CHUNK = 1 << 20  # a streamed body is handed up in reads of at most this
 
 
 class LeanTransport(httpx.BaseTransport):
