@@ -79,8 +79,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    s = local_session("squall-tests", "local[2,2]")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    # Spark's scratch (block manager, shuffle) under the test's temp dir, removed with it
+    scratch = str(tmp_path_factory.mktemp("spark-local"))
+    s = local_session("squall-tests", "local[2,2]", conf={"spark.local.dir": scratch})
     try:
         yield s
     finally:
