@@ -24,6 +24,7 @@ class Foreground:
         self.data = os.urandom(size)
         self.interval_s = interval_s
         self.lats: list[tuple[float, float]] = []  # (start, latency)
+        self.steps: list[dict[str, float]] = []  # each put's seconds per step, as lats
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
@@ -33,9 +34,11 @@ class Foreground:
         nxt = time.perf_counter()
         while not self._stop.is_set() and len(self.lats) < 100_000:
             s = time.perf_counter()
+            before = dict(self.cli.phases)
             try:
                 self.cli.put(f"fg{self._i:07d}", self.data)
                 self.lats.append((s, time.perf_counter() - s))
+                self.steps.append({k: v - before.get(k, 0.0) for k, v in self.cli.phases.items()})
             except Exception as e:  # noted, not fatal: the node may be dying under it
                 self.errors.append(repr(e)[:200])
             self._i += 1
@@ -54,6 +57,13 @@ class Foreground:
     def p99(self, t0: float, t1: float) -> tuple[float | None, int]:
         xs = [lat for s, lat in self.lats if t0 <= s <= t1]
         return pct(xs, 99), len(xs)
+
+    def slowest(self, t0: float, t1: float, k: int = 3) -> str:
+        """The `k` slowest puts in [t0, t1], each split into its steps (ms)."""
+        got = sorted(((lat, st) for (s, lat), st in zip(self.lats, self.steps, strict=True)
+                      if t0 <= s <= t1), key=lambda x: -x[0])[:k]
+        return "; ".join(f"{lat * 1e3:.0f} ms (" + " ".join(
+            f"{n} {v * 1e3:.0f}" for n, v in st.items()) + ")" for lat, st in got)
 
 
 def _load_large(cli: Payloads, n: int, size: int, limit_s: float) -> dict[str, int]:
@@ -137,7 +147,7 @@ def _repair(ctx: Ctx, tag: str, name: str, count: int, size: int, load: Any) -> 
                     if not busy and (seen_work or now - t_notice > 5.0):
                         t_done = now
                         break
-                time.sleep(0.01)
+                time.sleep(0.05)  # the master's status, 20 times a second
         if fg2 is not None:
             fg2.stop()
         truncated = not t_done
@@ -164,6 +174,8 @@ def _repair(ctx: Ctx, tag: str, name: str, count: int, size: int, load: Any) -> 
                         round(ratio, 2), "x", rep_n, round(el, 2), ms(idle_p50),
                         ms(rep_p99), errors=len(fg_errs), truncated=truncated,
                         note=f"idle p99 {ms(idle_p99)} ms over {idle_n} puts; repair p99 "
-                             f"{ms(rep_p99)} ms over {rep_n} puts"
+                             f"{ms(rep_p99)} ms over {rep_n} puts; slowest idle: "
+                             f"{fg.slowest(0, t_idle1)}; slowest in repair: "
+                             + (fg2.slowest(t_notice, t_done or 1e18) if fg2 else "-")
                              + (f"; errors: {fg_errs[:2]}" if fg_errs else "")).judge())
     return rows

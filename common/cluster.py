@@ -39,6 +39,7 @@ BLOB_ID_RE = re.compile(BLOB_ID_PATTERN[1:-1])
 BlobId = Annotated[str, Field(min_length=1, max_length=128, pattern=BLOB_ID_PATTERN)]
 Url = Annotated[str, Field(min_length=1, max_length=512)]
 MAX_COMMANDS = 10_000
+REPAIR_HEADER = "x-squall-repair"  # "1" on a re-replication copy: written behind client writes
 MAX_REPLICATE_BATCH = 1000  # blobs per replicate_batch command (the batch routes' limit)
 
 

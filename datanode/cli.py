@@ -54,7 +54,12 @@ def register(app: typer.Typer) -> None:
                                        help="re-replication commands this node runs at once"),
         repair_bytes_per_s: float = typer.Option(
             0.0, envvar="SQUALL_REPAIR_BYTES_PER_S", min=0.0,
-            help="pace the re-replication copies this node sends (bytes/s; 0: unpaced)"),
+            help="pace the re-replication copies this node sends while no client uses it "
+                 "(bytes/s; 0: unpaced)"),
+        repair_busy_bytes_per_s: float = typer.Option(
+            64e6, envvar="SQUALL_REPAIR_BUSY_BYTES_PER_S", min=0.0,
+            help="pace of those copies while clients use this node, so that their requests "
+                 "keep their latency (bytes/s, each blob counting 32 KiB more; 0: unpaced)"),
         auth_key_file: str = typer.Option(
             "", "--auth-key-file", envvar="SQUALL_AUTH_KEY_FILE",
             help="key(s) of client credentials, one per line (else SQUALL_AUTH_KEY; "
@@ -110,6 +115,7 @@ def register(app: typer.Typer) -> None:
             map_size=min(1 << 30, map_size_max), map_size_max=map_size_max,
             scrub_bytes_per_s=scrub_bytes_per_s, scrub_interval_s=scrub_interval_s,
             copies_max=copies_max, repair_bytes_per_s=repair_bytes_per_s,
+            repair_busy_bytes_per_s=repair_busy_bytes_per_s,
             auth_keys=load_auth_keys(auth_key_file or None),
             node_credential=node_cred, tls=tls, public=("metrics",) if public_metrics else (),
             allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))

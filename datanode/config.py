@@ -37,7 +37,8 @@ class DataNodeSettings:
     peer_connect_timeout_s: float = 5.0
     peer_timeout_s: float = 60.0  # per read/write on node-to-node streams
     copies_max: int = 4  # replicate commands run at once
-    repair_bytes_per_s: float = 0.0  # pace of re-replication copies sent (0: unpaced)
+    repair_bytes_per_s: float = 0.0  # pace of re-replication copies sent (0: unpaced) ...
+    repair_busy_bytes_per_s: float = 64e6  # ... and while clients use the node (repairpace)
     forward_queue_chunks: int = 4  # chunks buffered per peer while forwarding
     front_door_max_bytes: int = 64 << 10  # largest payload the front door takes
 

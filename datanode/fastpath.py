@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from squall.common.checksum import CRC_HEADER, parse_crc
+from squall.common.cluster import REPAIR_HEADER
 from squall.common.errors import BadRequest, StatusError
 from squall.common.http import JSON, error_response
 from squall.datanode.replication import store_and_forward
@@ -42,6 +43,9 @@ _ROUTE = re.compile(r"^/v1/(blobs|replicate)/([A-Za-z0-9][A-Za-z0-9_.\-]{0,127})
 _SERVED = {("PUT", "blobs"), ("PUT", "replicate"), ("GET", "blobs")}
 _POSTS = re.compile(r"^/v1/(?:groups/([^/]+)/queues/([^/]+)/tasks|replicate:batch-put)$")
 _RECEIPTS = {b"": "blob", b"receipt=blob": "blob", b"receipt=batch": "batch"}
+# client work (and peers' forwards of it): while it goes on, repair copies are paced
+_CLIENT_WORK = ("/v1/blobs", "/v1/groups/", "/v1/replicate")
+_REPAIR = (REPAIR_HEADER.encode(), b"1")
 
 
 class FastPath:
@@ -49,6 +53,9 @@ class FastPath:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(_CLIENT_WORK) \
+                and _REPAIR not in scope["headers"]:
+            scope["app"].state.node.repair_pacer.client_seen()  # repair yields to clients
         m = _ROUTE.match(scope["path"]) if scope["type"] == "http" else None
         if m is None or (scope["method"], m[1]) not in _SERVED:
             p = (_POSTS.match(scope["path"])
@@ -89,7 +96,8 @@ class FastPath:
                 claims = node.authorize(headers.get("authorization"), "replicate", [])
                 body = b"".join([b async for b in _body(receive)])
                 resp = JSON(await replicate_frames(
-                    node, claims, body, _RECEIPTS[scope.get("query_string", b"")]))
+                    node, claims, body, _RECEIPTS[scope.get("query_string", b"")],
+                    headers.get(REPAIR_HEADER) == "1"))
         except StatusError as e:
             resp = error_response(e)
         except ClientDisconnect:
@@ -146,7 +154,9 @@ async def _put(node: DataNode, kind: str, blob_id: str, headers: dict[str, str],
                              "integer")
         length = int(text)
         await node.store.run(node.store.check_space, length)
-    res = await store_and_forward(node, blob_id, _body(receive), peers, q, declared, length)
+    res = await store_and_forward(node, blob_id, _body(receive), peers, q, declared, length,
+                                  background=kind != "blobs"
+                                  and headers.get(REPAIR_HEADER) == "1")
     return res.model_dump()
 
 

@@ -9,6 +9,12 @@ map growth, and the translation of storage failures into squall errors.
   thread takes every function queued at that moment (up to ``batch_ops_max`` /
   ``batch_bytes_max``), runs each in a nested transaction (an op that raises is rolled back
   alone), commits once and syncs once for all of them.
+- **Repair waits behind clients**: ops submitted with ``background=True`` (re-replication
+  copies a peer sends) queue apart. The writer takes them only when no client op is queued,
+  never in one transaction with client ops, and at most ``BACKGROUND_BATCH_BYTES`` at a
+  time, so a client's write waits for at most one small repair commit, not for every copy
+  queued before it. A background op queued for ``BACKGROUND_MAX_WAIT_S`` goes next anyway:
+  repair slows under a steady client load, it never stops.
 - ``MapFullError`` aborts the batch; the map doubles up to ``map_size_max`` and the batch is
   retried. At the bound, or on any other storage error, the ops are retried one by one so
   that one oversized write does not fail its neighbours; those that still fail get
@@ -53,12 +59,17 @@ _OPEN_LOCK = threading.Lock()
 DISK_FULL_SLACK_BYTES = 64 << 20  # EIO with less free disk than this means "disk full"
 
 
+BACKGROUND_BATCH_BYTES = 4 << 20  # background data per transaction
+BACKGROUND_MAX_WAIT_S = 0.5  # a background op waits behind client ops at most this long
+
+
 @dataclass(slots=True)
 class _Op:
     fn: Callable[[lmdb.Transaction], Any]
     durable: bool
     nbytes: int
     future: Future[Any] = field(default_factory=Future)
+    queued_at: float = 0.0
 
 
 class Env:
@@ -77,6 +88,7 @@ class Env:
         self.batch_ops_max, self.batch_bytes_max = batch_ops_max, batch_bytes_max
         self.prealloc_bytes = prealloc_bytes
         self.commits = self.syncs = self.ops = self.failures = self.preallocs = 0
+        self.background_ops = 0  # of `ops`: repair copies, written behind client writes
         self.ops_seconds = self.commit_seconds = self.sync_seconds = 0.0  # writer thread time
         self._fd = -1
         self._file_size = 0
@@ -92,6 +104,7 @@ class Env:
         self._readers = 0
         self._exclusive = False
         self._queue: deque[_Op | None] = deque()
+        self._background: deque[_Op] = deque()
         self._qcond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="lmdb-writer", daemon=True)
@@ -199,36 +212,33 @@ class Env:
 
     # -- writes ----------------------------------------------------------------------------
     def submit(self, fn: Callable[[lmdb.Transaction], Any], durable: bool = True,
-               nbytes: int = 0) -> Future[Any]:
+               nbytes: int = 0, background: bool = False) -> Future[Any]:
         """Queue `fn(txn)` for the writer thread. The future resolves once the transaction is
-        committed, and synced when `durable`; it raises what `fn` raised or a StatusError."""
-        op = _Op(fn, durable, nbytes)
+        committed, and synced when `durable`; it raises what `fn` raised or a StatusError.
+        `background`: behind client ops (see "Repair waits behind clients" above)."""
+        op = _Op(fn, durable, nbytes, queued_at=time.monotonic() if background else 0.0)
         op.future.set_running_or_notify_cancel()  # it will run: cancelling cannot stop it
         with self._qcond:
             if self._closed:
                 raise Unavailable("data node store is closing")
-            self._queue.append(op)
+            (self._background if background else self._queue).append(op)
             self._qcond.notify()
         return op.future
 
     def _take(self) -> list[_Op] | None:
         with self._qcond:
-            while not self._queue:
+            while not self._queue and not self._background:
                 self._qcond.wait()
-            batch: list[_Op] = []
-            size = 0
-            while self._queue and len(batch) < self.batch_ops_max:
-                op = self._queue[0]
-                if op is None:
-                    if batch:
-                        break
-                    return None
-                if batch and size + op.nbytes > self.batch_bytes_max:
-                    break
-                self._queue.popleft()
-                batch.append(op)
-                size += op.nbytes
-            return batch
+            bg = self._background
+            head = self._queue[0] if self._queue else None  # None: none, or closing
+            if bg and (head is None
+                       or time.monotonic() - bg[0].queued_at > BACKGROUND_MAX_WAIT_S):
+                batch = _pop(bg, self.batch_ops_max, BACKGROUND_BATCH_BYTES)
+                self.background_ops += len(batch)
+                return batch
+            if head is None:
+                return None  # closing, after every queued op ran
+            return _pop(self._queue, self.batch_ops_max, self.batch_bytes_max)
 
     def _run(self) -> None:
         while True:
@@ -352,6 +362,20 @@ class Env:
                 self._fd = -1
         with _OPEN_LOCK:
             _OPEN_PATHS.discard(self._real)
+
+
+def _pop(queue: deque[Any], max_ops: int, max_bytes: int) -> list[_Op]:
+    """The ops at the head of `queue` up to the bounds (at least one), to the closing mark."""
+    batch: list[_Op] = []
+    size = 0
+    while queue and len(batch) < max_ops:
+        op = queue[0]
+        if op is None or (batch and size + op.nbytes > max_bytes):
+            break
+        queue.popleft()
+        batch.append(op)
+        size += op.nbytes
+    return batch
 
 
 def _pages(stat: Any) -> int:

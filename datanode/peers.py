@@ -27,7 +27,7 @@ import contextlib
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,29 +35,6 @@ from urllib.parse import urlsplit
 import orjson
 
 Body = bytes | bytearray | memoryview | AsyncIterable[bytes | bytearray | memoryview] | None
-
-
-class Pacer:
-    """Paces background traffic (re-replication) to `bytes_per_s` (0: unpaced): bytes may
-    go once the bytes taken before them are paid off at that rate."""
-
-    def __init__(self, bytes_per_s: float) -> None:
-        self.rate = bytes_per_s
-        self._free_at = 0.0  # loop time when everything taken so far is paid off
-
-    async def take(self, nbytes: int) -> None:
-        if self.rate <= 0 or nbytes <= 0:
-            return
-        now = asyncio.get_running_loop().time()
-        start = max(now, self._free_at)
-        self._free_at = start + nbytes / self.rate
-        if start > now:
-            await asyncio.sleep(start - now)
-
-    async def paced(self, parts: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-        async for part in parts:
-            await self.take(len(part))
-            yield part
 
 
 class PeerUnreachable(Exception):

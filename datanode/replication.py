@@ -33,6 +33,7 @@ from typing import Any, TypeAlias
 
 from squall.common.checksum import CRC_HEADER
 from squall.common.cluster import (
+    REPAIR_HEADER,
     PeerError,
     PutResult,
     ReplicationReport,
@@ -47,6 +48,9 @@ from squall.datanode.store import BlobMeta, Upload
 
 PeerOutcome: TypeAlias = StoredReplica | PeerError
 COPY_BATCH_BYTES = 4 << 20  # data per batch replicate request of a replicate_batch command
+# ... and blobs: a target stores each request in one transaction, in which a client's write
+# waits (repair copies go behind client writes, but one that started runs to its end)
+COPY_BATCH_BLOBS = 128
 
 
 def _describe_http(address: str, r: PeerResponse) -> PeerError:
@@ -128,9 +132,10 @@ async def _commit(up: Upload) -> tuple[BlobMeta, bool] | StatusError:
 
 async def store_and_forward(node: DataNode, blob_id: str, body: AsyncIterator[bytes],
                             peers: list[str], quorum: int, crc: int | None,
-                            length: int | None) -> PutResult:
-    """Store the streamed `body` locally and on `peers`; see the module docstring."""
-    up = node.store.upload(blob_id, crc)
+                            length: int | None, background: bool = False) -> PutResult:
+    """Store the streamed `body` locally and on `peers`; see the module docstring.
+    `background`: a repair copy (written behind client writes)."""
+    up = node.store.upload(blob_id, crc, background)
     fwds = [_Forward(node, p, blob_id, crc, length) for p in peers]
     try:
         async for part in body:
@@ -250,7 +255,7 @@ async def copy_blob(node: DataNode, blob_id: str, target: str,
     headers: dict[str, Any] = {
         "Authorization": "Bearer " + (token or node.node_token("replicate", [blob_id])),
         CRC_HEADER: str(meta.crc32c), "Content-Length": str(meta.size),
-        "Content-Type": "application/octet-stream"}
+        "Content-Type": "application/octet-stream", REPAIR_HEADER: "1"}
     try:
         r = await node.peers.put(f"{target}/v1/replicate/{blob_id}",
                                  content=node.repair_pacer.paced(node.store.stream(meta)),
@@ -269,6 +274,7 @@ async def copy_batch(node: DataNode, blob_ids: list[str], target: str,
                      token: str | None = None) -> list[ReplicationReport]:
     """Copy many local blobs to `target` (a heartbeat ``replicate_batch`` command): small ones
     framed into ``POST /v1/replicate:batch-put`` requests of up to ``COPY_BATCH_BYTES``
+    and ``COPY_BATCH_BLOBS``
     (each one transaction and one sync on the target), larger ones streamed one by one.
     One report per blob: a blob missing or corrupt here fails alone (a corrupt replica is
     dropped and reported as such), the rest still land."""
@@ -303,7 +309,8 @@ async def copy_batch(node: DataNode, blob_ids: list[str], target: str,
                 fail(sm.blob_id, f"{node.address}: {sm.error.message}")
             else:
                 assert sm.meta is not None
-                if metas and nbytes + sm.meta.size > COPY_BATCH_BYTES:
+                if metas and (nbytes + sm.meta.size > COPY_BATCH_BYTES
+                              or len(metas) >= COPY_BATCH_BLOBS):
                     await send()
                 frames.append(encode_frame(sm.blob_id, sm.data, OK, sm.meta.crc32c))
                 metas.append(sm.meta)
@@ -318,8 +325,8 @@ async def _send_batch(node: DataNode, target: str, body: bytes, metas: list[Blob
                       token: str | None) -> list[ReplicationReport]:
     ids = [m.blob_id for m in metas]
     headers = {"Authorization": "Bearer " + (token or node.node_token("replicate", ids)),
-               "Content-Type": "application/octet-stream"}
-    await node.repair_pacer.take(len(body))
+               "Content-Type": "application/octet-stream", REPAIR_HEADER: "1"}
+    await node.repair_pacer.take(len(body), len(metas))
     res = await _post_batch(node, target, body, headers, metas)
     if isinstance(res, PeerError):
         error = f"{res.code}: {res.message}"

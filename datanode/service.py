@@ -21,7 +21,8 @@ from squall.common.tokens import (
     verify,
 )
 from squall.datanode.config import DataNodeSettings
-from squall.datanode.peers import Pacer, Peers
+from squall.datanode.peers import Peers
+from squall.datanode.repairpace import RepairPace
 from squall.datanode.store import BlobMeta, BlobStore
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ class DataNode:
         self.http_stats: Any = None  # the app's HttpStats (request metrics)
         self.metrics_registry: Any = None  # built on the first scrape
         self.peers: Peers | None = None
-        self.repair_pacer = Pacer(settings.repair_bytes_per_s)
+        self.repair_pacer = RepairPace(settings.repair_bytes_per_s,
+                                       settings.repair_busy_bytes_per_s)
         self.puts = self.gets = self.forwarded = self.peer_errors = 0
         self._tasks: list[asyncio.Task[None]] = []
         # set by start(): the heartbeat and scrubber (imported late: they import this module)

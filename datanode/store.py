@@ -188,12 +188,14 @@ class BlobStore:
 
     # -- writes ------------------------------------------------------------------------------
     async def _submit(self, fn: Callable[[lmdb.Transaction], T], durable: bool,
-                      nbytes: int = 0) -> T:
-        fut: Future[T] = self.env.submit(fn, durable, nbytes)
+                      nbytes: int = 0, background: bool = False) -> T:
+        fut: Future[T] = self.env.submit(fn, durable, nbytes, background)
         return await asyncio.wrap_future(fut)
 
-    def upload(self, blob_id: str, declared_crc: int | None = None) -> Upload:
-        return Upload(self, blob_id, declared_crc)
+    def upload(self, blob_id: str, declared_crc: int | None = None,
+               background: bool = False) -> Upload:
+        """`background`: a repair copy, written behind client writes (``lmdbenv.py``)."""
+        return Upload(self, blob_id, declared_crc, background)
 
     async def put(self, blob_id: str, data: bytes, declared_crc: int | None = None
                   ) -> tuple[BlobMeta, bool]:
@@ -202,9 +204,10 @@ class BlobStore:
         await up.write(data)
         return await up.commit()
 
-    async def put_batch(self, items: list[tuple[str, bytes, int | None]]
-                        ) -> list[tuple[BlobMeta, bool]]:
-        """Store small payloads all or nothing, in one transaction and one sync."""
+    async def put_batch(self, items: list[tuple[str, bytes, int | None]],
+                        background: bool = False) -> list[tuple[BlobMeta, bool]]:
+        """Store small payloads all or nothing, in one transaction and one sync
+        (`background`: repair copies, behind client writes)."""
         prepared = []
         cb = self.chunk_bytes
         for blob_id, data, declared in items:
@@ -219,7 +222,7 @@ class BlobStore:
             return [self._op_commit(b, up, False, 0, recs, size, crc, txn)
                     for b, up, recs, size, crc in prepared]
 
-        out = await self._submit(op, True, sum(len(d) for _, d, _ in items))
+        out = await self._submit(op, True, sum(len(d) for _, d, _ in items), background)
         self._note_written(out)
         return out
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from squall.datanode.store import BlobMeta, BlobStore
 
 HEADER = 4  # the chunk record's crc32c
+BACKGROUND_TXN_BYTES = 1 << 20  # a repair copy's chunks per transaction
 _U32 = struct.Struct(">I")
 
 
@@ -51,8 +52,13 @@ class Upload:
     of the chunks that part completed), ``up.finish()`` (the last, short chunk), then
     ``await up.commit()`` (durable when it returns) or ``await up.abort()``."""
 
-    def __init__(self, store: BlobStore, blob_id: str, declared_crc: int | None) -> None:
+    def __init__(self, store: BlobStore, blob_id: str, declared_crc: int | None,
+                 background: bool = False) -> None:
         self.store, self.blob_id, self.declared_crc = store, blob_id, declared_crc
+        self.background = background  # a repair copy: written behind client writes, ...
+        # ... in small transactions (a client's write may wait for one that started)
+        self.txn_bytes = min(store.txn_bytes, BACKGROUND_TXN_BYTES) if background \
+            else store.txn_bytes
         self.crc = Crc32c()
         self.upload = store.new_upload_id()
         self._rec: bytearray | None = None  # the chunk record being filled
@@ -108,7 +114,7 @@ class Upload:
 
     async def write(self, data: bytes | bytearray | memoryview) -> list[memoryview]:
         done = self.feed(data)
-        if self._rec_bytes >= self.store.txn_bytes:
+        if self._rec_bytes >= self.txn_bytes:
             await self._flush()
         return done
 
@@ -121,7 +127,8 @@ class Upload:
         first, self._flushed = not self._flushed, True
         op = functools.partial(self.store._op_flush, self.upload, self.blob_id, start,
                                records, first)
-        self._inflight = asyncio.wrap_future(self.store.env.submit(op, False, nbytes))
+        self._inflight = asyncio.wrap_future(self.store.env.submit(op, False, nbytes,
+                                                                   self.background))
 
     async def commit(self) -> tuple[BlobMeta, bool]:
         self.finish()
@@ -138,7 +145,7 @@ class Upload:
             if self._inflight is not None:
                 fut, self._inflight = self._inflight, None
                 await fut
-            out = await self.store._submit(op, True, nbytes)
+            out = await self.store._submit(op, True, nbytes, self.background)
         except BaseException:
             await self.abort()
             raise

@@ -13,8 +13,12 @@ beats failed, or that the master does not know, sends its full inventory):
   replication factor elsewhere it is ``decommissioned`` and can be stopped and forgotten.
 - **Block map**: blob id → nodes that reported holding it (full or incremental reports,
   write receipts, finished copies).
-- **Repair**: blobs to re-examine (a holder died or reported corruption, a new report came
-  in) wait in ``check``; each :meth:`Cluster.tick` examines a bounded batch. A blob that
+- **Repair**: blobs to re-examine wait in ``check``: a holder died, came back or reported
+  corruption, a node reported a copy the master did not know of, a copy failed. A report
+  of a copy the master already knows (the write's receipt or the copy's own report came
+  first) changes nothing and is not examined again. Each :meth:`Cluster.tick` examines a
+  bounded batch (``CHECK_BATCH``: a slice of a few milliseconds, so that a node's death
+  does not hold the event loop; the master ticks again at once while any are left). A blob that
   tasks still reference and that has fewer live copies than the replication factor waits
   for copies, which ``repair.py`` plans: fewest-copies-left first, from a live holder to a
   live node that lacks it, node to node (the master never touches bytes), small blobs many
@@ -49,7 +53,8 @@ from squall.master import drain
 from squall.master.blobscan import BlobScan
 from squall.master.repair import Repair
 
-CHECK_BATCH = 5000  # blobs examined per tick (one index read each): bounded loop time
+CHECK_BATCH = 250  # blobs examined per tick (one index read each): bounded loop time
+LATER_S = 1.0  # how often an unreferenced blob in its orphan grace is looked at again
 DELETE_BATCH = 1000
 DRAIN_CHECK_S = 0.5  # how often draining nodes' progress is recounted
 
@@ -113,6 +118,8 @@ class Cluster:
         # carrying the target's receipt); a node's own report alone never trims these
         self.verified: dict[str, set[str]] = {}
         self.check: set[str] = set()
+        self.later: set[str] = set()  # unreferenced blobs in their grace: looked at each second
+        self._later_at = float("-inf")
         self.repair = Repair(key, settings.max_repair_bytes_per_node,
                              settings.max_copies_per_node)
         self.inflight = self.repair.inflight  # blob -> target node -> Copy
@@ -172,6 +179,7 @@ class Cluster:
         n.address, n.started_at, n.last_beat, n.dead = req.address, req.started_at, now, False
         if fresh:
             self.repair.dirty = True  # a new target
+            self.check.update(n.blobs)  # back from the dead: copies made meanwhile are extra
         n.capacity_bytes, n.used_bytes = req.capacity_bytes, req.used_bytes
         n.free_bytes, n.blob_count = req.free_bytes, req.blob_count
         # deletes sent with its last answer ran before this report was made (or the answer
@@ -211,6 +219,8 @@ class Cluster:
 
     def _add(self, blob_ids: Iterable[str], n: Node) -> None:
         for b in blob_ids:
+            if b in n.blobs:
+                continue  # known already (a receipt, a copy's report): nothing changed
             n.blobs.add(b)
             self.holders.setdefault(b, set()).add(n.node_id)
             if b in self.inflight:
@@ -286,6 +296,10 @@ class Cluster:
             if now - t > self.s.orphan_grace_s:
                 del self.allocated[b]
         scanned = self._scan_unreported(now)
+        if self.later and now >= self._later_at:
+            self.check |= self.later
+            self.later.clear()
+            self._later_at = now + LATER_S
         batch = [self.check.pop() for _ in range(min(CHECK_BATCH, len(self.check)))]
         refs = self.referenced(batch) if batch else []
         for b, ref in zip(batch, refs, strict=True):
@@ -297,7 +311,8 @@ class Cluster:
         copies = 0
         if self.repair.waiting and (self.repair.dirty or now - self._planned_at >= 1.0):
             copies = self._plan(now)  # else nothing changed that could make room
-        return {"checked": len(batch), "copies": copies, "scanned": scanned}
+        return {"checked": len(batch), "copies": copies, "scanned": scanned,
+                "backlog": len(self.check) + (self.repair.dirty and bool(self.repair.waiting))}
 
     def _declare_dead(self, now: float) -> None:
         for n in self.nodes.values():
@@ -371,7 +386,7 @@ class Cluster:
             self.unreferenced_since.pop(b, None)
             self._delete(b, live)
         else:
-            self.check.add(b)  # look again later (cheap: one index lookup per tick)
+            self.later.add(b)  # look again in a second (one index lookup)
 
     def _delete(self, b: str, nodes: list[Node]) -> None:
         for n in nodes:
@@ -397,10 +412,11 @@ class Cluster:
                 # report (the target's own report ended the copy, then a trim deleted it)
                 # would count a copy that is gone; the target's reports tell the rest
                 if rep.ok and copy is not None:
-                    self._add([rep.blob_id], target)
+                    self._add([rep.blob_id], target)  # examined again if it was news
                     target.vouched.add(rep.blob_id)
                     if self._receipt_ok(rep.receipt, rep.blob_id, target.node_id):
                         self.verified.setdefault(rep.blob_id, set()).add(target.node_id)
+                    continue
             self.check.add(rep.blob_id)
         if self.repair.waiting:  # the budget this freed goes to the next copies at once
             self._plan(now)

@@ -25,8 +25,10 @@ Cluster` owns the block map and decides *that* a blob needs copies; this module 
 - **Sizes** come from block reports and write receipts; a blob of unknown size is copied
   alone and counted as ``SMALL_BLOB_BYTES``.
 
-Each :meth:`Repair.plan` looks at no more than ``PLAN_SCAN`` waiting blobs, and stops early
-once no target has room, so planning costs little however large the backlog.
+Each :meth:`Repair.plan` looks at no more than ``PLAN_SCAN`` waiting blobs (a slice of a few
+milliseconds; it stays ``dirty`` when it stopped there having planned copies, so the next
+tick goes on), and stops
+early once no target has room, so planning costs little however large the backlog.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from squall.common.tokens import sign
 SMALL_BLOB_BYTES = 1 << 20
 BATCH_BYTES = 4 << 20
 COPY_TIMEOUT_S = 300.0
-PLAN_SCAN = 5000
+PLAN_SCAN = 250
 EXPIRE_EVERY_S = 1.0
 
 
@@ -75,6 +77,7 @@ class Repair:
         self.inflight: dict[str, dict[str, Copy]] = {}
         self.node_bytes: dict[str, int] = {}
         self.node_count: dict[str, int] = {}
+        self.copies = self.copy_bytes = 0  # in flight, in all
         self.waiting: dict[int, dict[str, None]] = {}  # live copies left -> blobs, in order
         self._group: dict[str, int] = {}  # blob -> its key in `waiting`
         self.sizes: dict[str, int] = {}
@@ -121,6 +124,8 @@ class Repair:
               deadline: float) -> None:
         self.end(blob_id, target)
         self.inflight.setdefault(blob_id, {})[target] = Copy(source, nbytes, deadline)
+        self.copies += 1
+        self.copy_bytes += nbytes
         self._charge(source, nbytes, 1)
         self._charge(target, nbytes, 1)
 
@@ -129,6 +134,8 @@ class Repair:
         targets = self.inflight.get(blob_id)
         c = targets.pop(target, None) if targets else None
         if c is not None:
+            self.copies -= 1
+            self.copy_bytes -= c.nbytes
             self._charge(c.source, -c.nbytes, -1)
             self._charge(target, -c.nbytes, -1)
             if not targets:
@@ -166,9 +173,9 @@ class Repair:
         return self.expire(float("-inf"), lambda node_id: node_id == source, force=True)
 
     def in_flight(self) -> tuple[int, int]:
-        """(copies, bytes) in flight."""
-        n = sum(len(t) for t in self.inflight.values())
-        return n, sum(c.nbytes for t in self.inflight.values() for c in t.values())
+        """(copies, bytes) in flight (kept as they start and end: the status page and the
+        metrics ask often)."""
+        return self.copies, self.copy_bytes
 
     # -- planning --------------------------------------------------------------------------
     def plan(self, now: float, candidates: Sequence[NodeLike], need: Need
@@ -218,6 +225,10 @@ class Repair:
                 elif b in group:  # no room now: behind the others of its group
                     del group[b]
                     group[b] = None
+        if scanned >= PLAN_SCAN and self.waiting:
+            # more to look at: the next tick goes on, if this slice got anywhere (else the
+            # once-a-second plan retries: never a busy loop over blobs with no room)
+            self.dirty = bool(pairs or single)
         return self._commands(pairs, single, addr, deadline)
 
     def _commands(self, pairs: dict[tuple[str, str], list[str]],

@@ -429,8 +429,9 @@ class Master:
             except Exception:
                 log.exception("background work failed")
                 done = {}
-            if done.get("swept", 0) >= s.sweep_batch or self.index.freed:
-                pause = 0.0  # expiries and frees are due now: go again once requests ran
+            if (done.get("swept", 0) >= s.sweep_batch or self.index.freed
+                    or done.get("backlog", 0)):
+                pause = 0.0  # expiries, frees, repair due now: go again once requests ran
             elif done.get("reaped", 0) > 0:
                 pause = time.monotonic() - t0  # reaping is cleanup: at most half the loop
             else:

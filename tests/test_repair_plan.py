@@ -11,6 +11,7 @@ import pytest
 
 from squall.common.clock import ManualClock
 from squall.common.cluster import (
+    MAX_REPLICATE_BATCH,
     DeleteCommand,
     HeartbeatRequest,
     ReplicateBatchCommand,
@@ -19,8 +20,8 @@ from squall.common.cluster import (
 )
 from squall.common.tokens import verify
 from squall.master import drain
-from squall.master.cluster import Cluster, ClusterSettings
-from squall.master.repair import BATCH_BYTES
+from squall.master.cluster import CHECK_BATCH, Cluster, ClusterSettings
+from squall.master.repair import BATCH_BYTES, PLAN_SCAN
 
 KEY = b"repair-plan-test-key-0123456789"
 BEAT = 1.0
@@ -55,6 +56,13 @@ class World:
     def tick(self) -> dict[str, int]:
         return self.c.tick([])
 
+    def settle(self) -> None:
+        """Tick until no examination or planning is left over (each tick does a slice)."""
+        for _ in range(1000):
+            if not self.tick()["backlog"]:
+                return
+        raise AssertionError("the master's repair work never settled")
+
 
 def copies(cmds: list[Any]) -> list[tuple[str, str]]:
     out = []
@@ -78,6 +86,7 @@ def kill(w: World, node: str, others: list[str]) -> dict[str, list[Any]]:
             got[o] += w.beat(o)
         w.tick()
     assert w.c.state(w.c.nodes[node], w.clock.now()) == "dead"
+    w.settle()
     return got
 
 
@@ -93,7 +102,9 @@ def test_small_blobs_travel_in_batches_within_the_budget() -> None:
     info = w.c.info()
     assert info["under_replicated"] == 2500
     assert all(isinstance(c, ReplicateBatchCommand) for c in cmds)
-    assert [len(c.blob_ids) for c in cmds] == [1000, 1000, 500]  # MAX_REPLICATE_BATCH each
+    # one command per plan slice and (source, target), each within MAX_REPLICATE_BATCH
+    assert all(len(c.blob_ids) <= min(PLAN_SCAN, MAX_REPLICATE_BATCH) for c in cmds)
+    assert sum(len(c.blob_ids) for c in cmds) == 2500
     assert sorted(b for b, _ in copies(cmds)) == ids
     assert {t for _, t in copies(cmds)} == {"http://c"}
     for c in cmds:  # the token covers exactly the batch, for the replicate op
@@ -106,7 +117,7 @@ def test_small_blobs_travel_in_batches_within_the_budget() -> None:
                               error=None if b != ids[7] else "corrupt at source")
             for b in ids]
     again = w.beat("a", replicated=reps)
-    w.tick()
+    w.settle()
     assert w.c.copies_done == 2499
     assert live(w, ids[0]) == {"a", "c"}
     assert live(w, ids[7]) == {"a"}
@@ -250,20 +261,50 @@ def test_scan_reports_referenced_blobs_no_live_node_holds(caplog: pytest.LogCapt
     assert w.c.scan.running
 
 
-def test_the_pacer_spaces_repair_bytes() -> None:
+def test_repair_copies_are_paced_only_while_clients_use_the_node() -> None:
+    """Unpaced while idle (repair first); at the busy rate within ``BUSY_S`` of a client
+    request, each blob costing ``BLOB_CHARGE`` more than its bytes. A manual clock, and a
+    sleep that moves it."""
     import asyncio
-    import time
 
-    from squall.datanode.peers import Pacer
+    from squall.datanode.repairpace import BLOB_CHARGE, BUSY_S, RepairPace
 
-    async def run() -> float:
-        p = Pacer(1000.0)
-        t0 = time.monotonic()
-        for _ in range(3):
-            await p.take(100)  # the first goes at once, then 0.1 s per 100 bytes
-        return time.monotonic() - t0
+    clock = ManualClock(start=100.0)
+    slept: list[float] = []
 
-    assert asyncio.run(run()) >= 0.19
+    async def sleep(s: float) -> None:
+        slept.append(s)
+        clock.advance(s)
+
+    rate = 10 * BLOB_CHARGE  # ten empty blobs a second
+    p = RepairPace(0.0, rate, clock=clock.now, sleep=sleep)
+
+    async def copy(n: int, size: int = 0, clients: bool = False) -> float:
+        t0 = clock.now()
+        for _ in range(n):
+            if clients:
+                p.client_seen()  # a client request between two copies
+            await p.take(size, 1)
+        return clock.now() - t0
+
+    assert asyncio.run(copy(50)) == 0 and not slept  # idle: unpaced
+    assert asyncio.run(copy(21, clients=True)) == pytest.approx(2.0)  # first at once, 10/s
+    # a blob of a second's bytes waits for the debt of the one before (0.1 s) ...
+    assert asyncio.run(copy(1, size=rate, clients=True)) == pytest.approx(0.1)
+    p.client_seen()
+    assert asyncio.run(copy(1)) == pytest.approx(1.1)  # ... and the next for its (1 + 0.1 s)
+    clock.advance(BUSY_S)  # no client since: idle again
+    assert asyncio.run(copy(100, size=1 << 20)) == 0
+    p2 = RepairPace(float(rate), 0.0, clock=clock.now, sleep=sleep)  # paced idle, not busy
+    p2.client_seen()
+    t0 = clock.now()
+    asyncio.run(p2.take(rate * 5, 0))
+    asyncio.run(p2.take(rate * 5, 0))
+    assert clock.now() == t0  # busy and a busy rate of 0: unpaced
+    clock.advance(BUSY_S)
+    asyncio.run(p2.take(rate, 0))
+    asyncio.run(p2.take(rate, 0))
+    assert clock.now() - t0 - BUSY_S == pytest.approx(1.0)  # idle: at the idle rate
 
 
 def test_a_source_declared_dead_and_back_at_once_gets_its_copies_again() -> None:
@@ -369,3 +410,87 @@ def test_no_copy_goes_to_a_node_before_it_reported_on_a_delete_it_was_sent() -> 
     w.tick()
     # not to x, the least used node, which has yet to report on its delete
     assert copies(w.beat("a") + w.beat("v")) == [("k", "http://y")]
+
+
+def test_a_copy_the_master_knows_of_is_not_examined_again() -> None:
+    """A blob is examined when something about it changed: its holder's death, then the
+    copy's report. The target's own report of that copy afterwards is old news."""
+    w = World()
+    ids = [f"k{i:02d}" for i in range(20)]
+    w.refs.update(ids)
+    w.beat("a", full=ids, sizes=[100] * 20)
+    w.beat("b", full=ids, sizes=[100] * 20)
+    w.beat("c", full=[])
+    w.settle()
+    w.beat("b", added=ids, sizes=[100] * 20)  # reported again: nothing changed
+    assert w.tick()["checked"] == 0
+    cmds = kill(w, "b", ["a", "c"])["a"] + w.beat("a")
+    assert sorted(b for b, _ in copies(cmds)) == ids
+    w.beat("a", replicated=[ReplicationReport(blob_id=b, target="http://c", ok=True,
+                                              receipt="r") for b in ids])
+    assert w.tick()["checked"] == 20  # the copies' outcome: looked at once
+    w.beat("c", added=ids, sizes=[100] * 20)
+    assert w.tick()["checked"] == 0
+    assert all(live(w, b) == {"a", "c"} for b in ids)
+    assert w.c.info()["under_replicated"] == 0
+
+
+def test_a_node_back_from_the_dead_has_its_blobs_examined() -> None:
+    w = World()
+    ids = [f"d{i:02d}" for i in range(10)]
+    w.refs.update(ids)
+    w.beat("a", full=ids, sizes=[100] * 10)
+    w.beat("b", full=ids, sizes=[100] * 10)
+    w.settle()
+    kill(w, "b", ["a"])  # no third node: the blobs wait under their factor
+    assert w.c.info()["under_replicated"] == 10
+    w.beat("b")  # back, same process: its blobs count again, and are looked at again
+    assert set(ids) <= w.c.check
+    w.settle()
+    assert w.c.info()["under_replicated"] == 0 and not w.c.repair.waiting
+
+
+def test_orphans_in_their_grace_and_blobs_without_room_are_not_a_backlog() -> None:
+    """The master ticks again at once while repair work is left (``backlog``); blobs that
+    only wait (for their orphan grace, for room on a target) must not make that a busy
+    loop."""
+    w = World(orphan_grace_s=30.0)
+    orphans = [f"o{i:04d}" for i in range(2500)]  # reported, never referenced
+    stuck = [f"s{i:04d}" for i in range(1500)]  # referenced, no node has room for a copy
+    w.refs.update(stuck)
+    w.beat("a", full=orphans + stuck, sizes=[100] * 4000)
+    w.beat("b", full=[], free=0)
+    backlog = [w.tick()["backlog"] for _ in range(4000 // CHECK_BATCH + 4)]
+    assert backlog[-3:] == [0, 0, 0], backlog
+    assert w.c.info()["under_replicated"] == 1500
+    w.clock.advance(31.0)
+    w.beat("a")
+    w.beat("b", free=0)
+    w.settle()
+    deleted = {b for c in w.beat("a") if isinstance(c, DeleteCommand) for b in c.blob_ids}
+    assert deleted == set(orphans)  # still collected after their grace
+
+
+@pytest.mark.parametrize("check_batch", [250, 5000])
+def test_a_large_backlog_is_planned_slice_after_slice_without_waiting(
+        check_batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Examining and planning go in slices of ``CHECK_BATCH`` / ``PLAN_SCAN`` blobs;
+    the next slice follows at the next tick, not a second later (also when all of them were
+    examined at once and wait to be planned)."""
+    monkeypatch.setattr("squall.master.cluster.CHECK_BATCH", check_batch)
+    w = World(max_copies_per_node=10_000, max_repair_bytes_per_node=1 << 30)
+    ids = [f"g{i:05d}" for i in range(2500)]
+    w.refs.update(ids)
+    w.beat("a", full=ids, sizes=[100] * 2500)
+    w.beat("b", full=ids, sizes=[100] * 2500)
+    w.beat("c", full=[])
+    w.settle()
+    w.clock.advance(4 * BEAT)  # b is dead by now
+    w.beat("a")
+    w.beat("c")
+    ticks = 0
+    while w.c.info()["copies_in_flight"] < 2500 and ticks < 10:
+        w.tick()  # the clock stands still
+        ticks += 1
+    assert w.c.info()["copies_in_flight"] == 2500, ticks
+    assert 2500 // PLAN_SCAN <= ticks <= 2500 // PLAN_SCAN + 3  # slice after slice

@@ -65,8 +65,10 @@ def check_scope(claims_covers: object, frames: list[Frame]) -> None:
             raise Forbidden(f"token does not cover blob {f.blob_id!r}")
 
 
-async def store_batch(node: DataNode, frames: list[Frame]) -> list[BlobMeta]:
-    res = await node.store.put_batch([(f.blob_id, f.data, f.crc32c) for f in frames])
+async def store_batch(node: DataNode, frames: list[Frame], background: bool = False
+                      ) -> list[BlobMeta]:
+    res = await node.store.put_batch([(f.blob_id, f.data, f.crc32c) for f in frames],
+                                     background)
     node.puts += len(frames)
     return [m for m, _ in res]
 
