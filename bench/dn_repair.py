@@ -66,6 +66,21 @@ class Foreground:
             f"{n} {v * 1e3:.0f}" for n, v in st.items()) + ")" for lat, st in got)
 
 
+def _slow_wal_syncs(c: httpx.Client, url: str) -> str:
+    """The master's WAL fsyncs slower than 50 ms so far (its histogram), of all."""
+    try:
+        text = c.get(url + "/metrics").text
+    except httpx.HTTPError as e:
+        return f"? ({e})"
+    le50 = total = 0.0
+    for line in text.splitlines():
+        if line.startswith('squall_wal_fsync_seconds_bucket{le="0.05"}'):
+            le50 = float(line.split()[-1])
+        elif line.startswith("squall_wal_fsync_seconds_count"):
+            total = float(line.split()[-1])
+    return f"{total - le50:.0f} of {total:.0f}"
+
+
 def _load_large(cli: Payloads, n: int, size: int, limit_s: float) -> dict[str, int]:
     data = os.urandom(size)
     holders: dict[str, int] = {}
@@ -150,6 +165,7 @@ def _repair(ctx: Ctx, tag: str, name: str, count: int, size: int, load: Any) -> 
                 time.sleep(0.05)  # the master's status, 20 times a second
         if fg2 is not None:
             fg2.stop()
+        slow_syncs = _slow_wal_syncs(mc, cl.url)
         truncated = not t_done
         el = (t_done or time.perf_counter()) - (t_notice or t_kill)
         rep_p99, rep_n = fg2.p99(t_notice, t_done or 1e18) if fg2 else (None, 0)
@@ -177,5 +193,6 @@ def _repair(ctx: Ctx, tag: str, name: str, count: int, size: int, load: Any) -> 
                              f"{ms(rep_p99)} ms over {rep_n} puts; slowest idle: "
                              f"{fg.slowest(0, t_idle1)}; slowest in repair: "
                              + (fg2.slowest(t_notice, t_done or 1e18) if fg2 else "-")
+                             + f"; master WAL fsyncs over 50 ms in the run: {slow_syncs}"
                              + (f"; errors: {fg_errs[:2]}" if fg_errs else "")).judge())
     return rows

@@ -46,7 +46,7 @@ from squall.datanode.service import DataNode
 log = logging.getLogger("squall.datanode.heartbeat")
 _COMMAND: TypeAdapter[Command] = TypeAdapter(Command)
 MAX_PENDING_REPORTS = 10_000
-REPORTS_PER_BEAT = 1000  # more wait for the next beat, which comes early (bounded work)
+REPORTS_PER_BEAT = 250  # more wait for the next beat, which comes early (bounded work)
 DELETE_TXN_IDS = 1000
 NUDGE_GAP_S = 0.1  # the shortest pause between two beats when copies finished early
 MAX_REVOKED = 100_000

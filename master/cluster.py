@@ -292,9 +292,11 @@ class Cluster:
             self.drain_checked_at = now
             drain.update(self, now)
         self._free(freed, now)
-        for b, t in list(self.allocated.items()):
-            if now - t > self.s.orphan_grace_s:
-                del self.allocated[b]
+        while self.allocated:  # oldest first (insertion order): no walk over all of them
+            b, t = next(iter(self.allocated.items()))
+            if now - t <= self.s.orphan_grace_s:
+                break
+            del self.allocated[b]
         scanned = self._scan_unreported(now)
         if self.later and now >= self._later_at:
             self.check |= self.later

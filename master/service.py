@@ -429,14 +429,24 @@ class Master:
             except Exception:
                 log.exception("background work failed")
                 done = {}
-            if (done.get("swept", 0) >= s.sweep_batch or self.index.freed
-                    or done.get("backlog", 0)):
-                pause = 0.0  # expiries, frees, repair due now: go again once requests ran
+            if done.get("swept", 0) >= s.sweep_batch or self.index.freed:
+                pause = 0.0  # expiries and frees are due now: go again once requests ran
             elif done.get("reaped", 0) > 0:
                 pause = time.monotonic() - t0  # reaping is cleanup: at most half the loop
             else:
                 pause = s.sweep_interval_s
+            if done.get("backlog", 0):  # repair work left: its next slices meanwhile
+                pause = await self._repair_slices(time.monotonic() + pause)
             await asyncio.sleep(pause)
+
+    async def _repair_slices(self, until: float) -> float:
+        """Slices of the cluster's repair work (examining, planning) one after the other,
+        requests served between them, until none is left or `until`; the time left."""
+        while time.monotonic() < until:
+            await asyncio.sleep(0)
+            if not self.cluster.tick([])["backlog"]:
+                break
+        return max(0.0, until - time.monotonic())
 
     def checkpoint(self) -> int:
         """Sync LMDB, then drop WAL segments it covers. Safe to crash at any point.

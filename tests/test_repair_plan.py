@@ -494,3 +494,16 @@ def test_a_large_backlog_is_planned_slice_after_slice_without_waiting(
         ticks += 1
     assert w.c.info()["copies_in_flight"] == 2500, ticks
     assert 2500 // PLAN_SCAN <= ticks <= 2500 // PLAN_SCAN + 3  # slice after slice
+
+
+def test_allocations_are_forgotten_oldest_first_after_their_grace() -> None:
+    w = World(orphan_grace_s=10.0)
+    t0 = w.clock.now()
+    for i in range(3):
+        w.c.allocated[f"al{i}"] = t0 + i
+    w.clock.advance(11.5)
+    w.tick()
+    assert list(w.c.allocated) == ["al2"]
+    w.clock.advance(1.0)
+    w.tick()
+    assert not w.c.allocated
