@@ -39,6 +39,7 @@ FAST_ROUTES = [(re.compile(r"^/v1/groups/[^/]+/update$"), "/v1/groups/{group}/up
                (re.compile(r"^/v1/groups/[^/]+/queues/[^/]+/lease$"),
                 "/v1/groups/{group}/queues/{queue}/lease"),
                (re.compile(r"^/v1/nodes/commit$"), "/v1/nodes/commit"),
+               (re.compile(r"^/v1/nodes/heartbeat$"), "/v1/nodes/heartbeat"),
                (re.compile(r"^/static/"), "/static/{path}")]
 
 

@@ -1,5 +1,5 @@
-"""The hot POST routes (update, enqueue, lease, and the data nodes' front-door commit)
-served without the framework's machinery.
+"""The hot POST routes (update, enqueue, lease, and the data nodes' front-door commit and
+heartbeats) served without the framework's machinery.
 
 Every request of a worker or producer goes through one of these, and FastAPI's
 routing, dependency injection and stdlib JSON parsing cost about as much as the master's
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from squall.common.cluster import NodeCommitRequest
+from squall.common.cluster import HeartbeatRequest, NodeCommitRequest
 from squall.common.errors import BadRequest, StatusError
 from squall.common.guard import PRINCIPAL
 from squall.common.http import JSON, error_response
@@ -26,12 +26,13 @@ from squall.common.models import EnqueueRequest, LeaseRequest, UpdateRequest
 from squall.common.names import check_name
 from squall.master.http import invalid
 from squall.master.routes.frontdoor import commit_updates, node_speaks
+from squall.master.routes.nodes import beat
 from squall.master.security import check_update
 from squall.master.service import Master
 
 M = TypeVar("M", bound=BaseModel)
 _ROUTE = re.compile(r"^/v1/groups/([^/]+)/(?:update|queues/([^/]+)/(tasks|lease))$"
-                    r"|^/v1/nodes/(commit)$")
+                    r"|^/v1/nodes/(commit|heartbeat)$")
 
 
 class FastPath:
@@ -64,6 +65,11 @@ class FastPath:
                      ) -> dict[str, Any]:
         client = scope.get("client")
         addr = f"{client[0]}:{client[1]}" if client else ""
+        if m[4] == "heartbeat":  # a data node's heartbeat and block report
+            auth = next((v.decode("latin-1") for k, v in scope.get("headers", ())
+                         if k == b"authorization"), None)
+            return beat(master, _parse(HeartbeatRequest, body), scope.get(PRINCIPAL), auth,
+                        scope["app"].state.credentials.revoked)
         if m[4] is not None:  # a data node's group commit of front-door enqueues
             req_c = _parse(NodeCommitRequest, body)
             auth = next((v.decode("latin-1") for k, v in scope.get("headers", ())

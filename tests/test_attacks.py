@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from squall.common import auth, tokens
@@ -198,6 +199,15 @@ def test_forged_and_misdirected_heartbeats(tmp_path) -> None:  # type: ignore[no
             r = await c.post("/v1/nodes/heartbeat", json=beat,
                              headers={"Authorization": f"Bearer {good}"})
             assert r.status_code == 200 and "n1" in app.state.master.cluster.nodes
+            # malformed heartbeats (served by the fast path): a clear 400, never a 500
+            h = {"Authorization": f"Bearer {good}", "Content-Type": "application/json"}
+            for bad in (b"not json", b'{"node_id": "n1"}', b"[" * 100_000,
+                        orjson.dumps({**beat, "blob_ids": [1, 2]}),
+                        orjson.dumps({**beat, "blob_ids": ["../x"]}),
+                        rb'{"node_id": "\ud800"}'):
+                r = await c.post("/v1/nodes/heartbeat", content=bad, headers=h)
+                assert r.status_code == 400, (bad[:40], r.status_code, r.text)
+                assert r.json()["error"]["message"], r.text
 
     import asyncio
 

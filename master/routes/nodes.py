@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from fastapi import APIRouter, Request
 
 from squall.common.cluster import HeartbeatRequest, HeartbeatResponse
 from squall.common.guard import PRINCIPAL
 from squall.common.models import AllocateRequest, AllocateResponse, ClusterInfo
-from squall.common.tokens import bearer, verify
 from squall.master.deps import MasterDep
 from squall.master.http import ERROR_RESPONSES, JSON
-from squall.master.security import check_node
+from squall.master.routes.frontdoor import node_speaks
+from squall.master.service import Master
 
 router = APIRouter(tags=["cluster"], responses=ERROR_RESPONSES)
 
@@ -20,12 +23,18 @@ async def heartbeat(body: HeartbeatRequest, request: Request, m: MasterDep) -> J
     """A data node's heartbeat and block report (authenticated by a node credential for
     its node id, or a heartbeat token signed with the cluster key and scoped to it); the
     answer carries commands (replicate, delete)."""
-    if not check_node(request.scope.get(PRINCIPAL), body.node_id):
-        verify(m.key, bearer(request.headers.get("authorization")), "heartbeat", body.node_id,
-               m.clock.now())
+    return JSON(beat(m, body, request.scope.get(PRINCIPAL), request.headers.get("authorization"),
+                     request.app.state.credentials.revoked))
+
+
+def beat(m: Master, body: HeartbeatRequest, principal: object, authorization: str | None,
+         revoked: Iterable[str]) -> dict[str, Any]:
+    """The heartbeat's work once parsed (the master's fast path calls it too: a full block
+    report of many thousand ids validates ~10x faster from JSON than through FastAPI)."""
+    node_speaks(m, principal, authorization, body.node_id)
     answer = m.cluster.heartbeat(body).model_dump()
-    answer["revoked"] = sorted(request.app.state.credentials.revoked)
-    return JSON(answer)
+    answer["revoked"] = sorted(revoked)
+    return answer
 
 
 @router.post("/v1/blobs/allocate", response_model=AllocateResponse)
