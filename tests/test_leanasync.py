@@ -15,7 +15,7 @@ import pytest
 import trustme
 
 from squall.client._leanasync import LeanAsyncTransport
-from squall.common.leanio import CHUNK
+from squall.common.leanio import CHUNK, Body, Broken, Pool
 from tests.helpers import until
 from tests.rawhttp import Answer, RawServer, ok
 
@@ -166,3 +166,41 @@ async def test_tls_with_the_given_context(client: Make) -> None:
         with pytest.raises(httpx.ConnectError):
             await stranger.get("/t")
     assert not srv2.requests
+
+
+async def test_the_replay_rule_of_the_core() -> None:
+    """A request whose reused connection broke before any answer is resent once on a new
+    connection only when the caller allows it and its body is bytes."""
+    hang_ups = [0]
+
+    def answer(req: bytes) -> bytes | None:
+        if b"/drop" in req and hang_ups[0] == 0:
+            hang_ups[0] += 1
+            return None  # as if the server closed the idle connection as we reused it
+        return ok()
+
+    srv = RawServer(answer)
+    pool = Pool()
+    key = ("http", "127.0.0.1", int(srv.url.rsplit(":", 1)[1]))
+    host = [("Host", f"127.0.0.1:{key[2]}")]
+
+    async def call(path: str, content: Body, replay: bool) -> int:
+        r = await pool.request(key, "POST", path, host, content, replay=replay)
+        await r.read()
+        r.release()
+        return r.status
+
+    try:
+        assert await call("/warm", b"", replay=True) == 200  # one pooled connection
+        assert await call("/drop", b"x", replay=True) == 200  # resent on a new one
+        assert sum(b"/drop" in r for r in srv.requests) == 2
+        for replay, body in ((False, b"x"), (True, _agen([b"x"]))):
+            hang_ups[0] = 0
+            with pytest.raises(Broken):
+                await call("/drop", body, replay=replay)
+            assert hang_ups[0] == 1
+            assert await call("/warm", b"", replay=True) == 200
+        assert sum(b"/drop" in r for r in srv.requests) == 4  # the last two: sent once
+    finally:
+        pool.close()
+        srv.close()
