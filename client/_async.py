@@ -195,7 +195,8 @@ class AsyncClient:
         self.token = auth.token
         self._core = Core(Retry(attempts=retries, budget_s=retry_budget_s), blob_timeout,
                           worker, timeout, front_door, auth.token)
-        self._http = httpx.AsyncClient(base_url=self.master, transport=transport,
+        self._http = httpx.AsyncClient(base_url=self.master,
+                                       transport=transport or _http.async_transport(limits),
                                        timeout=timeout, limits=limits, auth=auth,
                                        verify=_http.tls_verify())
         self._run = _AsyncDriver(self._http).run

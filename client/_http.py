@@ -55,6 +55,14 @@ def sync_transport(limits: httpx.Limits) -> httpx.BaseTransport:
     return LeanTransport(tls_verify(), limits.max_keepalive_connections or 100)
 
 
+def async_transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
+    """The async client's default transport: :class:`LeanAsyncTransport` (asyncio streams,
+    ``common/leanio.py``), TLS as :func:`tls_verify`, TCP_NODELAY."""
+    from squall.client._leanasync import LeanAsyncTransport
+
+    return LeanAsyncTransport(tls_verify(), limits.max_keepalive_connections or 100)
+
+
 def tls_verify() -> ssl.SSLContext:
     """How clients verify servers: ``SQUALL_TLS_CA`` (else the system's CAs), presenting
     ``SQUALL_TLS_CERT`` / ``SQUALL_TLS_KEY`` to servers that want mutual TLS. One context

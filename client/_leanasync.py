@@ -1,0 +1,88 @@
+"""The async client's HTTP/1.1 transport: httpx's interface over the shared asyncio core
+(``common/leanio.py``, which the data nodes' peer client uses too).
+
+httpx's default async transport (httpcore + h11 + anyio) was about a third of the async
+``Worker``'s CPU per task (py-spy, issue 9). This transport keeps everything above it:
+httpx builds the request (auth, headers, timeouts from the request's extensions), decodes
+the response and sees httpx's exceptions, so the client's retry and error mapping
+(``_http.py``) see exactly what they saw before; failures map as ``_leanhttp.py`` maps
+them (ConnectError / ConnectTimeout: never sent).
+
+- Keep-alive pool per (scheme, host, port), at most ``max_idle`` idle connections each;
+  one the server closed while idle is dropped before reuse. Nothing is ever re-sent: the
+  client's retry policy decides.
+- Responses stream (parts of at most 1 MiB): the connection goes back to the pool once the
+  body was read to its end, and is closed otherwise.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+
+import httpx
+
+from squall.common.leanio import Broken, Pool, Response
+
+IDLE_S = 4.0  # below uvicorn's 5 s keep-alive: a server rarely closes one under us
+
+
+class LeanAsyncTransport(httpx.AsyncBaseTransport):
+    def __init__(self, ssl_context: ssl.SSLContext, max_idle: int = 100,
+                 idle_s: float = IDLE_S) -> None:
+        self.pool = Pool(ssl_context, idle_s, max_idle)
+
+    async def aclose(self) -> None:
+        self.pool.close()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        scheme = url.scheme
+        if scheme not in ("http", "https"):
+            raise httpx.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
+        if self.pool.closed:
+            raise RuntimeError("the transport is closed")
+        key = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
+        timeout: dict[str, float | None] = request.extensions.get("timeout", {})
+        stream = request.stream
+        content = (request.read() if isinstance(stream, httpx.ByteStream)
+                   else stream)  # an AsyncByteStream: async-iterable parts
+        try:
+            r = await self.pool.request(
+                key, request.method, url.raw_path.decode("ascii"),
+                request.headers.multi_items(), content,  # type: ignore[arg-type]
+                connect_timeout=timeout.get("connect"), write_timeout=timeout.get("write"),
+                read_timeout=timeout.get("read"))
+        except Broken as e:
+            raise _mapped(e, head=True) from e
+        return httpx.Response(r.status, headers=r.headers, stream=_Body(r),
+                              extensions={"http_version": b"HTTP/1.1",
+                                          "reason_phrase": r.reason.encode("latin-1")})
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, resp: Response) -> None:
+        self.resp = resp
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for part in self.resp.parts():
+                yield part
+        except Broken as e:
+            raise _mapped(e, head=False) from e
+
+    async def aclose(self) -> None:
+        self.resp.release()
+
+
+def _mapped(e: Broken, head: bool) -> httpx.TransportError:
+    """The core's failure as httpx's (as ``_leanhttp._mapped``): connect failures were
+    never sent; a broken answer head is a protocol error, a broken body a read error."""
+    msg = str(e)
+    if e.phase == "connect":
+        return httpx.ConnectTimeout(msg) if e.timeout else httpx.ConnectError(msg)
+    if e.phase == "send":
+        return httpx.WriteTimeout(msg) if e.timeout else httpx.WriteError(msg)
+    if e.timeout:
+        return httpx.ReadTimeout(msg)
+    return httpx.RemoteProtocolError(msg) if head else httpx.ReadError(msg)

@@ -1,0 +1,307 @@
+"""A lean asyncio HTTP/1.1 client core: keep-alive connections per (scheme, host, port) over
+asyncio streams, shared by the data nodes' peer client (``datanode/peers.py``) and the async
+client's transport (``client/_leanasync.py``).
+
+A general-purpose stack (httpx: httpcore, h11 and anyio underneath) spends a millisecond or
+so of CPU per request; this one writes the request head and the body parts (bytes or
+memoryviews, as they are) straight to the transport and reads answers framed by
+``Content-Length``, chunked encoding or the connection's end.
+
+- :meth:`Pool.request` sends a request and reads the answer's head; the body is read with
+  :meth:`Response.parts` (parts of at most :data:`CHUNK` bytes) or :meth:`Response.read`,
+  and :meth:`Response.release` puts the connection back in the pool when the body was read
+  to its end, keep-alive was not refused and the request body was sent whole; otherwise it
+  is closed.
+- Pooled connections are dropped after ``idle_s`` or once the server closed them (EOF seen
+  while idle). ``replay=True``: a request whose reused connection broke before any answer
+  (the server closed it as we reused it) is sent once more on a new connection, if its
+  body is bytes (a stream cannot be replayed). Otherwise nothing is ever resent.
+- Request bodies: bytes, or an async iterable sent with the caller's ``Content-Length``
+  header, else chunked. A server that answers before taking the whole body (an error) is
+  heard: the answer is read even if the send broke off.
+- Failures raise :class:`Broken` naming the phase (connect, send, read) and its cause.
+  TCP_NODELAY on every connection; TLS with the pool's SSL context (server name checked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+Body = bytes | bytearray | memoryview | AsyncIterable[bytes | bytearray | memoryview] | None
+Key = tuple[str, str, int]  # (scheme, host, port)
+Phase = Literal["connect", "send", "read"]
+CHUNK = 1 << 20  # a streamed body is handed up in parts of at most this
+_FAIL = (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+         TimeoutError, ValueError)
+_NO_BODY = ("GET", "HEAD", "DELETE", "OPTIONS")
+
+
+class Broken(Exception):
+    """An exchange failed in `phase` (connect: never sent); the cause is ``__cause__``."""
+
+    def __init__(self, phase: Phase, cause: BaseException, reused: bool = False) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}" if str(cause)
+                         else type(cause).__name__)
+        self.phase, self.cause, self.reused = phase, cause, reused
+
+    @property
+    def timeout(self) -> bool:
+        return isinstance(self.cause, TimeoutError)
+
+    @property
+    def eof(self) -> bool:
+        """The peer hung up (or sent something that is not HTTP/1.1)."""
+        return isinstance(self.cause, EOFError | asyncio.IncompleteReadError
+                          | asyncio.LimitOverrunError | ValueError | ConnectionError)
+
+
+@dataclass
+class Conn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    idle_since: float = field(default_factory=time.monotonic)
+    reused: bool = False
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Pool:
+    def __init__(self, tls: ssl.SSLContext | None = None, idle_s: float = 2.0,
+                 idle_per_key: int = 32) -> None:
+        self.tls = tls  # for https://: verifies servers, presents our certificate if any
+        self.idle_s, self.idle_per_key = idle_s, idle_per_key
+        self._idle: dict[Key, list[Conn]] = {}
+        self.requests = self.connects = 0
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        for conns in self._idle.values():
+            for c in conns:
+                c.close()
+        self._idle.clear()
+
+    def _take(self, key: Key) -> Conn | None:
+        conns = self._idle.get(key)
+        now = time.monotonic()
+        while conns:
+            c = conns.pop()
+            if now - c.idle_since < self.idle_s and not c.writer.is_closing() \
+                    and not c.reader.at_eof():
+                c.reused = True
+                return c
+            c.close()
+        return None
+
+    def _give_back(self, key: Key, conn: Conn) -> None:
+        pool = self._idle.setdefault(key, [])
+        if self.closed or len(pool) >= self.idle_per_key or conn.writer.is_closing():
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        pool.append(conn)
+
+    async def _connect(self, key: Key, timeout: float | None) -> Conn:
+        scheme, host, port = key
+        tls = None
+        if scheme == "https":
+            if self.tls is None:
+                self.tls = ssl.create_default_context()
+            tls = self.tls
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(
+                    host, port, limit=CHUNK, ssl=tls,
+                    server_hostname=host if tls is not None else None)
+        except (OSError, TimeoutError, ssl.SSLError) as e:
+            raise Broken("connect", e) from e
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.connects += 1
+        return Conn(reader, writer)
+
+    async def request(self, key: Key, method: str, target: str,
+                      headers: list[tuple[str, str]], content: Body = None, *,
+                      connect_timeout: float | None = None, write_timeout: float | None = None,
+                      read_timeout: float | None = None, replay: bool = False) -> Response:
+        """Send one request and read the answer's head. `headers` should name the Host;
+        Content-Length / Transfer-Encoding are added when missing."""
+        replayable = replay and (content is None
+                                 or isinstance(content, bytes | bytearray | memoryview))
+        self.requests += 1
+        for attempt in range(2):
+            conn = self._take(key)
+            if conn is None:
+                conn = await self._connect(key, connect_timeout)
+            try:
+                return await self._exchange(key, conn, method, target, headers, content,
+                                            write_timeout, read_timeout)
+            except Broken as e:
+                conn.close()
+                if attempt == 0 and replayable and conn.reused and e.eof:
+                    continue  # the server closed an idle connection as we reused it
+                raise
+            except BaseException:  # cancelled: the connection is in an unknown state
+                conn.close()
+                raise
+        raise AssertionError("unreachable")
+
+    async def _exchange(self, key: Key, conn: Conn, method: str, target: str,
+                        headers: list[tuple[str, str]], content: Body,
+                        write_timeout: float | None, read_timeout: float | None) -> Response:
+        w = conn.writer
+        head = [f"{method} {target} HTTP/1.1"]
+        head += [f"{k}: {v}" for k, v in headers]
+        lower = {k.lower(): v for k, v in headers}
+        size = (0 if content is None else len(content)
+                if isinstance(content, bytes | bytearray | memoryview) else None)
+        chunked = "chunked" in lower.get("transfer-encoding", "").lower() or (
+            size is None and "content-length" not in lower)
+        if chunked and "transfer-encoding" not in lower:
+            head.append("Transfer-Encoding: chunked")
+        elif size is not None and "content-length" not in lower and (
+                size or method not in _NO_BODY):
+            head.append(f"Content-Length: {size}")
+        sent: Broken | None = None
+        try:
+            w.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+            await _send_body(w, content, chunked, write_timeout)
+        except _FAIL as e:
+            sent = Broken("send", e, conn.reused)  # the server may have answered early
+        try:
+            async with asyncio.timeout(read_timeout):
+                status, reason, hdrs, keep = await _read_head(conn.reader)
+        except _FAIL as e:
+            raise (sent or Broken("read", e, conn.reused)) from e
+        return Response(self, key, conn, status, reason, hdrs, keep and sent is None,
+                        read_timeout, head_only=method == "HEAD")
+
+
+async def _send_body(w: asyncio.StreamWriter, content: Body, chunked: bool,
+                     timeout: float | None) -> None:
+    if isinstance(content, bytes | bytearray | memoryview):
+        if content:
+            w.write(content)
+    elif content is not None:
+        async for part in content:
+            if not part:
+                continue
+            if chunked:
+                w.write(b"%x\r\n" % len(part))
+            w.write(part)
+            if chunked:
+                w.write(b"\r\n")
+            async with asyncio.timeout(timeout):
+                await w.drain()
+        if chunked:
+            w.write(b"0\r\n\r\n")
+    async with asyncio.timeout(timeout):
+        await w.drain()
+
+
+async def _read_head(r: asyncio.StreamReader
+                     ) -> tuple[int, str, list[tuple[str, str]], bool]:
+    block = await r.readuntil(b"\r\n\r\n")
+    lines = block[:-4].decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"not an HTTP/1.x answer: {lines[0][:60]!r}")
+    status, reason = int(rest[:3]), rest[4:]
+    headers = []
+    conn_close = False
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        headers.append((name, value))
+        if name.lower() == "connection" and value.lower() == "close":
+            conn_close = True
+    return status, reason, headers, version == "HTTP/1.1" and not conn_close
+
+
+class Response:
+    """An answer whose head was read; read its body, then :meth:`release` it (always)."""
+
+    def __init__(self, pool: Pool, key: Key, conn: Conn, status: int, reason: str,
+                 headers: list[tuple[str, str]], keep: bool, timeout: float | None,
+                 head_only: bool = False) -> None:
+        self.pool, self.key, self.conn = pool, key, conn
+        self.status, self.reason, self.headers = status, reason, headers
+        self.keep, self.timeout = keep, timeout
+        lower = {k.lower(): v for k, v in headers}
+        self.length: int | None = None  # None: chunked or until EOF
+        self.chunked = "chunked" in lower.get("transfer-encoding", "").lower()
+        if head_only or status in (204, 304) or 100 <= status < 200:
+            self.length = 0
+        elif not self.chunked and "content-length" in lower:
+            self.length = int(lower["content-length"])
+        elif not self.chunked:
+            self.keep = False  # framed by the connection's end
+        self.complete = self.length == 0
+        self._released = False
+
+    def header_dict(self) -> dict[str, str]:
+        return {k.lower(): v for k, v in self.headers}
+
+    async def parts(self) -> AsyncIterator[bytes]:
+        """The body in parts of at most :data:`CHUNK` bytes; :class:`Broken` on failure."""
+        r = self.conn.reader
+        try:
+            if self.length is not None:
+                left = self.length
+                while left > 0:
+                    async with asyncio.timeout(self.timeout):
+                        part = await r.readexactly(min(left, CHUNK))
+                    left -= len(part)
+                    yield part
+            elif self.chunked:
+                while True:
+                    async with asyncio.timeout(self.timeout):
+                        line = await r.readuntil(b"\r\n")
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                    if size == 0:
+                        async with asyncio.timeout(self.timeout):
+                            while (await r.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                                pass
+                        break
+                    while size > 0:
+                        async with asyncio.timeout(self.timeout):
+                            part = await r.readexactly(min(size, CHUNK))
+                        size -= len(part)
+                        yield part
+                    async with asyncio.timeout(self.timeout):
+                        await r.readexactly(2)
+            else:
+                while True:
+                    async with asyncio.timeout(self.timeout):
+                        part = await r.read(CHUNK)
+                    if not part:
+                        break
+                    yield part
+        except _FAIL as e:
+            self.conn.close()
+            raise Broken("read", e, self.conn.reused) from e
+        self.complete = True
+
+    async def read(self) -> bytes:
+        return b"".join([p async for p in self.parts()])
+
+    def release(self) -> None:
+        """Back to the pool if the body was read to its end (and keep-alive holds), else
+        closed. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        if self.complete and self.keep:
+            self.pool._give_back(self.key, self.conn)
+        else:
+            self.conn.close()

@@ -1,0 +1,206 @@
+"""The async client's asyncio transport (client/_leanasync.py over common/leanio.py) against
+a raw HTTP/1.1 server on 127.0.0.1: keep-alive reuse, an idle connection the server closed,
+no resend, a response left half-read, chunked and Content-Length bodies, a large body in
+bounded parts, errors mapped to httpx's exceptions, TLS."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import httpx
+import pytest
+import trustme
+
+from squall.client._leanasync import LeanAsyncTransport
+from squall.common.leanio import CHUNK, Body, Broken, Pool
+from tests.helpers import until
+from tests.rawhttp import Answer, RawServer, ok
+
+Make = Callable[..., tuple[httpx.AsyncClient, RawServer]]
+
+
+@pytest.fixture
+def client() -> Iterator[Make]:
+    made: list[tuple[httpx.AsyncClient, RawServer]] = []
+
+    def make(answer: Answer, tls: ssl.SSLContext | None = None,
+             trust: ssl.SSLContext | None = None) -> tuple[httpx.AsyncClient, RawServer]:
+        srv = RawServer(answer, tls)
+        c = httpx.AsyncClient(base_url=srv.url, timeout=5, transport=LeanAsyncTransport(
+            trust or ssl.create_default_context()))
+        made.append((c, srv))
+        return c, srv
+
+    yield make
+    for _c, srv in made:
+        srv.close()
+
+
+def _pooled(c: httpx.AsyncClient) -> list:  # type: ignore[type-arg]
+    t = c._transport
+    assert isinstance(t, LeanAsyncTransport)
+    return [conn for pool in t.pool._idle.values() for conn in pool]
+
+
+def echo(req: bytes) -> bytes:
+    return ok(req.partition(b"\r\n\r\n")[2] or b"{}")
+
+
+async def test_keep_alive_reuses_one_connection(client: Make) -> None:
+    c, srv = client(echo)
+    async with c:
+        for i in range(20):
+            assert (await c.post("/x", content=f'{{"i":{i}}}'.encode())).json() == {"i": i}
+        assert (await c.get("/y")).json() == {}
+    assert srv.connections == 1
+    assert b"content-length" not in srv.requests[-1].lower()  # a GET has no body
+
+
+async def test_an_idle_connection_the_server_closed_is_not_reused(client: Make) -> None:
+    c, srv = client(lambda req: ok())
+    async with c:
+        srv.hang_up_after = True  # answers, then closes the connection without saying so
+        assert (await c.get("/a")).json() == {"ok": True}
+        [conn] = _pooled(c)
+        await until(conn.reader.at_eof, timeout=5, what="the server's FIN")
+        srv.hang_up_after = False
+        assert (await c.post("/b", content=b"x")).json() == {"ok": True}  # a new connection
+    assert srv.connections == 2 and len(srv.requests) == 2
+
+
+async def test_no_answer_is_an_error_never_a_silent_resend(client: Make) -> None:
+    c, srv = client(lambda req: ok())
+    async with c:
+        assert (await c.get("/a")).json() == {"ok": True}
+        srv.answer = lambda req: None  # reads the request, hangs up without answering
+        with pytest.raises(httpx.RemoteProtocolError):
+            await c.post("/b", content=b"once")
+        assert sum(b"/b" in r for r in srv.requests) == 1
+        srv.answer = lambda req: ok()
+        assert (await c.get("/c")).json() == {"ok": True}
+    assert srv.connections == 2
+
+
+async def test_half_read_responses_close_their_connection(client: Make) -> None:
+    big = b"x" * (3 * CHUNK)
+    c, srv = client(lambda req: ok(big) if b"/big" in req else ok())
+    async with c:
+        async with c.stream("GET", "/big") as r:
+            async for part in r.aiter_raw():
+                assert part
+                break  # read a little, then leave
+        assert not _pooled(c)
+        assert (await c.get("/small")).json() == {"ok": True}
+        assert srv.connections == 2  # the half-read connection was not reused
+        async with c.stream("GET", "/big") as r:
+            parts = [p async for p in r.aiter_raw()]
+        assert b"".join(parts) == big
+        assert max(map(len, parts)) <= CHUNK and len(parts) >= 3  # handed up in bounded parts
+        assert (await c.get("/small")).json() == {"ok": True}
+    assert srv.connections == 2  # read to its end: back in the pool and reused
+
+
+async def _agen(parts: list[bytes]) -> AsyncIterator[bytes]:
+    for p in parts:
+        yield p
+
+
+async def test_chunked_both_ways_and_content_length_streams(client: Make) -> None:
+    def answer(req: bytes) -> bytes:
+        body = req.partition(b"\r\n\r\n")[2]
+        return (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:3], body[3:]) if p)
+                + b"0\r\n\r\n")
+
+    c, srv = client(answer)
+    parts = [b"abc", b"", b"defgh" * 1000]
+    whole = b"".join(parts)
+    async with c:
+        r = await c.post("/up", content=_agen(parts))
+        assert r.content == whole
+        assert b"transfer-encoding: chunked" in srv.requests[-1].lower()
+        r = await c.post("/up", content=_agen(parts),
+                         headers={"Content-Length": str(len(whole))})
+        assert r.content == whole
+        head = srv.requests[-1].lower().partition(b"\r\n\r\n")[0]
+        assert b"content-length: %d" % len(whole) in head and b"chunked" not in head
+        assert (await c.post("/up", content=b"plain")).content == b"plain"
+    assert srv.connections == 1
+
+
+async def test_errors_are_httpx_errors(client: Make) -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there
+    t = LeanAsyncTransport(ssl.create_default_context())
+    async with httpx.AsyncClient(transport=t, timeout=2) as c:
+        with pytest.raises(httpx.ConnectError):
+            await c.get(f"http://127.0.0.1:{port}/")
+        with pytest.raises(httpx.UnsupportedProtocol):
+            await c.get("ftp://127.0.0.1/")
+    gate = threading.Event()  # the server holds its answer until the client gave up
+    hang, _ = client(lambda req: ok() if gate.wait(10) else None)
+    async with hang:
+        with pytest.raises(httpx.ReadTimeout):
+            await hang.get("/slow", timeout=httpx.Timeout(5, read=0.3))
+    gate.set()
+
+
+async def test_tls_with_the_given_context(client: Make) -> None:
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    trust = ssl.create_default_context()
+    ca.configure_trust(trust)
+    c, srv = client(echo, tls=server_ctx, trust=trust)
+    async with c:
+        for i in range(3):
+            assert (await c.post("/t", content=b'{"i":%d}' % i)).json() == {"i": i}
+    assert srv.connections == 1
+    stranger, srv2 = client(echo, tls=server_ctx)  # the system's CAs: not ours
+    async with stranger:
+        with pytest.raises(httpx.ConnectError):
+            await stranger.get("/t")
+    assert not srv2.requests
+
+
+async def test_the_replay_rule_of_the_core() -> None:
+    """A request whose reused connection broke before any answer is resent once on a new
+    connection only when the caller allows it and its body is bytes."""
+    hang_ups = [0]
+
+    def answer(req: bytes) -> bytes | None:
+        if b"/drop" in req and hang_ups[0] == 0:
+            hang_ups[0] += 1
+            return None  # as if the server closed the idle connection as we reused it
+        return ok()
+
+    srv = RawServer(answer)
+    pool = Pool()
+    key = ("http", "127.0.0.1", int(srv.url.rsplit(":", 1)[1]))
+    host = [("Host", f"127.0.0.1:{key[2]}")]
+
+    async def call(path: str, content: Body, replay: bool) -> int:
+        r = await pool.request(key, "POST", path, host, content, replay=replay)
+        await r.read()
+        r.release()
+        return r.status
+
+    try:
+        assert await call("/warm", b"", replay=True) == 200  # one pooled connection
+        assert await call("/drop", b"x", replay=True) == 200  # resent on a new one
+        assert sum(b"/drop" in r for r in srv.requests) == 2
+        for replay, body in ((False, b"x"), (True, _agen([b"x"]))):
+            hang_ups[0] = 0
+            with pytest.raises(Broken):
+                await call("/drop", body, replay=replay)
+            assert hang_ups[0] == 1
+            assert await call("/warm", b"", replay=True) == 200
+        assert sum(b"/drop" in r for r in srv.requests) == 4  # the last two: sent once
+    finally:
+        pool.close()
+        srv.close()
