@@ -89,3 +89,11 @@ def ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
             + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
 
 
+
+
+def chunked_echo(req: bytes) -> bytes:
+    """The request's body sent back chunked, in two parts."""
+    body = req.partition(b"\r\n\r\n")[2]
+    return (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+            + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:3], body[3:]) if p)
+            + b"0\r\n\r\n")

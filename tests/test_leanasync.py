@@ -17,7 +17,7 @@ import trustme
 from squall.client._leanasync import LeanAsyncTransport
 from squall.common.leanio import CHUNK, Body, Broken, Pool
 from tests.helpers import until
-from tests.rawhttp import Answer, RawServer, ok
+from tests.rawhttp import Answer, RawServer, chunked_echo, ok
 
 Make = Callable[..., tuple[httpx.AsyncClient, RawServer]]
 
@@ -109,13 +109,7 @@ async def _agen(parts: list[bytes]) -> AsyncIterator[bytes]:
 
 
 async def test_chunked_both_ways_and_content_length_streams(client: Make) -> None:
-    def answer(req: bytes) -> bytes:
-        body = req.partition(b"\r\n\r\n")[2]
-        return (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
-                + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:3], body[3:]) if p)
-                + b"0\r\n\r\n")
-
-    c, srv = client(answer)
+    c, srv = client(chunked_echo)
     parts = [b"abc", b"", b"defgh" * 1000]
     whole = b"".join(parts)
     async with c:

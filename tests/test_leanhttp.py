@@ -15,7 +15,7 @@ import pytest
 
 from squall.client._leanhttp import LeanTransport
 from tests.helpers import wait_for
-from tests.rawhttp import Answer, RawServer, ok
+from tests.rawhttp import Answer, RawServer, chunked_echo, ok
 
 
 @pytest.fixture
@@ -81,13 +81,7 @@ def test_half_read_responses_close_their_connection(client) -> None:  # type: ig
 
 
 def test_chunked_both_ways(client) -> None:  # type: ignore[no-untyped-def]
-    def answer(req: bytes) -> bytes:
-        body = req.partition(b"\r\n\r\n")[2]
-        return (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
-                + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:3], body[3:]) if p)
-                + b"0\r\n\r\n")
-
-    c, srv = client(answer)
+    c, srv = client(chunked_echo)
     parts = [b"abc", b"", b"defgh" * 1000]
     r = c.post("/up", content=iter(parts))
     assert r.content == b"".join(parts)

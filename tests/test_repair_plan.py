@@ -56,6 +56,14 @@ class World:
     def tick(self) -> dict[str, int]:
         return self.c.tick([])
 
+    def two_copies(self, ids: list[str], size: int) -> None:
+        """`ids` referenced, held by a and b; c empty; everything examined."""
+        self.refs.update(ids)
+        self.beat("a", full=ids, sizes=[size] * len(ids))
+        self.beat("b", full=ids, sizes=[size] * len(ids))
+        self.beat("c", full=[])
+        self.settle()
+
     def settle(self) -> None:
         """Tick until no examination or planning is left over (each tick does a slice)."""
         for _ in range(1000):
@@ -417,11 +425,7 @@ def test_a_copy_the_master_knows_of_is_not_examined_again() -> None:
     copy's report. The target's own report of that copy afterwards is old news."""
     w = World()
     ids = [f"k{i:02d}" for i in range(20)]
-    w.refs.update(ids)
-    w.beat("a", full=ids, sizes=[100] * 20)
-    w.beat("b", full=ids, sizes=[100] * 20)
-    w.beat("c", full=[])
-    w.settle()
+    w.two_copies(ids, 100)
     w.beat("b", added=ids, sizes=[100] * 20)  # reported again: nothing changed
     assert w.tick()["checked"] == 0
     cmds = kill(w, "b", ["a", "c"])["a"] + w.beat("a")
@@ -480,11 +484,7 @@ def test_a_large_backlog_is_planned_slice_after_slice_without_waiting(
     monkeypatch.setattr("squall.master.cluster.CHECK_BATCH", check_batch)
     w = World(max_copies_per_node=10_000, max_repair_bytes_per_node=1 << 30)
     ids = [f"g{i:05d}" for i in range(2500)]
-    w.refs.update(ids)
-    w.beat("a", full=ids, sizes=[100] * 2500)
-    w.beat("b", full=ids, sizes=[100] * 2500)
-    w.beat("c", full=[])
-    w.settle()
+    w.two_copies(ids, 100)
     w.clock.advance(4 * BEAT)  # b is dead by now
     w.beat("a")
     w.beat("c")
