@@ -87,3 +87,19 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         yield s
     finally:
         s.stop()
+
+
+def hold_until_renewed(master: str, queue: str, pid: str, times: int,
+                       timeout: float = 90.0) -> None:
+    """Hold a handler until the master has extended the lease of task `pid` of `queue`
+    `times` times (the stage renews every lease_secs / 3): it outlives its lease, as the
+    master counts it, with no clock of its own. Runs in Spark's Python workers too."""
+    seen: list[float] = []
+    with Client(master) as c:
+        def renewed() -> bool:
+            exp = c.task(queue, pid).expires_at
+            if exp is not None and (not seen or exp > seen[-1]):
+                seen.append(exp)
+            return len(seen) > times
+
+        wait_for(renewed, timeout, interval=0.05, what=f"{times} renewals of {pid}'s lease")

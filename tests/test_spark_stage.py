@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from squall.client import Client, NewTask
 from squall.client.spark import run_stage
 from squall.client.spark._stage import StageLoop, StageSpec
-from tests.spark_kit import Cluster, cluster, lease_all, spark, total
+from tests.spark_kit import Cluster, cluster, hold_until_renewed, lease_all, spark, total
 
 __all__ = ["cluster", "spark"]  # module fixtures
 
@@ -32,14 +32,12 @@ def test_slow_handler_among_fast_ones_runs_nothing_twice(cluster: Cluster) -> No
     c.put_many(src, [NewTask(str(i).encode(), pid=f"s{i:02d}") for i in range(n)])
     runs: list[str] = []
     lock = threading.Lock()
-    slow_until = time.monotonic() + 2.5 * lease  # well past the lease of the fast ones
 
     def handler(pid: str, data: bytes) -> bytes:
         with lock:
             runs.append(pid)
-        if pid == "s03":
-            while time.monotonic() < slow_until:  # a deadline, not a synchronising sleep
-                time.sleep(0.05)
+        if pid == "s03":  # its lease renewed 8 times (every lease / 3): 2.7 leases long
+            hold_until_renewed(cluster.url, src, pid, 8)
         return data + b"!"
 
     spec = StageSpec(cluster.url, src, sink, lease, batch_size=n, threads=2, with_pid=True,
@@ -60,19 +58,18 @@ def test_slow_handler_on_spark_gives_done_equal_leased(spark: SparkSession, clus
     """The issue's report as a user runs it: 10 tasks, one slow handler, two Spark tasks."""
     c, src, sink, n, lease = cluster.client, "slow2#in", "slow2#out", 10, 1.5
     c.put_many(src, [NewTask(b"x", pid=f"t{i:02d}") for i in range(n)])
-    log = str(tmp_path / "runs")
-    slow_until = time.time() + 2.5 * lease + 3  # + Spark's start-up
+    log, url = str(tmp_path / "runs"), cluster.url
 
     def handler(pid: str, data: bytes) -> bytes:
         import os
-        import time as t
+
+        from tests.spark_kit import hold_until_renewed
 
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.write(fd, f"{pid}\n".encode())
         os.close(fd)
-        if pid == "t04":
-            while t.time() < slow_until:
-                t.sleep(0.05)
+        if pid == "t04":  # 2.7 leases long, as the master counts it
+            hold_until_renewed(url, src, pid, 8)
         return data
 
     res = run_stage(spark, src, handler, sink, parallelism=2, lease_secs=lease,

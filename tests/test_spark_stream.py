@@ -136,13 +136,12 @@ def gated(hold_pid: str, blocked: str, gate: str) -> Callable[[], Column]:
     def out() -> Column:
         def bang(pid: str, payload: bytes) -> bytes:
             import os
-            import time
+
+            from tests.helpers import wait_for
 
             if pid == hold_pid:
                 open(blocked, "w").close()
-                deadline = time.monotonic() + 300
-                while not os.path.exists(gate) and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                wait_for(lambda: os.path.exists(gate), 300, what="the test to open the gate")
             return payload + b"!"
 
         return F.udf(bang, "binary", useArrow=False)("pid", "payload")

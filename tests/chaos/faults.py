@@ -9,6 +9,7 @@ log with its timings.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -23,6 +24,7 @@ from squall.client import Client, SquallError
 from tests.chaos import disks
 from tests.chaos.cluster import NODES, SoakCluster
 from tests.chaos.ledger import Writer, crc, payload_of
+from tests.helpers import wait_for
 
 KINDS = ("kill_master", "kill_node", "kill_two_nodes", "kill_holder_during_repair",
          "kill_worker", "fill_node_disk", "fill_master_disk", "partition_node")
@@ -135,15 +137,11 @@ class Faults:
     def _time_to_rf(self, since: float, limit_s: float = 120.0) -> float | None:
         """Seconds from `since` until the master sees every node alive and every blob at
         RF with no copy in flight (None: not within `limit_s`)."""
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            try:
-                if self.c.settled():
-                    return round(time.monotonic() - since, 2)
-            except Exception:  # the master restarting: keep asking
-                pass
-            time.sleep(0.1)
-        return None
+        try:  # the master may be restarting: wait_for keeps asking
+            wait_for(self.c.settled, limit_s, interval=0.1, what="every blob at RF")
+        except TimeoutError:
+            return None
+        return round(time.monotonic() - since, 2)
 
     def _watch(self, hold_s: float, url: str, ep: Episode) -> None:
         """Hold for `hold_s`, noting whether the master declared the node at `url` dead and
@@ -181,15 +179,14 @@ class Faults:
         t = time.monotonic()
         self.c.nodes[a].kill9()
         ep.notes["repair_seen"] = False
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and not self.stop.is_set():
-            try:
-                if self.c.info()["copies_in_flight"]:
-                    ep.notes["repair_seen"] = True
-                    break
-            except Exception:
-                pass
-            time.sleep(0.05)
+
+        def seen() -> str | None:
+            if self.stop.is_set():
+                return "stopped"
+            return "seen" if self.c.info()["copies_in_flight"] else None
+
+        with contextlib.suppress(TimeoutError):
+            ep.notes["repair_seen"] = wait_for(seen, 10.0, interval=0.05) == "seen"
         self.c.nodes[b].kill9()
         ep.notes["second_after_s"] = round(time.monotonic() - t, 2)
         self._hold(f.hold_s)
@@ -219,8 +216,9 @@ class Faults:
         self._hold(f.hold_s)
         disks.free(path)
         t = time.monotonic()
-        while time.monotonic() - t < RESUME_LIMIT_S and not self.probe(ep, "probe_after_free"):
-            time.sleep(0.5)
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda: self.probe(ep, "probe_after_free"), RESUME_LIMIT_S,
+                     interval=0.5, what="writes to resume", fatal=Exception)
         if ep.notes["probe_after_free"] == "ok":
             ep.notes["writes_resume_s"] = round(time.monotonic() - t, 2)
             return

@@ -11,6 +11,7 @@ namespaces and tmpfs mounts are private and vanish with it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -220,10 +221,12 @@ class Soak:
         sample = random.Random(self.a.seed).sample(blobs, min(RF_SAMPLE, len(blobs)))
         bad = [b for b in sample if c.holders(b) != RF]
         if bad:  # trimming extra copies and late repairs: give them a bounded while
-            deadline = time.monotonic() + 60
-            while bad and time.monotonic() < deadline:
-                time.sleep(1.0)
-                bad = [b for b in bad if c.holders(b) != RF]
+            def at_rf() -> bool:
+                bad[:] = [b for b in bad if c.holders(b) != RF]
+                return not bad
+
+            with contextlib.suppress(TimeoutError):
+                wait_for(at_rf, 60, interval=1.0, what="the sample at RF", fatal=Exception)
         self.summary["rf_check"] = {"queued_blobs": len(blobs), "checked": len(sample),
                                     "not_at_rf": len(bad)}
         if bad:

@@ -69,8 +69,7 @@ class Swarm:
                     self.err(e, "put")
                     self.led.write("put?", q=QUEUE, pid=pid, crc=crc(data), n=len(data),
                                    err=repr(e)[:200])
-                    await asyncio.sleep(0.2)
-                    continue
+                    continue  # the client's own retries already waited out its budget
                 self.put_lat.append(time.monotonic() - t)
                 ok += 1
                 self.led.write("put", q=QUEUE, pid=pid, crc=crc(data), n=len(data))
@@ -85,15 +84,14 @@ class Swarm:
                     return
                 t = time.monotonic()
                 try:
-                    tasks = await c.lease(QUEUE, max_tasks=4, lease_secs=10.0)
+                    tasks = await c.lease(QUEUE, max_tasks=4, lease_secs=10.0,
+                                          wait_secs=1.0)  # long poll: no idle spinning
                 except SquallError as e:
                     self.err(e, "lease")
-                    await asyncio.sleep(0.2)
-                    continue
-                self.lease_lat.append(time.monotonic() - t)
+                    continue  # the client's own retries already waited out its budget
+                if tasks:  # an empty answer waited out its long poll: not a latency
+                    self.lease_lat.append(time.monotonic() - t)
                 ok += 1
-                if not tasks:
-                    await asyncio.sleep(0.1)
                 for task in tasks:
                     await self.handle(task, name)
 
