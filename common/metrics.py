@@ -19,6 +19,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -34,6 +35,8 @@ from prometheus_client.core import (
     Metric,
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+T = TypeVar("T")
 
 # seconds: 100 us .. 10 s
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -60,6 +63,28 @@ class Hist:
             acc += c
             buckets.append((_le(b), acc))
         fam.add_metric(labels, buckets, self.total)
+
+
+class WorkTimes:
+    """How long each kind of synchronous work held the event loop (requests wait behind
+    it), one :class:`Hist` per kind; :meth:`timed` wraps a method of an object that has one
+    as ``self.work``."""
+
+    def __init__(self, kinds: Iterable[str]) -> None:
+        self.hists = {k: Hist() for k in kinds}
+
+    @staticmethod
+    def timed(kind: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        def wrap(f: Callable[..., T]) -> Callable[..., T]:
+            @functools.wraps(f)
+            def timed_call(self: Any, *args: Any, **kwargs: Any) -> T:
+                t0 = time.perf_counter()
+                try:
+                    return f(self, *args, **kwargs)
+                finally:
+                    self.work.hists[kind].observe(time.perf_counter() - t0)
+            return timed_call
+        return wrap
 
 
 def _le(b: float) -> str:

@@ -48,12 +48,13 @@ from squall.common.cluster import (
     HeartbeatResponse,
 )
 from squall.common.errors import Unauthorized
+from squall.common.metrics import WorkTimes
 from squall.common.tokens import verify_receipt
 from squall.master import drain
 from squall.master.blobscan import BlobScan
 from squall.master.repair import Repair
 
-CHECK_BATCH = 250  # blobs examined per tick (one index read each): bounded loop time
+CHECK_BATCH = 100  # blobs examined per tick (one index read each): bounded loop time
 LATER_S = 1.0  # how often an unreferenced blob in its orphan grace is looked at again
 DELETE_BATCH = 1000
 DRAIN_CHECK_S = 0.5  # how often draining nodes' progress is recounted
@@ -140,6 +141,7 @@ class Cluster:
         # node id -> time decommissioning was asked (persisted by the master; master/drain.py)
         self.draining: dict[str, float] = {}
         self.drain_checked_at = 0.0
+        self.work = WorkTimes(("heartbeat", "tick"))  # event-loop time per call (a metric)
 
     @property
     def copies_done(self) -> int:
@@ -165,6 +167,7 @@ class Cluster:
                 and self.state(self.nodes[i], now) != "dead"]
 
     # -- heartbeats ----------------------------------------------------------------------
+    @WorkTimes.timed("heartbeat")
     def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
         now = self.clock.now()
         n = self.nodes.get(req.node_id)
@@ -280,13 +283,12 @@ class Cluster:
         self.commands.setdefault(node_id, []).append(cmd)
 
     # -- repair and GC -------------------------------------------------------------------
+    @WorkTimes.timed("tick")
     def tick(self, freed: list[str]) -> dict[str, int]:
         """Declare dead nodes, free dequeued blobs, and examine a batch of blobs."""
         now = self.clock.now()
-        dead = sum(n.dead for n in self.nodes.values())
         self._declare_dead(now)
-        # a node declared dead lost its undelivered commands: end its copies at once
-        self._expire_copies(now, force=sum(n.dead for n in self.nodes.values()) != dead)
+        self._expire_copies(now)  # a dead node's copies end at once (it lost its commands)
         if self.draining and now - self.drain_checked_at >= max(
                 DRAIN_CHECK_S, self.s.heartbeat_interval_s):
             self.drain_checked_at = now
@@ -324,12 +326,12 @@ class Cluster:
                 self.commands.pop(n.node_id, None)  # never delivered: replanned elsewhere
                 self.delivered_deletes.pop(n.node_id, None)
 
-    def _expire_copies(self, now: float, force: bool = False) -> None:
+    def _expire_copies(self, now: float) -> None:
         """Forget copies that timed out or whose source or target died; re-examine them."""
         def gone(node_id: str) -> bool:
             return node_id not in self.nodes or self.nodes[node_id].dead
 
-        self.check.update(self.repair.expire(now, gone, force))
+        self.check.update(self.repair.expire(now, gone))
 
     def _free(self, freed: list[str], now: float) -> None:
         """Delete every copy of blobs whose last reference went away (no orphan grace)."""

@@ -18,7 +18,16 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from squall.common.metrics import Hist, HttpStats, build_info, histogram, label_set, value_text
+from squall.common import runtime
+from squall.common.metrics import (
+    Hist,
+    HttpStats,
+    build_info,
+    hist_text,
+    histogram,
+    label_set,
+    value_text,
+)
 from squall.master.telemetry import METRIC_QUEUES, Telemetry
 
 if TYPE_CHECKING:
@@ -73,6 +82,7 @@ class MasterMetrics:
         yield from self._wal()
         yield from self._cluster()
         yield from self.http.collect("squall_master")
+        yield runtime.metric()
 
     def _tasks(self) -> Iterator[Metric]:
         m, s = self.m, self.t.current()
@@ -136,7 +146,7 @@ class MasterMetrics:
         yield histogram("squall_wal_group_records", "records per WAL group commit",
                         self.wal.frames)
 
-    def _cluster(self) -> Iterator[Metric]:
+    def _cluster(self) -> Iterator[Metric | str]:
         info = self.m.cluster.info()
         g = GaugeMetricFamily("squall_datanodes", "data nodes by state", labels=["state"])
         states: dict[str, int] = {"alive": 0, "suspect": 0, "dead": 0}
@@ -171,6 +181,10 @@ class MasterMetrics:
             used.add_metric([n["node_id"]], n["used_bytes"])
         yield cap
         yield used
+        yield hist_text("squall_master_cluster_work_seconds", "event-loop time of one piece "
+                        "of cluster work (kind: a heartbeat's block report and commands, or "
+                        "a tick or slice of repair and GC); requests wait behind it",
+                        [({"kind": k}, h) for k, h in self.m.cluster.work.hists.items()])
 
 
 def wal_error(m: Master) -> str | None:

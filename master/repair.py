@@ -21,7 +21,10 @@ Cluster` owns the block map and decides *that* a blob needs copies; this module 
 - **In flight**: blob → target → :class:`Copy` (source, bytes, deadline). A copy ends when
   its source reports the outcome (ok means the target holds the blob synced, with a
   receipt), when the target reports holding the blob, when it times out, or when its
-  source or target dies; the cluster then examines the blob again.
+  source or target dies; the cluster then examines the blob again. Copies are also kept
+  in deadline order (every deadline is the start plus one timeout, so start order) and
+  per node, so that expiring them costs what expires, never a walk over all in flight
+  (10,000 copies of small blobs took a walk of ~10 ms every second).
 - **Sizes** come from block reports and write receipts; a blob of unknown size is copied
   alone and counted as ``SMALL_BLOB_BYTES``.
 
@@ -48,8 +51,7 @@ from squall.common.tokens import sign
 SMALL_BLOB_BYTES = 1 << 20
 BATCH_BYTES = 4 << 20
 COPY_TIMEOUT_S = 300.0
-PLAN_SCAN = 250
-EXPIRE_EVERY_S = 1.0
+PLAN_SCAN = 100
 
 
 class NodeLike(Protocol):
@@ -83,7 +85,9 @@ class Repair:
         self.sizes: dict[str, int] = {}
         self.copies_done = self.bytes_done = self.copies_failed = 0
         self.dirty = False  # something changed since the last plan (new blobs, freed budget)
-        self._expire_at = float("-inf")
+        # (blob, target) of each copy in flight, in deadline order, and per source and target
+        self._deadlines: dict[tuple[str, str], float] = {}
+        self._by_node: dict[str, dict[tuple[str, str], None]] = {}
 
     # -- waiting blobs ---------------------------------------------------------------------
     def want(self, blob_id: str, live_copies: int) -> None:
@@ -124,6 +128,10 @@ class Repair:
               deadline: float) -> None:
         self.end(blob_id, target)
         self.inflight.setdefault(blob_id, {})[target] = Copy(source, nbytes, deadline)
+        key = (blob_id, target)
+        self._deadlines[key] = deadline
+        self._by_node.setdefault(source, {})[key] = None
+        self._by_node.setdefault(target, {})[key] = None
         self.copies += 1
         self.copy_bytes += nbytes
         self._charge(source, nbytes, 1)
@@ -134,6 +142,13 @@ class Repair:
         targets = self.inflight.get(blob_id)
         c = targets.pop(target, None) if targets else None
         if c is not None:
+            key = (blob_id, target)
+            del self._deadlines[key]
+            for node_id in (c.source, target):
+                copies = self._by_node[node_id]
+                del copies[key]
+                if not copies:
+                    del self._by_node[node_id]
             self.copies -= 1
             self.copy_bytes -= c.nbytes
             self._charge(c.source, -c.nbytes, -1)
@@ -153,24 +168,27 @@ class Repair:
             self.copies_failed += 1
         return c
 
-    def expire(self, now: float, gone: Callable[[str], bool], force: bool = False
-               ) -> list[str]:
+    def expire(self, now: float, gone: Callable[[str], bool]) -> list[str]:
         """End copies past their deadline or whose source or target is gone; their blobs.
-        Looks at every copy in flight, so at most every ``EXPIRE_EVERY_S`` unless `force`."""
-        if not force and now < self._expire_at:
-            return []
-        self._expire_at = now + EXPIRE_EVERY_S
-        out = []
-        for b, targets in list(self.inflight.items()):
-            for t, c in list(targets.items()):
-                if c.deadline < now or gone(t) or gone(c.source):
-                    self.end(b, t)
-                    out.append(b)
+        Costs the number of nodes plus the copies that end."""
+        out = [b for node_id in [n for n in self._by_node if gone(n)]
+               for b in self.abandon(node_id)]
+        due = []
+        for key, deadline in self._deadlines.items():  # deadline order
+            if deadline >= now:
+                break
+            due.append(key)
+        for b, t in due:
+            self.end(b, t)
+            out.append(b)
         return out
 
-    def abandon(self, source: str) -> list[str]:
-        """End the copies `source` was running (it restarted: they died with it)."""
-        return self.expire(float("-inf"), lambda node_id: node_id == source, force=True)
+    def abandon(self, node_id: str) -> list[str]:
+        """End the copies from or to `node_id` (it died or restarted: they died with it)."""
+        keys = list(self._by_node.get(node_id, ()))
+        for b, t in keys:
+            self.end(b, t)
+        return [b for b, _ in keys]
 
     def in_flight(self) -> tuple[int, int]:
         """(copies, bytes) in flight (kept as they start and end: the status page and the

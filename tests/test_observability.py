@@ -51,6 +51,9 @@ async def test_counters_never_decrease_and_series_are_bounded(api: Api, clock: M
     assert len(re.findall(r"^squall_queue_available\{", text, re.M)) == 4
     assert metric(text, "squall_queue_available", group="", queue="__other__") == 4
     assert metric(text, "squall_tasks", state="available") == 15
+    # the tick's cluster work held the event loop this long (no heartbeat came yet)
+    assert metric(text, "squall_master_cluster_work_seconds_count", kind="tick") >= 1
+    assert metric(text, "squall_master_cluster_work_seconds_count", kind="heartbeat") == 0
     for name in ("process_cpu_seconds_total", "python_info", "squall_master_build_info",
                  "squall_wal_fsync_seconds_bucket", "squall_wal_write_seconds_count",
                  "squall_master_http_request_duration_seconds_bucket",

@@ -21,7 +21,7 @@ from squall.common.cluster import (
 from squall.common.tokens import verify
 from squall.master import drain
 from squall.master.cluster import CHECK_BATCH, Cluster, ClusterSettings
-from squall.master.repair import BATCH_BYTES, PLAN_SCAN
+from squall.master.repair import BATCH_BYTES, PLAN_SCAN, Repair
 
 KEY = b"repair-plan-test-key-0123456789"
 BEAT = 1.0
@@ -489,7 +489,7 @@ def test_a_large_backlog_is_planned_slice_after_slice_without_waiting(
     w.beat("a")
     w.beat("c")
     ticks = 0
-    while w.c.info()["copies_in_flight"] < 2500 and ticks < 10:
+    while w.c.info()["copies_in_flight"] < 2500 and ticks < 2500 // PLAN_SCAN + 10:
         w.tick()  # the clock stands still
         ticks += 1
     assert w.c.info()["copies_in_flight"] == 2500, ticks
@@ -507,3 +507,22 @@ def test_allocations_are_forgotten_oldest_first_after_their_grace() -> None:
     w.clock.advance(1.0)
     w.tick()
     assert not w.c.allocated
+
+
+def test_copies_in_flight_end_at_their_deadline_or_with_their_node() -> None:
+    r = Repair(KEY, 1 << 30, 1000)
+    r.start("b1", "a", "c", 10, 5.0)
+    r.start("b2", "b", "c", 10, 6.0)
+    r.start("b3", "a", "d", 10, 7.0)
+    r.start("b4", "b", "d", 10, 8.0)
+    r.start("b5", "a", "c", 10, 1.0)
+    r.start("b5", "b", "c", 10, 9.0)  # started again: the new deadline counts
+    assert r.expire(5.0, lambda n: False) == []
+    assert r.expire(6.5, lambda n: False) == ["b1", "b2"]
+    assert r.in_flight() == (3, 30)
+    assert r.expire(6.5, lambda n: n == "a") == ["b3"]  # its source died
+    assert sorted(r.abandon("d")) == ["b4"]  # a target restarted
+    assert r.inflight == {"b5": {"c": r.inflight["b5"]["c"]}}
+    assert r.expire(9.5, lambda n: False) == ["b5"]
+    assert r.in_flight() == (0, 0) and r.inflight == {}
+    assert r.node_bytes == {} and r.node_count == {}  # every budget given back
