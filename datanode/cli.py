@@ -15,11 +15,13 @@ from squall.datanode.config import DataNodeSettings
 def serve(settings: DataNodeSettings, host: str, port: int) -> None:
     import uvicorn
 
+    from squall.common.runtime import serve_tuning
     from squall.common.serving import uvicorn_options
     from squall.datanode.app import create_datanode_app
 
-    uvicorn.run(create_datanode_app(settings), host=host, port=port,
-                **uvicorn_options(settings.tls.uvicorn_kwargs()))
+    app = create_datanode_app(settings)
+    serve_tuning()
+    uvicorn.run(app, host=host, port=port, **uvicorn_options(settings.tls.uvicorn_kwargs()))
 
 
 def register(app: typer.Typer) -> None:

@@ -19,11 +19,13 @@ def serve(settings: MasterSettings, host: str, port: int,
           security: SecuritySettings | None = None, tls: TLSConfig | None = None) -> None:
     import uvicorn
 
+    from squall.common.runtime import serve_tuning
     from squall.common.serving import uvicorn_options
     from squall.master.app import create_master_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = create_master_app(settings, security=security)
+    serve_tuning()
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:

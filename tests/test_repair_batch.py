@@ -8,6 +8,7 @@ key, the data nodes' batch form), then committed to the master with their receip
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -27,6 +28,7 @@ from tests.dn_kit import ENV as DN_ENV
 from tests.dn_kit import KEY as DN_KEY
 from tests.dn_kit import FakeMaster, data_file, flip_bytes_in_file, node_id_of, tok
 from tests.helpers import (
+    ADMIN,
     DataNodeProcess,
     MasterProcess,
     master_auth,
@@ -130,6 +132,13 @@ def test_a_dead_node_with_2000_tiny_blobs_is_repaired_in_batches(tmp_path: Path)
         assert i["copies_done"] >= 2000 and i["lost"] == 0
         m = c.http.get("/metrics").text
         assert "squall_blobs_lost 0.0" in m and "squall_blobs_under_replicated 0.0" in m
+        # the servers run tuned (common/runtime.py): the collection at start was timed
+        node_m = httpx.get(a.url + "/metrics", headers=ADMIN, timeout=10).text
+        for text in (m, node_m):
+            assert re.search(r'^squall_gc_pause_seconds_count\{generation="2"\} [1-9]', text,
+                             re.M), text[-2000:]
+        assert re.search(r'^squall_master_cluster_work_seconds_count\{kind="heartbeat"\} '
+                         r'[1-9]', m, re.M)
     finally:
         c.close()
 

@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.responses import Response
 
+from squall.common import runtime
 from squall.common.errors import Unavailable
 from squall.common.http import JSON
 from squall.common.metrics import Exposition, build_info
@@ -90,6 +91,7 @@ class NodeCollector:
         http = getattr(self.node, "http_stats", None)
         if http is not None:
             yield from http.collect("squall_datanode")
+        yield runtime.metric()
 
 
 @router.get("/metrics", response_class=Response)

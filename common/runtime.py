@@ -1,0 +1,83 @@
+"""A server process's Python runtime: short garbage-collector pauses, full ones rare, and
+the event loop's turn at the GIL within 1 ms.
+
+Objects in a server are freed by reference counting; the cyclic collector almost never
+finds anything there, but a full collection walks every container object the process
+holds, and the event loop waits meanwhile. On the 2-core test machine one took ~45 ms for
+the ~80,000 objects a server holds after its imports alone (functions, types, pydantic
+schemas), and 40-100 ms under load; during a re-replication of many small blobs the
+master and the data nodes each ran several a second, and they were the longest stalls of
+foreground writes (bench/results/repair-notes.md). So :func:`serve_tuning`, which the
+server commands call once the app is built:
+
+- collects once, then ``gc.freeze()``: everything the imports and the app's construction
+  made moves to the permanent generation, which collections skip (such objects are still
+  freed by reference counting if they ever go);
+- keeps Python's young collections (every 700 allocations, each a few milliseconds);
+- leaves full collections to a timer: one every ``FULL_EVERY_S``, never triggered by
+  allocations, so a cycle of long-lived objects that became garbage waits at most that
+  long;
+- records each collection's pause in ``squall_gc_pause_seconds{generation}``
+  (:func:`metric`) on both servers;
+- sets the GIL's switch interval to ``SWITCH_INTERVAL_S`` (Python's is 5 ms). While a
+  thread runs Python work (the data node's LMDB writer committing repair copies, a reader
+  building a block report, the master's WAL writer), the event loop thread waits for the
+  GIL each time it gave it up for I/O: a request doing a dozen such turns waited up to
+  5 ms each. 1 ms costs the busy thread a few more switches.
+
+Apps embedded in another process (the tests' in-process servers) keep Python's defaults.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+from typing import Any
+
+from squall.common.metrics import Hist, hist_text
+
+GEN0 = 700  # allocations (net of frees) between young collections (Python's default)
+GEN1 = 10  # young collections between collections of the middle generation (Python's)
+GEN2 = 1_000_000_000  # middle collections between full ones: never, the timer runs them
+FULL_EVERY_S = 60.0
+SWITCH_INTERVAL_S = 0.001
+
+PAUSES = tuple(Hist() for _ in range(3))  # per generation
+_started: list[float] = []
+_tuned = threading.Event()
+
+
+def _observe(phase: str, info: dict[str, Any]) -> None:
+    if phase == "start":
+        _started[:] = [time.perf_counter()]
+    elif _started:
+        PAUSES[info["generation"]].observe(time.perf_counter() - _started[0])
+
+
+def _full_collections(every_s: float) -> None:
+    while True:
+        time.sleep(every_s)
+        gc.collect()
+
+
+def serve_tuning(full_every_s: float = FULL_EVERY_S) -> None:
+    """Tune this process for serving (idempotent; see the module doc)."""
+    if _tuned.is_set():
+        return
+    _tuned.set()
+    gc.callbacks.append(_observe)
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GEN0, GEN1, GEN2)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    threading.Thread(target=_full_collections, args=(full_every_s,), name="gc-full",
+                     daemon=True).start()
+
+
+def metric() -> str:
+    """``squall_gc_pause_seconds`` in Prometheus text (zero counts until tuned)."""
+    return hist_text("squall_gc_pause_seconds", "pause of one cyclic garbage collection "
+                     "(generation 2 is a full one; the event loop waits meanwhile)",
+                     [({"generation": str(g)}, h) for g, h in enumerate(PAUSES)])

@@ -1,0 +1,39 @@
+"""The servers' runtime settings (common/runtime.py): run in a fresh interpreter, so that
+the test process keeps Python's defaults."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from squall.common import runtime
+
+PROBE = """
+import gc, json, sys
+from squall.common import runtime
+runtime.serve_tuning(full_every_s=0.05)
+runtime.serve_tuning()  # idempotent: one callback, one timer
+before = runtime.PAUSES[2].counts[:]
+import time
+deadline = time.monotonic() + 30
+while sum(runtime.PAUSES[2].counts) < sum(before) + 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(json.dumps({"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold(),
+                  "switch": sys.getswitchinterval(), "callbacks": gc.callbacks.count(
+                      runtime._observe), "full": sum(runtime.PAUSES[2].counts),
+                  "text": runtime.metric()}))
+"""
+
+
+def test_serve_tuning_freezes_startup_objects_and_times_full_collections() -> None:
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                         timeout=60, check=True)
+    got = json.loads(out.stdout)
+    assert got["frozen"] > 1000  # the imports' objects left every later collection
+    assert got["threshold"] == [runtime.GEN0, runtime.GEN1, runtime.GEN2]
+    assert got["switch"] == runtime.SWITCH_INTERVAL_S
+    assert got["callbacks"] == 1
+    assert got["full"] >= 3  # the one at start, then the timer's (allocations never do)
+    assert 'squall_gc_pause_seconds_count{generation="2"}' in got["text"]
+
