@@ -63,7 +63,7 @@ from squall.common.errors import (
 from squall.datanode import reads
 from squall.datanode.journal import Journal
 from squall.datanode.layout import U32, U64, BlobMeta, chunk_key
-from squall.datanode.lmdbenv import Env
+from squall.datanode.lmdbenv import RECORD_COST_BYTES, Env
 from squall.datanode.upload import Upload, records_of
 
 __all__ = ["BlobMeta", "BlobStore", "Space", "Upload"]
@@ -222,7 +222,10 @@ class BlobStore:
             return [self._op_commit(b, up, False, 0, recs, size, crc, txn)
                     for b, up, recs, size, crc in prepared]
 
-        out = await self._submit(op, True, sum(len(d) for _, d, _ in items), background)
+        nbytes = sum(len(d) for _, d, _ in items)
+        if background:  # repair copies: bound the Python work of each commit, not only bytes
+            nbytes += RECORD_COST_BYTES * len(items)
+        out = await self._submit(op, True, nbytes, background)
         self._note_written(out)
         return out
 
