@@ -67,18 +67,33 @@ class Foreground:
 
 
 def _slow_wal_syncs(c: httpx.Client, url: str) -> str:
-    """The master's WAL fsyncs slower than 50 ms so far (its histogram), of all."""
+    """The master's WAL fsyncs slower than 50 ms so far (its histogram), of all, and what
+    held its event loop over 25 and 50 ms: cluster work (heartbeats, repair ticks) and
+    garbage collections."""
     try:
         text = c.get(url + "/metrics").text
     except httpx.HTTPError as e:
         return f"? ({e})"
     le50 = total = 0.0
+    work: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         if line.startswith('squall_wal_fsync_seconds_bucket{le="0.05"}'):
             le50 = float(line.split()[-1])
         elif line.startswith("squall_wal_fsync_seconds_count"):
             total = float(line.split()[-1])
-    return f"{total - le50:.0f} of {total:.0f}"
+        elif line.startswith(("squall_master_cluster_work_seconds_bucket",
+                               "squall_master_cluster_work_seconds_count",
+                               "squall_gc_pause_seconds_bucket",
+                               "squall_gc_pause_seconds_count")):
+            kind = (line.split('kind="', 1)[1].split('"', 1)[0] if 'kind="' in line
+                    else "gc gen " + line.split('generation="', 1)[1].split('"', 1)[0])
+            le = line.split('le="', 1)[1].split('"', 1)[0] if 'le="' in line else "count"
+            work.setdefault(kind, {})[le] = float(line.split()[-1])
+    slow = "; ".join(f"{k}: {w.get('count', 0) - w.get('0.025', 0):.0f} over 25 ms, "
+                     f"{w.get('count', 0) - w.get('0.05', 0):.0f} over 50 ms of "
+                     f"{w.get('count', 0):.0f}" for k, w in sorted(work.items()))
+    return (f"{total - le50:.0f} of {total:.0f}; master's event loop held (whole run, "
+            f"start included) by {slow}")
 
 
 def _load_large(cli: Payloads, n: int, size: int, limit_s: float) -> dict[str, int]:
