@@ -52,7 +52,8 @@ def sync_transport(limits: httpx.Limits) -> httpx.BaseTransport:
     as :func:`tls_verify`, TCP_NODELAY."""
     from squall.client._leanhttp import LeanTransport
 
-    return LeanTransport(tls_verify(), limits.max_keepalive_connections or 100)
+    return LeanTransport(tls_verify(), limits.max_keepalive_connections or 100,
+                         max_connections=limits.max_connections)
 
 
 def async_transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
@@ -60,7 +61,8 @@ def async_transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
     ``common/leanio.py``), TLS as :func:`tls_verify`, TCP_NODELAY."""
     from squall.client._leanasync import LeanAsyncTransport
 
-    return LeanAsyncTransport(tls_verify(), limits.max_keepalive_connections or 100)
+    return LeanAsyncTransport(tls_verify(), limits.max_keepalive_connections or 100,
+                              max_connections=limits.max_connections)
 
 
 def tls_verify() -> ssl.SSLContext:

@@ -8,6 +8,8 @@ the response and sees httpx's exceptions, so the client's retry and error mappin
 (``_http.py``) see exactly what they saw before; failures map as ``_leanhttp.py`` maps
 them (ConnectError / ConnectTimeout: never sent).
 
+- At most ``max_connections`` requests at once (the client's ``max_connections``; more
+  wait, at most the connect timeout).
 - Keep-alive pool per (scheme, host, port), at most ``max_idle`` idle connections each;
   one the server closed while idle is dropped before reuse. Nothing is ever re-sent: the
   client's retry policy decides.
@@ -29,8 +31,8 @@ IDLE_S = 4.0  # below uvicorn's 5 s keep-alive: a server rarely closes one under
 
 class LeanAsyncTransport(httpx.AsyncBaseTransport):
     def __init__(self, ssl_context: ssl.SSLContext, max_idle: int = 100,
-                 idle_s: float = IDLE_S) -> None:
-        self.pool = Pool(ssl_context, idle_s, max_idle)
+                 idle_s: float = IDLE_S, max_connections: int | None = None) -> None:
+        self.pool = Pool(ssl_context, idle_s, max_idle, max_connections)
 
     async def aclose(self) -> None:
         self.pool.close()

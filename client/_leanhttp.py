@@ -8,6 +8,8 @@ transport keeps everything above it: httpx builds the request (auth, headers, ti
 decodes the response and raises httpx's exceptions, so the client's retry and error
 mapping (``_http.py``) see exactly what they saw before.
 
+- At most ``max_connections`` requests at once (the client's ``max_connections``): more
+  wait, at most the connect timeout, then fail as never sent (``httpx.PoolTimeout``).
 - Keep-alive pool per (scheme, host, port), at most ``max_idle`` idle connections each;
   an idle connection the server has closed (readable at EOF) is dropped before reuse, as
   httpcore does. Nothing is re-sent on failure: the client's retry policy decides.
@@ -35,8 +37,11 @@ CHUNK = 1 << 20  # a streamed body is handed up in reads of at most this
 
 
 class LeanTransport(httpx.BaseTransport):
-    def __init__(self, ssl_context: ssl.SSLContext, max_idle: int = 100) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext, max_idle: int = 100,
+                 max_connections: int | None = None) -> None:
         self.ssl_context, self.max_idle = ssl_context, max_idle
+        self._slots = (threading.BoundedSemaphore(max_connections) if max_connections
+                       else None)
         self._idle: dict[Key, list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -76,6 +81,10 @@ class LeanTransport(httpx.BaseTransport):
                 return
         conn.close()
 
+    def _release(self) -> None:
+        if self._slots is not None:
+            self._slots.release()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -92,7 +101,13 @@ class LeanTransport(httpx.BaseTransport):
             raise httpx.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
         key = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
         timeout: dict[str, float | None] = request.extensions.get("timeout", {})
-        conn = self._take(key, timeout)
+        if self._slots is not None and not self._slots.acquire(timeout=timeout.get("connect")):
+            raise httpx.PoolTimeout(f"all connections to {url.host} stayed busy")
+        try:
+            conn = self._take(key, timeout)
+        except BaseException:
+            self._release()
+            raise
         try:
             assert conn.sock is not None
             conn.sock.settimeout(timeout.get("read"))
@@ -110,6 +125,7 @@ class LeanTransport(httpx.BaseTransport):
                 resp = conn.getresponse()
         except BaseException:
             conn.close()
+            self._release()
             raise
         return httpx.Response(resp.status, headers=resp.getheaders(),
                               stream=_Body(self, key, conn, resp),
@@ -122,6 +138,7 @@ class _Body(httpx.SyncByteStream):
                  resp: http.client.HTTPResponse) -> None:
         self.owner, self.key, self.conn, self.resp = owner, key, conn, resp
         self.done = False
+        self.holds_slot = True
 
     def __iter__(self) -> Iterator[bytes]:
         with _mapped(self.conn, httpx.ReadError):
@@ -138,6 +155,9 @@ class _Body(httpx.SyncByteStream):
         else:
             self.conn.close()
         self.done = False  # give back once
+        if self.holds_slot:
+            self.holds_slot = False
+            self.owner._release()
 
 
 @contextlib.contextmanager

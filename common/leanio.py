@@ -12,10 +12,15 @@ memoryviews, as they are) straight to the transport and reads answers framed by
   and :meth:`Response.release` puts the connection back in the pool when the body was read
   to its end, keep-alive was not refused and the request body was sent whole; otherwise it
   is closed.
-- Pooled connections are dropped after ``idle_s`` or once the server closed them (EOF seen
-  while idle). ``replay=True``: a request whose reused connection broke before any answer
-  (the server closed it as we reused it) is sent once more on a new connection, if its
-  body is bytes (a stream cannot be replayed). Otherwise nothing is ever resent.
+- Pooled connections are dropped after ``idle_s``, once the server closed them (EOF seen
+  while idle), or when the pool is used from another event loop than the one they were
+  opened on (a client used by two ``asyncio.run`` calls in turn).
+- ``max_active``: at most that many requests hold a connection at once (from sending to
+  :meth:`Response.release`); more wait in turn, at most the connect timeout, then fail
+  as a connect failure (never sent).
+- ``replay=True``: a request whose reused connection broke before any answer (the server
+  closed it as we reused it) is sent once more on a new connection, if its body is bytes
+  (a stream cannot be replayed). Otherwise nothing is ever resent.
 - Request bodies: bytes, or an async iterable sent with the caller's ``Content-Length``
   header, else chunked. A server that answers before taking the whole body (an error) is
   heard: the answer is read even if the send broke off.
@@ -30,6 +35,7 @@ import contextlib
 import socket
 import ssl
 import time
+from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -66,19 +72,23 @@ class Broken(Exception):
 class Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    loop: asyncio.AbstractEventLoop
     idle_since: float = field(default_factory=time.monotonic)
     reused: bool = False
 
     def close(self) -> None:
-        self.writer.close()
+        with contextlib.suppress(RuntimeError):  # its event loop is closed: so is it
+            self.writer.close()
 
 
 class Pool:
     def __init__(self, tls: ssl.SSLContext | None = None, idle_s: float = 2.0,
-                 idle_per_key: int = 32) -> None:
+                 idle_per_key: int = 32, max_active: int | None = None) -> None:
         self.tls = tls  # for https://: verifies servers, presents our certificate if any
-        self.idle_s, self.idle_per_key = idle_s, idle_per_key
+        self.idle_s, self.idle_per_key, self.max_active = idle_s, idle_per_key, max_active
         self._idle: dict[Key, list[Conn]] = {}
+        self.active = 0  # requests holding a connection (counted with max_active only)
+        self._waiting: deque[asyncio.Future[None]] = deque()
         self.requests = self.connects = 0
         self.closed = False
 
@@ -92,10 +102,11 @@ class Pool:
     def _take(self, key: Key) -> Conn | None:
         conns = self._idle.get(key)
         now = time.monotonic()
+        loop = asyncio.get_running_loop()
         while conns:
             c = conns.pop()
-            if now - c.idle_since < self.idle_s and not c.writer.is_closing() \
-                    and not c.reader.at_eof():
+            if now - c.idle_since < self.idle_s and c.loop is loop \
+                    and not c.writer.is_closing() and not c.reader.at_eof():
                 c.reused = True
                 return c
             c.close()
@@ -128,7 +139,40 @@ class Pool:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.connects += 1
-        return Conn(reader, writer)
+        return Conn(reader, writer, asyncio.get_running_loop())
+
+    async def _acquire(self, timeout: float | None) -> None:
+        if self.max_active is None:
+            return
+        if self.active < self.max_active and not self._waiting:
+            self.active += 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.append(fut)
+        try:
+            async with asyncio.timeout(timeout):
+                await fut  # a request that finished handed its slot over
+        except TimeoutError as e:
+            raise Broken("connect", TimeoutError(
+                f"all {self.max_active} connections stayed busy")) from e
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self._release()  # handed over as we were cancelled: pass it on
+            raise
+
+    def _release(self) -> None:
+        if self.max_active is None:
+            return
+        while self._waiting:
+            fut = self._waiting.popleft()
+            if fut.done():
+                continue  # its wait timed out or was cancelled
+            try:
+                fut.set_result(None)
+                return
+            except RuntimeError:  # its event loop is closed
+                continue
+        self.active -= 1
 
     async def request(self, key: Key, method: str, target: str,
                       headers: list[tuple[str, str]], content: Body = None, *,
@@ -139,22 +183,27 @@ class Pool:
         replayable = replay and (content is None
                                  or isinstance(content, bytes | bytearray | memoryview))
         self.requests += 1
-        for attempt in range(2):
-            conn = self._take(key)
-            if conn is None:
-                conn = await self._connect(key, connect_timeout)
-            try:
-                return await self._exchange(key, conn, method, target, headers, content,
-                                            write_timeout, read_timeout)
-            except Broken as e:
-                conn.close()
-                if attempt == 0 and replayable and conn.reused and e.eof:
-                    continue  # the server closed an idle connection as we reused it
-                raise
-            except BaseException:  # cancelled: the connection is in an unknown state
-                conn.close()
-                raise
-        raise AssertionError("unreachable")
+        await self._acquire(connect_timeout)
+        try:
+            for attempt in range(2):
+                conn = self._take(key)
+                if conn is None:
+                    conn = await self._connect(key, connect_timeout)
+                try:
+                    return await self._exchange(key, conn, method, target, headers, content,
+                                                write_timeout, read_timeout)
+                except Broken as e:
+                    conn.close()
+                    if attempt == 0 and replayable and conn.reused and e.eof:
+                        continue  # the server closed an idle connection as we reused it
+                    raise
+                except BaseException:  # cancelled: the connection is in an unknown state
+                    conn.close()
+                    raise
+            raise AssertionError("unreachable")
+        except BaseException:
+            self._release()
+            raise
 
     async def _exchange(self, key: Key, conn: Conn, method: str, target: str,
                         headers: list[tuple[str, str]], content: Body,
@@ -305,3 +354,4 @@ class Response:
             self.pool._give_back(self.key, self.conn)
         else:
             self.conn.close()
+        self.pool._release()

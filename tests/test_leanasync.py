@@ -5,6 +5,7 @@ bounded parts, errors mapped to httpx's exceptions, TLS."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import threading
@@ -174,7 +175,7 @@ async def test_the_replay_rule_of_the_core() -> None:
         return ok()
 
     srv = RawServer(answer)
-    pool = Pool()
+    pool = Pool(max_active=4)
     key = ("http", "127.0.0.1", int(srv.url.rsplit(":", 1)[1]))
     host = [("Host", f"127.0.0.1:{key[2]}")]
 
@@ -197,4 +198,63 @@ async def test_the_replay_rule_of_the_core() -> None:
         assert sum(b"/drop" in r for r in srv.requests) == 4  # the last two: sent once
     finally:
         pool.close()
+        srv.close()
+
+
+def _get_headers(srv: RawServer) -> tuple[tuple[str, str, int], list[tuple[str, str]]]:
+    port = int(srv.url.rsplit(":", 1)[1])
+    return ("http", "127.0.0.1", port), [("Host", f"127.0.0.1:{port}")]
+
+
+async def test_at_most_max_active_requests_hold_a_connection() -> None:
+    srv = RawServer(lambda req: ok())
+    pool = Pool(max_active=2)
+    key, hdrs = _get_headers(srv)
+    try:
+        r1 = await pool.request(key, "GET", "/1", hdrs)
+        r2 = await pool.request(key, "GET", "/2", hdrs)
+        third = asyncio.create_task(pool.request(key, "GET", "/3", hdrs, connect_timeout=30))
+        await until(lambda: len(pool._waiting) == 1, timeout=5, what="the third waits")
+        assert not third.done() and len(srv.requests) == 2
+        await r1.read()
+        r1.release()  # its slot (and its connection) go to the third
+        r3 = await third
+        assert r3.status == 200 and srv.connections == 2
+        with pytest.raises(Broken) as e:  # no slot within the connect timeout: never sent
+            await pool.request(key, "GET", "/4", hdrs, connect_timeout=0.05)
+        assert e.value.phase == "connect" and len(srv.requests) == 3
+        r2.release()
+        r3.release()
+        assert pool.active == 0
+        r4 = await pool.request(key, "GET", "/5", hdrs)
+        r4.release()
+        assert pool.active == 0
+    finally:
+        pool.close()
+        srv.close()
+
+
+def test_a_pool_used_from_another_event_loop_opens_a_new_connection() -> None:
+    srv = RawServer(lambda req: ok())
+    pool = Pool(max_active=4)
+    key, hdrs = _get_headers(srv)
+
+    async def get() -> int:
+        r = await pool.request(key, "GET", "/", hdrs)
+        await r.read()
+        r.release()
+        return r.status
+
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        assert first.run_until_complete(get()) == 200
+        assert second.run_until_complete(get()) == 200  # not the first loop's connection
+        assert srv.connections == 2 and pool.active == 0
+        first.run_until_complete(asyncio.sleep(0))  # the discarded connection's close runs
+    finally:
+        second.run_until_complete(asyncio.sleep(0))
+        pool.close()
+        second.run_until_complete(asyncio.sleep(0))
+        first.close()
+        second.close()
         srv.close()

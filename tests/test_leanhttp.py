@@ -105,3 +105,22 @@ def test_errors_are_httpx_errors(client) -> None:  # type: ignore[no-untyped-def
     gate.set()
     with httpx.Client(transport=t) as c, pytest.raises(httpx.UnsupportedProtocol):
         c.get("ftp://127.0.0.1/")
+
+
+def test_at_most_max_connections_requests_at_once() -> None:
+    srv = RawServer(lambda req: ok())
+    c = httpx.Client(base_url=srv.url, timeout=5, transport=LeanTransport(
+        ssl.create_default_context(), max_connections=2))
+    try:
+        held = [c.send(c.build_request("GET", f"/{i}"), stream=True) for i in range(2)]
+        with pytest.raises(httpx.PoolTimeout):  # both busy: never sent
+            c.get("/2", timeout=httpx.Timeout(5, connect=0.05))
+        assert len(srv.requests) == 2
+        held[0].read()
+        held[0].close()  # its slot is free again
+        assert c.get("/3").json() == {"ok": True}
+        held[1].close()
+        assert [c.get(f"/{i}").status_code for i in range(4, 8)] == [200] * 4
+    finally:
+        c.close()
+        srv.close()
