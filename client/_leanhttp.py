@@ -28,7 +28,8 @@ import select
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import cast
 
 import httpx
 
@@ -117,7 +118,7 @@ class LeanTransport(httpx.BaseTransport):
             if isinstance(request.stream, httpx.ByteStream):
                 body = request.read()
             else:
-                body = iter(request.stream)  # type: ignore[call-overload]
+                body = iter(cast(Iterable[bytes], request.stream))
             with _mapped(conn, httpx.RemoteProtocolError):
                 conn.request(request.method, target, body=body,
                              headers=dict(request.headers.multi_items()),

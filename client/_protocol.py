@@ -195,7 +195,7 @@ class Core(PayloadVerbs):
         it: Iterator[Payload | NewTask] = iter(items)
         added = 0
         while True:
-            wave = []
+            wave: list[list[NewTask]] = []
             while len(wave) < in_flight and (batch := list(islice(it, batch_size))):
                 wave.append([x if isinstance(x, NewTask) else NewTask(x) for x in batch])
             if not wave:

@@ -148,14 +148,17 @@ class FrontDoor:
         frames = [Frame(b, d, crc32c(d)) for b, d in zip(ids, payloads, strict=True)]
         body = b"".join(encode_frame(f.blob_id, f.data, crc=f.crc32c) for f in frames)
         like = [BlobMeta(f.blob_id, 0, len(f.data), f.crc32c, 0, 0, 0) for f in frames]
-        local, remote = await asyncio.gather(
+        both: tuple[Any, Any] = await asyncio.gather(
             node.store.put_batch([(f.blob_id, f.data, f.crc32c) for f in frames]),
             forward_batch(node, body, like, peers, batch_receipt=True),
             return_exceptions=True)
-        if isinstance(local, BaseException):
-            raise local
-        if isinstance(remote, BaseException):
-            raise remote
+        stored, forwarded = both
+        if isinstance(stored, BaseException):
+            raise stored
+        if isinstance(forwarded, BaseException):
+            raise forwarded
+        local: list[tuple[BlobMeta, bool]] = stored
+        remote: list[dict[str, dict[str, str]] | PeerError] = forwarded
         node.puts += len(frames)
         errors = [r for r in remote if isinstance(r, PeerError)]
         good = [r for r in remote if not isinstance(r, PeerError)]
@@ -219,8 +222,9 @@ class FrontDoor:
             if "ok" in r:
                 fut.set_result(r["ok"])
             else:
-                e = r.get("error") or {}
-                fut.set_exception(from_response(int(e.get("status", 500)), {"error": e}, None))
+                bad = r.get("error") or {}
+                fut.set_exception(from_response(int(bad.get("status", 500)), {"error": bad},
+                                                None))
 
     async def aclose(self) -> None:
         if self._committer is not None:
