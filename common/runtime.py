@@ -6,7 +6,7 @@ finds anything there, but a full collection walks every container object the pro
 holds, and the event loop waits meanwhile. On the 2-core test machine one took ~45 ms for
 the ~80,000 objects a server holds after its imports alone (functions, types, pydantic
 schemas), and 40-100 ms under load; during a re-replication of many small blobs the
-master and the data nodes each ran several a second, and they were the longest stalls of
+master and the data nodes each ran one every 1-2 s, and they were the longest stalls of
 foreground writes (bench/results/repair-notes.md). So :func:`serve_tuning`, which the
 server commands call once the app is built:
 
@@ -14,9 +14,10 @@ server commands call once the app is built:
   made moves to the permanent generation, which collections skip (such objects are still
   freed by reference counting if they ever go);
 - keeps Python's young collections (every 700 allocations, each a few milliseconds);
-- leaves full collections to a timer: one every ``FULL_EVERY_S``, never triggered by
-  allocations, so a cycle of long-lived objects that became garbage waits at most that
-  long;
+- makes full collections rare: one after ``GEN2`` collections of the middle generation
+  instead of 10 (about 700,000 allocations; Python's rule that the long-lived objects
+  grew by a quarter still applies), and at least one every ``FULL_EVERY_S`` from a
+  timer, so a cycle of long-lived objects that became garbage waits at most that long;
 - records each collection's pause in ``squall_gc_pause_seconds{generation}``
   (:func:`metric`) on both servers;
 - sets the GIL's switch interval to ``SWITCH_INTERVAL_S`` (Python's is 5 ms). While a
@@ -40,7 +41,7 @@ from squall.common.metrics import Hist, hist_text
 
 GEN0 = 700  # allocations (net of frees) between young collections (Python's default)
 GEN1 = 10  # young collections between collections of the middle generation (Python's)
-GEN2 = 1_000_000_000  # middle collections between full ones: never, the timer runs them
+GEN2 = 100  # middle collections between full ones (Python's: 10)
 FULL_EVERY_S = 60.0
 SWITCH_INTERVAL_S = 0.001
 
