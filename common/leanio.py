@@ -144,6 +144,8 @@ class Pool:
     async def _acquire(self, timeout: float | None) -> None:
         if self.max_active is None:
             return
+        while self._waiting and self._waiting[0].done():
+            self._waiting.popleft()  # gave up waiting
         if self.active < self.max_active and not self._waiting:
             self.active += 1
             return
@@ -152,12 +154,12 @@ class Pool:
         try:
             async with asyncio.timeout(timeout):
                 await fut  # a request that finished handed its slot over
-        except TimeoutError as e:
-            raise Broken("connect", TimeoutError(
-                f"all {self.max_active} connections stayed busy")) from e
-        except BaseException:
+        except BaseException as e:
             if fut.done() and not fut.cancelled():
-                self._release()  # handed over as we were cancelled: pass it on
+                self._release()  # handed over as we gave up: pass it on
+            if isinstance(e, TimeoutError):
+                raise Broken("connect", TimeoutError(
+                    f"all {self.max_active} connections stayed busy")) from e
             raise
 
     def _release(self) -> None:

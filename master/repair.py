@@ -144,7 +144,7 @@ class Repair:
         if c is not None:
             key = (blob_id, target)
             del self._deadlines[key]
-            for node_id in (c.source, target):
+            for node_id in {c.source, target}:
                 copies = self._by_node[node_id]
                 del copies[key]
                 if not copies:
