@@ -10,7 +10,7 @@ import sys
 from squall.common import runtime
 
 PROBE = """
-import gc, json, sys
+import gc, json, platform, sys
 from squall.common import runtime
 runtime.serve_tuning(full_every_s=0.05)
 runtime.serve_tuning()  # idempotent: one callback, one timer
@@ -22,7 +22,8 @@ while sum(runtime.PAUSES[2].counts) < sum(before) + 2 and time.monotonic() < dea
 print(json.dumps({"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold(),
                   "switch": sys.getswitchinterval(), "callbacks": gc.callbacks.count(
                       runtime._observe), "full": sum(runtime.PAUSES[2].counts),
-                  "text": runtime.metric()}))
+                  "text": runtime.metric(), "glibc": platform.libc_ver()[0] == "glibc",
+                  "kept": runtime.keep_freed_memory()}))
 """
 
 
@@ -36,4 +37,5 @@ def test_serve_tuning_freezes_startup_objects_and_times_full_collections() -> No
     assert got["callbacks"] == 1
     assert got["full"] >= 3  # the one at start, then the timer's
     assert 'squall_gc_pause_seconds_count{generation="2"}' in got["text"]
+    assert got["kept"] is got["glibc"]  # mallopt took both settings (glibc only)
 
