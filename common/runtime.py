@@ -53,7 +53,7 @@ GEN2 = 100  # middle collections between full ones (Python's: 10)
 FULL_EVERY_S = 60.0
 SWITCH_INTERVAL_S = 0.001
 MMAP_MAX_BYTES = 32 << 20  # blocks up to this from the heap (glibc: 128 KiB, growing)
-TRIM_BYTES = 128 << 20  # free heap kept before giving memory back (glibc: 2x the former)
+TRIM_BYTES = 64 << 20  # free heap kept before giving memory back (glibc: 2x a freed block)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 PAUSES = tuple(Hist() for _ in range(3))  # per generation
