@@ -69,6 +69,7 @@ U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
 _QG = struct.Struct(">II")
 _TIMER = struct.Struct(">QII")
+_packb = msgpack.packb
 
 
 def pidkey(pid: bytes) -> bytes:
@@ -104,10 +105,14 @@ class Task:
         return self.expiry_ms if self.state == LEASED else self.not_before_ms
 
     def to_wire(self) -> list[Any]:
-        return [getattr(self, f) for f in _TASK_FIELDS]
+        # spelled out (not a loop over fields): this runs for every task on the hot paths;
+        # _TASK_FIELDS below pins the order
+        return [self.pid, self.state, self.token, self.live, self.expiry_ms,
+                self.not_before_ms, self.attempts, self.enqueued_ms, self.leased_ms,
+                self.worker, self.worker_addr, self.payload, self.error, self.origin]
 
     def pack(self) -> bytes:
-        return msgpack.packb(self.to_wire())
+        return _packb(self.to_wire())
 
     def copy(self) -> Task:
         return Task(*self.to_wire())
@@ -122,6 +127,11 @@ class Task:
 
 
 _TASK_FIELDS = tuple(f.name for f in fields(Task))
+assert _TASK_FIELDS == ("pid", "state", "token", "live", "expiry_ms", "not_before_ms",
+                        "attempts", "enqueued_ms", "leased_ms", "worker", "worker_addr",
+                        "payload", "error", "origin"), "Task.to_wire and W_* are out of date"
+# positions in a task's wire list (Task.to_wire), for code that works on the list itself
+W_PID, W_STATE, W_EXPIRY, W_NOT_BEFORE, W_ENQUEUED, W_PAYLOAD = 0, 1, 4, 5, 7, 11
 Old = tuple[int, int, int, str | None]  # (state, due_ms, enqueued_ms, blob id) of a task
 MAX_FREED = 1_000_000
 
@@ -314,7 +324,13 @@ class Index:
 
     def put_task(self, txn: lmdb.Transaction, q: QueueRec, t: Task, *, enqueue: bool) -> None:
         """Insert or replace a task, keeping the indexes and counters exact."""
-        key = qprefix(q.qid, q.gen) + pidkey(t.pid.encode())
+        self.put_wire(txn, q, t.to_wire(), enqueue=enqueue)
+
+    def put_wire(self, txn: lmdb.Transaction, q: QueueRec, w: list[Any], *, enqueue: bool
+                 ) -> bytes:
+        """:meth:`put_task` for a task's wire list (a WAL op's); returns its packed record
+        (the same bytes msgpack gives the list anywhere, e.g. inside a WAL record)."""
+        key = _QG.pack(q.qid, q.gen) + pidkey(w[W_PID].encode())
         old = self._old(txn, key)
         if old is not None:
             self._unindex(txn, key, old)
@@ -322,15 +338,19 @@ class Index:
         elif enqueue:
             q.enqueued_total += 1
             self.enqueued_total += 1
-        txn.put(key, t.pack(), db=self.tasks)
-        if t.payload and (old is None or old[3] != t.payload["blob_id"]):
-            self.ref_blob(txn, t.payload["blob_id"], +1)
-        if t.state == AVAILABLE:
+        raw = _packb(w)
+        txn.put(key, raw, db=self.tasks)
+        payload, state = w[W_PAYLOAD], w[W_STATE]
+        if payload and (old is None or old[3] != payload["blob_id"]):
+            self.ref_blob(txn, payload["blob_id"], +1)
+        if state == AVAILABLE:
             txn.put(key, b"", db=self.ready)
-            txn.put(key[:8] + U64.pack(t.enqueued_ms) + key[8:], b"", db=self.avail)
+            txn.put(key[:8] + U64.pack(w[W_ENQUEUED]) + key[8:], b"", db=self.avail)
         else:
-            txn.put(U64.pack(t.due_ms()) + key, b"", db=self.timers)
-        q.count(t.state, +1)
+            due = w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE]
+            txn.put(U64.pack(due) + key, b"", db=self.timers)
+        q.count(state, +1)
+        return raw
 
     def delete_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes, *,
                     completed: bool) -> bool:

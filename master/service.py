@@ -152,8 +152,7 @@ class Master:
             plan = build(txn)
             if not plan.ops:
                 return None, plan
-            apply(self.index, txn, plan.ops, ticket)
-            return msgpack.packb(plan.ops), plan
+            return apply(self.index, txn, plan.ops, ticket), plan
 
         if not sweep_first:
             ticket, plan = await self.commit.run(work)
