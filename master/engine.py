@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import lmdb
 
@@ -75,7 +75,8 @@ class Plan:
     ops: list[Op] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     events: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    lease_secs: list[tuple[str, str, float]] = field(default_factory=list)
+    # (group, queue) -> (seconds from lease to dequeue, summed; dequeues)
+    lease_secs: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
 
 
 class View:
@@ -167,10 +168,14 @@ class Engine:
                     worker_addr: str = "") -> Plan:
         v = View(self, txn, group)
         now = self.now_ms()
+        held_ms: dict[tuple[str, str], tuple[int, int]] = {}
         for d in req.dequeue:
             q, t = self.held(v, d)
             v.delete(q, t.pid)
-            v.plan.lease_secs.append((q.group, q.name, (now - t.leased_ms) / 1000))
+            k = (q.group, q.name)
+            total, n = held_ms.get(k, (0, 0))
+            held_ms[k] = (total + now - t.leased_ms, n + 1)
+        v.plan.lease_secs = {k: (total / 1000, n) for k, (total, n) in held_ms.items()}
         renewed = [self._renew(v, r, now) for r in req.renew]
         for r in req.release:
             self._release(v, r, now)
@@ -209,18 +214,29 @@ class Engine:
         if v.task(q, raw) is not None:
             return {"queue": queue, "pid": pid, "collapsed": True}
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)
-        t = Task(pid, DELAYED if nb > now else AVAILABLE, not_before_ms=nb if nb > now else 0,
-                 enqueued_ms=now,
-                 payload=stored_payload or (self.store_payload(s.payload)
-                                            if s.payload is not None else None))
+        payload = stored_payload or (self.store_payload(s.payload)
+                                     if s.payload is not None else None)
+        # positional (pid, state, token, live, expiry, not_before, attempts, enqueued,
+        # leased, worker, worker_addr, payload, error, origin): the fast way to build one
+        t = (Task(pid, DELAYED, 0, False, 0, nb, 0, now, 0, "", "", payload, "", "")
+             if nb > now else
+             Task(pid, AVAILABLE, 0, False, 0, 0, 0, now, 0, "", "", payload, "", ""))
         v.put(q, t, enqueue=True)
         return {"queue": queue, "pid": pid, "collapsed": False}
 
     def held(self, v: View, ref: TaskRef) -> tuple[QueueRec, Task]:
         """The task `ref` names, checked to be held by the caller's lease token."""
-        where = f"task {ref.pid!r} in queue {join_queue(v.group, ref.queue)}"
         q = v.queue(ref.queue)
         t = v.task(q, check_pid(ref.pid)) if q is not None else None
+        if (t is None or not t.live or t.token == 0
+                or t.token != self.tokens.open(v.group, ref.queue, ref.pid, ref.token)):
+            self._not_held(v, ref, t)
+        assert q is not None and t is not None
+        return q, t
+
+    def _not_held(self, v: View, ref: TaskRef, t: Task | None) -> NoReturn:
+        """Raise the error that says why `t` (the task `ref` names) is not held by `ref`."""
+        where = f"task {ref.pid!r} in queue {join_queue(v.group, ref.queue)}"
         info = {"queue": ref.queue, "pid": ref.pid, "token": ref.token}
         if t is None:
             raise NotFound(f"{where} does not exist (already dequeued, or never enqueued)",
@@ -233,11 +249,8 @@ class Engine:
                 f"{where}: lease token {ref.token} is stale (or not this task's); the task "
                 "was leased again since. Another worker owns it now: drop this result.",
                 info)
-        if not t.live:
-            raise LeaseLost(f"{where}: lease token {ref.token} was given up (released or "
-                            "reset); lease the task again to work on it.", info)
-        assert q is not None
-        return q, t
+        raise LeaseLost(f"{where}: lease token {ref.token} was given up (released or "
+                        "reset); lease the task again to work on it.", info)
 
     def _renew(self, v: View, r: RenewItem, now: int) -> dict[str, Any]:
         q, t = self.held(v, r)
@@ -285,26 +298,33 @@ class Engine:
         expiry = now + ms(policies.lease_secs(pol, req.lease_secs))
         leased: list[dict[str, Any]] = []
         pre = qprefix(q.qid, q.gen)
-        scan = req.max_tasks * LEASE_SCAN_FACTOR if pol.get("max_attempts") else req.max_tasks
+        max_attempts = pol.get("max_attempts")
+        k = req.max_tasks
+        scan = k * LEASE_SCAN_FACTOR if max_attempts else k
+        # the loop below runs for every leased task: names bound once, one op per task
+        read, seal, seen, ops = self.index.read_task, self.tokens.seal, v.tasks, v.plan.ops
+        qid, gen, worker, expires_at = q.qid, q.gen, req.worker, expiry / 1000
         for pk in list(self.index.iter_ready(txn, q, max_key, scan)):
-            if len(leased) >= req.max_tasks:
+            if len(leased) >= k:
                 break
-            t = self.index.read_task(txn, pre + pk)
-            if (q.qid, t.pid.encode()) in v.tasks:  # changed earlier in this request
+            t = read(txn, pre + pk)
+            tkey = (qid, t.pid.encode())
+            if tkey in seen:  # changed earlier in this request
                 continue
-            if policies.exhausted(pol, t.attempts):
+            if max_attempts is not None and t.attempts >= int(max_attempts):
                 v.dead_letter(q, t, f"leased {t.attempts} times without being dequeued "
-                              f"(max_attempts {pol['max_attempts']}); last error: "
+                              f"(max_attempts {max_attempts}); last error: "
                               f"{t.error or 'none'}")
                 continue
             v.lease_seq += 1
             t.state, t.token, t.live, t.expiry_ms = LEASED, v.lease_seq, True, expiry
             t.attempts += 1
-            t.leased_ms, t.worker, t.worker_addr = now, req.worker, worker_addr
-            v.put(q, t, enqueue=False)
+            t.leased_ms, t.worker, t.worker_addr = now, worker, worker_addr
+            seen[tkey] = t  # View.put, inlined
+            ops.append(("P", qid, gen, t.to_wire(), False))
             leased.append({"queue": queue, "pid": t.pid,
-                           "token": self.tokens.seal(group, queue, t.pid, t.token),
-                           "expires_at": expiry / 1000, "attempts": t.attempts,
+                           "token": seal(group, queue, t.pid, t.token),
+                           "expires_at": expires_at, "attempts": t.attempts,
                            "enqueued_at": t.enqueued_ms / 1000, "payload": t.payload})
         v.plan.events[(group, queue, "lease")] += len(leased)
         return leased

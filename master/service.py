@@ -173,8 +173,8 @@ class Master:
         now = self.clock.now()
         for (group, queue, kind), n in plan.events.items():
             self.meters.record((group, queue), kind, n, now)
-        for group, queue, secs in plan.lease_secs:
-            self.meters.lease_done((group, queue), secs)
+        for key, (secs, n) in plan.lease_secs.items():
+            self.meters.lease_done(key, secs, n)
 
     def _woke(self, group: str, queues: Iterable[str]) -> None:
         """After a commit: tasks of these queues may be available (parked leases look)."""
