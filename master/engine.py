@@ -84,7 +84,8 @@ class View:
 
     def __init__(self, engine: Engine, txn: lmdb.Transaction, group: str) -> None:
         self.e, self.txn, self.group = engine, txn, check_name("group", group)
-        self.tasks: dict[tuple[int, bytes], Task | None] = {}
+        # tasks this request changed: a Task, or the wire list of one (see task()), or None
+        self.tasks: dict[tuple[int, bytes], Task | list[Any] | None] = {}
         self.new_queues: dict[str, QueueRec] = {}
         self.plan = Plan()
         self.lease_seq = engine.index.lease_seq
@@ -105,7 +106,8 @@ class View:
     def task(self, q: QueueRec, pid: bytes) -> Task | None:
         key = (q.qid, pid)
         if key in self.tasks:
-            return self.tasks[key]
+            t = self.tasks[key]
+            return Task(*t) if type(t) is list else t  # a list: its op's, never changed
         if q.name in self.new_queues:
             return None
         return self.e.index.get_task(self.txn, q, pid)
@@ -113,6 +115,14 @@ class View:
     def put(self, q: QueueRec, t: Task, *, enqueue: bool) -> None:
         self.tasks[(q.qid, t.pid.encode())] = t
         self.plan.ops.append(("P", q.qid, q.gen, t.to_wire(), enqueue))
+        if enqueue:
+            self.plan.events[(q.group, q.name, "enqueue")] += 1
+
+    def put_wire(self, q: QueueRec, pid_raw: bytes, w: list[Any], *, enqueue: bool) -> None:
+        """:meth:`put` of a task's wire list (no Task object made; nobody changes `w`
+        afterwards: it is the op's)."""
+        self.tasks[(q.qid, pid_raw)] = w
+        self.plan.ops.append(("P", q.qid, q.gen, w, enqueue))
         if enqueue:
             self.plan.events[(q.group, q.name, "enqueue")] += 1
 
@@ -216,12 +226,11 @@ class Engine:
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)
         payload = stored_payload or (self.store_payload(s.payload)
                                      if s.payload is not None else None)
-        # positional (pid, state, token, live, expiry, not_before, attempts, enqueued,
-        # leased, worker, worker_addr, payload, error, origin): the fast way to build one
-        t = (Task(pid, DELAYED, 0, False, 0, nb, 0, now, 0, "", "", payload, "", "")
-             if nb > now else
-             Task(pid, AVAILABLE, 0, False, 0, 0, 0, now, 0, "", "", payload, "", ""))
-        v.put(q, t, enqueue=True)
+        # the new task's wire list (Task.to_wire: pid, state, token, live, expiry,
+        # not_before, attempts, enqueued, leased, worker, worker_addr, payload, error, origin)
+        w = ([pid, DELAYED, 0, False, 0, nb, 0, now, 0, "", "", payload, "", ""] if nb > now
+             else [pid, AVAILABLE, 0, False, 0, 0, 0, now, 0, "", "", payload, "", ""])
+        v.put_wire(q, raw, w, enqueue=True)
         return {"queue": queue, "pid": pid, "collapsed": False}
 
     def held(self, v: View, ref: TaskRef) -> tuple[QueueRec, Task]:
@@ -302,30 +311,32 @@ class Engine:
         k = req.max_tasks
         scan = k * LEASE_SCAN_FACTOR if max_attempts else k
         # the loop below runs for every leased task: names bound once, one op per task
-        read, seal, seen, ops = self.index.read_task, self.tokens.seal, v.tasks, v.plan.ops
+        read, seal, seen, ops = self.index.read_wire, self.tokens.seal, v.tasks, v.plan.ops
         qid, gen, worker, expires_at = q.qid, q.gen, req.worker, expiry / 1000
         for pk in list(self.index.iter_ready(txn, q, max_key, scan)):
             if len(leased) >= k:
                 break
-            t = read(txn, pre + pk)
-            tkey = (qid, t.pid.encode())
+            w = read(txn, pre + pk)  # the task's wire list (Task.to_wire), changed in place
+            pid, attempts = w[0], w[6]
+            tkey = (qid, pid.encode())
             if tkey in seen:  # changed earlier in this request
                 continue
-            if max_attempts is not None and t.attempts >= int(max_attempts):
-                v.dead_letter(q, t, f"leased {t.attempts} times without being dequeued "
-                              f"(max_attempts {max_attempts}); last error: "
-                              f"{t.error or 'none'}")
+            if max_attempts is not None and attempts >= int(max_attempts):
+                v.dead_letter(q, Task(*w), f"leased {attempts} times without being "
+                              f"dequeued (max_attempts {max_attempts}); last error: "
+                              f"{w[12] or 'none'}")
                 continue
-            v.lease_seq += 1
-            t.state, t.token, t.live, t.expiry_ms = LEASED, v.lease_seq, True, expiry
-            t.attempts += 1
-            t.leased_ms, t.worker, t.worker_addr = now, worker, worker_addr
-            seen[tkey] = t  # View.put, inlined
-            ops.append(("P", qid, gen, t.to_wire(), False))
-            leased.append({"queue": queue, "pid": t.pid,
-                           "token": seal(group, queue, t.pid, t.token),
-                           "expires_at": expires_at, "attempts": t.attempts,
-                           "enqueued_at": t.enqueued_ms / 1000, "payload": t.payload})
+            token = v.lease_seq = v.lease_seq + 1
+            attempts += 1
+            # state, token, live, expiry; attempts; leased at, worker, worker address
+            w[1], w[2], w[3], w[4] = LEASED, token, True, expiry
+            w[6], w[8], w[9], w[10] = attempts, now, worker, worker_addr
+            seen[tkey] = w  # View.put_wire, inlined
+            ops.append(("P", qid, gen, w, False))
+            leased.append({"queue": queue, "pid": pid,
+                           "token": seal(group, queue, pid, token),
+                           "expires_at": expires_at, "attempts": attempts,
+                           "enqueued_at": w[7] / 1000, "payload": w[11]})
         v.plan.events[(group, queue, "lease")] += len(leased)
         return leased
 

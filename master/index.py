@@ -140,6 +140,12 @@ def _old_of(t: Task) -> Old:
     return t.state, t.due_ms(), t.enqueued_ms, t.payload["blob_id"] if t.payload else None
 
 
+def _old_of_wire(w: list[Any]) -> Old:
+    state, payload = w[W_STATE], w[W_PAYLOAD]
+    return (state, w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE], w[W_ENQUEUED],
+            payload["blob_id"] if payload else None)
+
+
 @dataclass(slots=True)
 class QueueRec:
     group: str
@@ -246,11 +252,15 @@ class Index:
 
     def read_task(self, txn: lmdb.Transaction, key: bytes) -> Task:
         """The task at a key known to exist (from an index), remembered as a hint."""
+        return Task(*self.read_wire(txn, key))
+
+    def read_wire(self, txn: lmdb.Transaction, key: bytes) -> list[Any]:
+        """:meth:`read_task` as the task's wire list (see Task.to_wire)."""
         raw = txn.get(key, db=self.tasks)
         assert raw is not None, "index points at a missing task"
-        t = Task.unpack(raw)
-        self.hints[key] = _old_of(t)
-        return t
+        w: list[Any] = msgpack.unpackb(raw)
+        self.hints[key] = _old_of_wire(w)
+        return w
 
     def iter_ready(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
                    limit: int) -> Iterator[bytes]:
