@@ -70,6 +70,13 @@ U64 = struct.Struct(">Q")
 _QG = struct.Struct(">II")
 _TIMER = struct.Struct(">QII")
 _packb = msgpack.packb
+_U64 = U64.pack
+_NO_HINT = object()
+# The hottest LMDB calls, with positional arguments: py-lmdb parses keyword arguments
+# slowly (~0.1 us a call, ~9 calls per leased and acked task). put(key, value, dupdata,
+# overwrite, append, db); delete(key, value, db); get(key, default, db).
+_put = lmdb.Transaction.put
+_delete = lmdb.Transaction.delete
 
 
 def pidkey(pid: bytes) -> bytes:
@@ -241,8 +248,8 @@ class Index:
         return U64.unpack(raw)[0] if raw else 0
 
     def get_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes) -> Task | None:
-        key = qprefix(q.qid, q.gen) + pidkey(pid)
-        raw = txn.get(key, db=self.tasks)
+        key = _QG.pack(q.qid, q.gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
+        raw = txn.get(key, None, self.tasks)  # positional: see _put
         if raw is None:
             self.hints[key] = None
             return None
@@ -256,7 +263,7 @@ class Index:
 
     def read_wire(self, txn: lmdb.Transaction, key: bytes) -> list[Any]:
         """:meth:`read_task` as the task's wire list (see Task.to_wire)."""
-        raw = txn.get(key, db=self.tasks)
+        raw = txn.get(key, None, self.tasks)
         assert raw is not None, "index points at a missing task"
         w: list[Any] = msgpack.unpackb(raw)
         self.hints[key] = _old_of_wire(w)
@@ -318,19 +325,20 @@ class Index:
 
     # -- writes --------------------------------------------------------------------------
     def _old(self, txn: lmdb.Transaction, key: bytes) -> Old | None:
-        if key in self.hints:
-            return self.hints.pop(key)
-        raw = txn.get(key, db=self.tasks)
+        old = self.hints.pop(key, _NO_HINT)
+        if old is not _NO_HINT:
+            return old  # type: ignore[return-value]
+        raw = txn.get(key, None, self.tasks)
         if raw is None:
             return None
-        return _old_of(Task.unpack(raw))
+        return _old_of_wire(msgpack.unpackb(raw))
 
     def _unindex(self, txn: lmdb.Transaction, key: bytes, old: Old) -> None:
         if old[0] == AVAILABLE:
-            txn.delete(key, db=self.ready)
-            txn.delete(key[:8] + U64.pack(old[2]) + key[8:], db=self.avail)
+            _delete(txn, key, b"", self.ready)
+            _delete(txn, key[:8] + _U64(old[2]) + key[8:], b"", self.avail)
         else:
-            txn.delete(U64.pack(old[1]) + key, db=self.timers)
+            _delete(txn, _U64(old[1]) + key, b"", self.timers)
 
     def put_task(self, txn: lmdb.Transaction, q: QueueRec, t: Task, *, enqueue: bool) -> None:
         """Insert or replace a task, keeping the indexes and counters exact."""
@@ -340,7 +348,8 @@ class Index:
                  ) -> bytes:
         """:meth:`put_task` for a task's wire list (a WAL op's); returns its packed record
         (the same bytes msgpack gives the list anywhere, e.g. inside a WAL record)."""
-        key = _QG.pack(q.qid, q.gen) + pidkey(w[W_PID].encode())
+        pid = w[W_PID].encode()
+        key = _QG.pack(q.qid, q.gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
         old = self._old(txn, key)
         if old is not None:
             self._unindex(txn, key, old)
@@ -349,24 +358,25 @@ class Index:
             q.enqueued_total += 1
             self.enqueued_total += 1
         raw = _packb(w)
-        txn.put(key, raw, db=self.tasks)
+        _put(txn, key, raw, True, True, False, self.tasks)
         payload, state = w[W_PAYLOAD], w[W_STATE]
         if payload and (old is None or old[3] != payload["blob_id"]):
             self.ref_blob(txn, payload["blob_id"], +1)
         if state == AVAILABLE:
-            txn.put(key, b"", db=self.ready)
-            txn.put(key[:8] + U64.pack(w[W_ENQUEUED]) + key[8:], b"", db=self.avail)
+            _put(txn, key, b"", True, True, False, self.ready)
+            _put(txn, key[:8] + _U64(w[W_ENQUEUED]) + key[8:], b"", True, True, False,
+                 self.avail)
         else:
             due = w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE]
-            txn.put(U64.pack(due) + key, b"", db=self.timers)
+            _put(txn, _U64(due) + key, b"", True, True, False, self.timers)
         q.count(state, +1)
         return raw
 
     def delete_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes, *,
                     completed: bool) -> bool:
-        key = qprefix(q.qid, q.gen) + pidkey(pid)
+        key = _QG.pack(q.qid, q.gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
         old = self._old(txn, key)
-        if old is None or not txn.delete(key, db=self.tasks):
+        if old is None or not _delete(txn, key, b"", self.tasks):
             return False
         self._unindex(txn, key, old)
         q.count(old[0], -1)
