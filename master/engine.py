@@ -209,9 +209,10 @@ class Engine:
         if s.pid is None:
             v.auto_pid = max(now * 1000, v.auto_pid + 1)
             pid = f"{v.auto_pid:0{AUTO_PID_DIGITS}d}"
+            raw = pid.encode()  # digits: a valid pid
         else:
             pid = s.pid
-        raw = check_pid(pid)
+            raw = check_pid(pid)
         if s.not_before is not None and s.delay_secs is not None:  # bad even if it collapses
             raise BadRequest(f"task {pid!r}: give not_before or delay_secs, not both")
         key = s.idempotency_key

@@ -232,7 +232,8 @@ class Master:
         if tasks:
             self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in tasks)
             for t in tasks:
-                t["payload"] = self.placement.for_reader(t["payload"], t["expires_at"])
+                if t["payload"] is not None:
+                    t["payload"] = self.placement.for_reader(t["payload"], t["expires_at"])
 
     async def delete_queue(self, group: str, queue: str) -> dict[str, Any]:
         res = await self._execute(lambda txn: admin.plan_delete(self.engine, group, queue))
