@@ -104,13 +104,19 @@ class View:
         return q
 
     def task(self, q: QueueRec, pid: bytes) -> Task | None:
+        w = self.wire(q, pid)
+        return None if w is None else Task(*w)
+
+    def wire(self, q: QueueRec, pid: bytes) -> list[Any] | None:
+        """The task's wire list (Task.to_wire) as this request sees it: read it, never
+        change it (it may be a pending op's)."""
         key = (q.qid, pid)
         if key in self.tasks:
             t = self.tasks[key]
-            return Task(*t) if type(t) is list else t  # a list: its op's, never changed
+            return t.to_wire() if isinstance(t, Task) else t
         if q.name in self.new_queues:
             return None
-        return self.e.index.get_task(self.txn, q, pid)
+        return self.e.index.get_wire(self.txn, q, pid)
 
     def put(self, q: QueueRec, t: Task, *, enqueue: bool) -> None:
         self.tasks[(q.qid, t.pid.encode())] = t
@@ -180,11 +186,11 @@ class Engine:
         now = self.now_ms()
         held_ms: dict[tuple[str, str], tuple[int, int]] = {}
         for d in req.dequeue:
-            q, t = self.held(v, d)
-            v.delete(q, t.pid)
+            q, w = self.held(v, d)
+            v.delete(q, w[0])  # pid
             k = (q.group, q.name)
             total, n = held_ms.get(k, (0, 0))
-            held_ms[k] = (total + now - t.leased_ms, n + 1)
+            held_ms[k] = (total + now - w[8], n + 1)  # leased at
         v.plan.lease_secs = {k: (total / 1000, n) for k, (total, n) in held_ms.items()}
         renewed = [self._renew(v, r, now) for r in req.renew]
         for r in req.release:
@@ -222,7 +228,7 @@ class Engine:
                 return {"queue": first[0], "pid": first[1], "collapsed": True}
             v.keys[key] = (queue, pid)
             v.plan.ops.append(self.dedup.op(v.group, key, queue, pid, now))
-        if v.task(q, raw) is not None:
+        if v.wire(q, raw) is not None:
             return {"queue": queue, "pid": pid, "collapsed": True}
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)
         payload = stored_payload or (self.store_payload(s.payload)
@@ -234,15 +240,17 @@ class Engine:
         v.put_wire(q, raw, w, enqueue=True)
         return {"queue": queue, "pid": pid, "collapsed": False}
 
-    def held(self, v: View, ref: TaskRef) -> tuple[QueueRec, Task]:
-        """The task `ref` names, checked to be held by the caller's lease token."""
+    def held(self, v: View, ref: TaskRef) -> tuple[QueueRec, list[Any]]:
+        """The task `ref` names, checked to be held by the caller's lease token, as its
+        wire list (read only: see View.wire)."""
         q = v.queue(ref.queue)
-        t = v.task(q, check_pid(ref.pid)) if q is not None else None
-        if (t is None or not t.live or t.token == 0
-                or t.token != self.tokens.open(v.group, ref.queue, ref.pid, ref.token)):
-            self._not_held(v, ref, t)
-        assert q is not None and t is not None
-        return q, t
+        w = v.wire(q, check_pid(ref.pid)) if q is not None else None
+        # w[2]: token, w[3]: live
+        if (w is None or not w[3] or w[2] == 0
+                or w[2] != self.tokens.open(v.group, ref.queue, ref.pid, ref.token)):
+            self._not_held(v, ref, None if w is None else Task(*w))
+        assert q is not None and w is not None
+        return q, w
 
     def _not_held(self, v: View, ref: TaskRef, t: Task | None) -> NoReturn:
         """Raise the error that says why `t` (the task `ref` names) is not held by `ref`."""
@@ -263,16 +271,16 @@ class Engine:
                         "reset); lease the task again to work on it.", info)
 
     def _renew(self, v: View, r: RenewItem, now: int) -> dict[str, Any]:
-        q, t = self.held(v, r)
-        t = t.copy()
+        q, w = self.held(v, r)
+        t = Task(*w)
         t.state, t.expiry_ms, t.not_before_ms = LEASED, now + ms(r.lease_secs), 0
         v.put(q, t, enqueue=False)
         return {"queue": r.queue, "pid": r.pid, "expires_at": t.expiry_ms / 1000}
 
     def _release(self, v: View, r: ReleaseItem, now: int) -> None:
-        q, t = self.held(v, r)
+        q, w = self.held(v, r)
         v.plan.events[(q.group, q.name, "release")] += 1
-        t = t.copy()
+        t = Task(*w)
         t.live, t.expiry_ms = False, 0
         delay = ms(r.delay_secs) if r.delay_secs is not None else 0
         if r.error is not None:

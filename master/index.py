@@ -248,14 +248,20 @@ class Index:
         return U64.unpack(raw)[0] if raw else 0
 
     def get_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes) -> Task | None:
+        w = self.get_wire(txn, q, pid)
+        return None if w is None else Task(*w)
+
+    def get_wire(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes) -> list[Any] | None:
+        """:meth:`get_task` as the task's wire list (see Task.to_wire), remembered as a
+        hint."""
         key = _QG.pack(q.qid, q.gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
         raw = txn.get(key, None, self.tasks)  # positional: see _put
         if raw is None:
             self.hints[key] = None
             return None
-        t = Task.unpack(raw)
-        self.hints[key] = _old_of(t)
-        return t if t.pid.encode() == pid else None
+        w: list[Any] = msgpack.unpackb(raw)
+        self.hints[key] = _old_of_wire(w)
+        return w if w[W_PID].encode() == pid else None
 
     def read_task(self, txn: lmdb.Transaction, key: bytes) -> Task:
         """The task at a key known to exist (from an index), remembered as a hint."""
