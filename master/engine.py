@@ -315,17 +315,16 @@ class Engine:
         pol = self.policy(q)
         expiry = now + ms(policies.lease_secs(pol, req.lease_secs))
         leased: list[dict[str, Any]] = []
-        pre = qprefix(q.qid, q.gen)
         max_attempts = pol.get("max_attempts")
         k = req.max_tasks
         scan = k * LEASE_SCAN_FACTOR if max_attempts else k
         # the loop below runs for every leased task: names bound once, one op per task
         read, seal, seen, ops = self.index.read_wire, self.tokens.seal, v.tasks, v.plan.ops
         qid, gen, worker, expires_at = q.qid, q.gen, req.worker, expiry / 1000
-        for pk in list(self.index.iter_ready(txn, q, max_key, scan)):
+        for key in self.index.ready_keys(txn, q, max_key, scan):
             if len(leased) >= k:
                 break
-            w = read(txn, pre + pk)  # the task's wire list (Task.to_wire), changed in place
+            w = read(txn, key)  # the task's wire list (Task.to_wire), changed in place
             pid, attempts = w[0], w[6]
             tkey = (qid, pid.encode())
             if tkey in seen:  # changed earlier in this request

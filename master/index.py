@@ -292,6 +292,24 @@ class Index:
             if n >= limit:
                 return
 
+    def ready_keys(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
+                   limit: int) -> list[bytes]:
+        """:meth:`iter_ready` as the tasks' full keys (``tasks`` and ``ready`` share
+        them), for the lease loop."""
+        out: list[bytes] = []
+        prefix = qprefix(q.qid, q.gen)
+        cur = txn.cursor(db=self.ready)
+        if limit <= 0 or not cur.set_range(prefix):
+            return out
+        bound = prefix + max_key if max_key is not None else None
+        for k in cur.iternext(keys=True, values=False):
+            if not k.startswith(prefix) or (bound is not None and k > bound):
+                break
+            out.append(k)
+            if len(out) >= limit:
+                break
+        return out
+
     def iter_tasks(self, txn: lmdb.Transaction, q: QueueRec, after: bytes = b"",
                    limit: int = 100) -> Iterator[Task]:
         """Up to `limit` tasks of `q` in pid order, starting after pidkey `after`."""
