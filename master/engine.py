@@ -84,7 +84,7 @@ class View:
 
     def __init__(self, engine: Engine, txn: lmdb.Transaction, group: str) -> None:
         self.e, self.txn, self.group = engine, txn, check_name("group", group)
-        # tasks this request changed: a Task, or the wire list of one (see task()), or None
+        # tasks this request changed: a Task, or the wire list of one (see wire()), or None
         self.tasks: dict[tuple[int, bytes], Task | list[Any] | None] = {}
         self.new_queues: dict[str, QueueRec] = {}
         self.plan = Plan()

@@ -143,10 +143,6 @@ Old = tuple[int, int, int, str | None]  # (state, due_ms, enqueued_ms, blob id) 
 MAX_FREED = 1_000_000
 
 
-def _old_of(t: Task) -> Old:
-    return t.state, t.due_ms(), t.enqueued_ms, t.payload["blob_id"] if t.payload else None
-
-
 def _old_of_wire(w: list[Any]) -> Old:
     state, payload = w[W_STATE], w[W_PAYLOAD]
     return (state, w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE], w[W_ENQUEUED],
