@@ -25,6 +25,7 @@ from squall.client._tasks import (
     TxBuilder,
     as_source,
     fifo_pid,
+    fifo_pids,
 )
 from squall.common.errors import (
     BadRequest,
@@ -87,12 +88,13 @@ def _qpath(queue: str) -> tuple[str, str, str]:
 MAX_IN_FLIGHT = 16  # put_many batches sent at once
 
 
-def _spec(t: NewTask, generated: set[str]) -> dict[str, Any]:
+def _spec(t: NewTask, generated: set[str], fifo: Iterator[str] | None = None
+          ) -> dict[str, Any]:
     """A TaskSpec dict; a task without a pid gets a client-made FIFO pid (so a retried
-    enqueue collapses instead of enqueueing twice)."""
+    enqueue collapses instead of enqueueing twice), the next of `fifo` when given."""
     pid = t.pid
     if pid is None:
-        pid = fifo_pid()
+        pid = next(fifo) if fifo is not None else fifo_pid()
         generated.add(pid)
     spec: dict[str, Any] = {"pid": pid}
     if t.not_before is not None:
@@ -106,7 +108,8 @@ def _spec(t: NewTask, generated: set[str]) -> dict[str, Any]:
 
 def _specs(tasks: list[NewTask]) -> tuple[list[dict[str, Any]], set[str]]:
     generated: set[str] = set()
-    return [_spec(t, generated) for t in tasks], generated
+    fifo = iter(fifo_pids(sum(1 for t in tasks if t.pid is None)))
+    return [_spec(t, generated, fifo) for t in tasks], generated
 
 
 def first_failure(outcomes: list[Any]) -> list[Any]:

@@ -8,9 +8,10 @@ public surfaces match).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from types import TracebackType
 from typing import Any, TypeAlias, TypeVar
 
@@ -18,7 +19,13 @@ import httpx
 
 from squall.client import _http
 from squall.client._effects import Call, Close, Emit, Gather, Read, Reply, Retry, Sleep
-from squall.client._protocol import Core, default_master, first_failure, held_wire
+from squall.client._protocol import (
+    MAX_IN_FLIGHT,
+    Core,
+    default_master,
+    first_failure,
+    held_wire,
+)
 from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder
 from squall.common.errors import SquallError
 from squall.common.models import (
@@ -49,11 +56,28 @@ def _list(tasks: Tasks) -> list[TaskBase]:
     return [tasks] if isinstance(tasks, TaskBase) else list(tasks)
 
 
+_GATHERED = threading.local()  # .on: this thread runs a verb of a Gather
+
+
 class _Driver:
-    """Runs protocol generators over an ``httpx.Client``."""
+    """Runs protocol generators over an ``httpx.Client``.
+
+    A ``Gather`` runs its verbs on a thread pool kept for the client's life (made on first
+    use, up to ``MAX_IN_FLIGHT`` threads), not on new threads each time: starting a thread
+    waits for the GIL while the others are busy, which held up every wave of ``put_many``
+    batches. A Gather inside a gathered verb gets threads of its own, so the pool never
+    waits on itself."""
 
     def __init__(self, http: httpx.Client) -> None:
         self.http = http
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def run(self, gen: Generator[Any, Any, T]) -> T:
         out: list[T] = []
@@ -102,10 +126,33 @@ class _Driver:
             eff.reply.stream[0].close()
             return None
         if t is Gather:
-            with ThreadPoolExecutor(len(eff.gens), thread_name_prefix="squall-gather") as ex:
-                futures = [ex.submit(self.run, g) for g in eff.gens]
-            return first_failure([f.exception() or f.result() for f in futures])
+            return self._gather(eff.gens)
         raise TypeError(f"unknown effect {eff!r}")  # pragma: no cover
+
+    def _gather(self, gens: list[Generator[Any, Any, Any]]) -> list[Any]:
+        futures: list[Future[Any]]
+        if getattr(_GATHERED, "on", False) or len(gens) > MAX_IN_FLIGHT:
+            with ThreadPoolExecutor(len(gens), thread_name_prefix="squall-gather") as ex:
+                futures = [ex.submit(self.run, g) for g in gens]
+        else:
+            pool = self._shared_pool()
+            futures = [pool.submit(self._run_gathered, g) for g in gens]
+            wait(futures)
+        return first_failure([f.exception() or f.result() for f in futures])
+
+    def _shared_pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(MAX_IN_FLIGHT,
+                                                thread_name_prefix="squall-gather")
+            return self._pool
+
+    def _run_gathered(self, gen: Generator[Any, Any, Any]) -> Any:
+        _GATHERED.on = True
+        try:
+            return self.run(gen)
+        finally:
+            _GATHERED.on = False
 
     def _call(self, c: Call, streams: list[httpx.Response]) -> Any:
         base = self.http.base_url
@@ -193,13 +240,15 @@ class Client:
         self._http = httpx.Client(base_url=self.master, timeout=timeout, limits=limits,
                                   transport=transport or _http.sync_transport(limits),
                                   auth=auth, verify=_http.tls_verify())
-        self._run = _Driver(self._http).run
-        self._iter = _Driver(self._http).iterate
+        self._driver = _Driver(self._http)
+        self._run = self._driver.run
+        self._iter = self._driver.iterate
 
     def _task(self, wire: WireTask, group: str) -> LeasedTask:
         return LeasedTask(self, wire, group)
 
     def close(self) -> None:
+        self._driver.close()
         self._http.close()
 
     def __enter__(self) -> Client:

@@ -45,13 +45,16 @@ def check_pid(pid: str) -> bytes:
     """Validate a user pid and return its UTF-8 bytes."""
     if not isinstance(pid, str) or not pid:
         raise BadRequest("pid must be a non-empty string")
-    raw = pid.encode("utf-8", "surrogatepass")
+    try:
+        raw = pid.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: the size limit is still said first
+        raw = pid.encode("utf-8", "surrogatepass")
+        if len(raw) > PID_MAX_BYTES:
+            raise PayloadTooLarge(f"pid is {len(raw)} bytes; the limit is {PID_MAX_BYTES} "
+                                  "bytes") from None
+        raise BadRequest("pid must be valid UTF-8 (no lone surrogates)") from None
     if len(raw) > PID_MAX_BYTES:
         raise PayloadTooLarge(f"pid is {len(raw)} bytes; the limit is {PID_MAX_BYTES} bytes")
-    try:
-        pid.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadRequest("pid must be valid UTF-8 (no lone surrogates)") from None
     if "\x00" in pid:
         raise BadRequest("pid must not contain NUL characters")
     return raw

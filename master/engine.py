@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import lmdb
 
@@ -75,7 +75,8 @@ class Plan:
     ops: list[Op] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     events: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    lease_secs: list[tuple[str, str, float]] = field(default_factory=list)
+    # (group, queue) -> (seconds from lease to dequeue, summed; dequeues)
+    lease_secs: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
 
 
 class View:
@@ -83,7 +84,8 @@ class View:
 
     def __init__(self, engine: Engine, txn: lmdb.Transaction, group: str) -> None:
         self.e, self.txn, self.group = engine, txn, check_name("group", group)
-        self.tasks: dict[tuple[int, bytes], Task | None] = {}
+        # tasks this request changed: a Task, or the wire list of one (see wire()), or None
+        self.tasks: dict[tuple[int, bytes], Task | list[Any] | None] = {}
         self.new_queues: dict[str, QueueRec] = {}
         self.plan = Plan()
         self.lease_seq = engine.index.lease_seq
@@ -102,16 +104,31 @@ class View:
         return q
 
     def task(self, q: QueueRec, pid: bytes) -> Task | None:
+        w = self.wire(q, pid)
+        return None if w is None else Task(*w)
+
+    def wire(self, q: QueueRec, pid: bytes) -> list[Any] | None:
+        """The task's wire list (Task.to_wire) as this request sees it: read it, never
+        change it (it may be a pending op's)."""
         key = (q.qid, pid)
         if key in self.tasks:
-            return self.tasks[key]
+            t = self.tasks[key]
+            return t.to_wire() if isinstance(t, Task) else t
         if q.name in self.new_queues:
             return None
-        return self.e.index.get_task(self.txn, q, pid)
+        return self.e.index.get_wire(self.txn, q, pid)
 
     def put(self, q: QueueRec, t: Task, *, enqueue: bool) -> None:
         self.tasks[(q.qid, t.pid.encode())] = t
         self.plan.ops.append(("P", q.qid, q.gen, t.to_wire(), enqueue))
+        if enqueue:
+            self.plan.events[(q.group, q.name, "enqueue")] += 1
+
+    def put_wire(self, q: QueueRec, pid_raw: bytes, w: list[Any], *, enqueue: bool) -> None:
+        """:meth:`put` of a task's wire list (no Task object made; nobody changes `w`
+        afterwards: it is the op's)."""
+        self.tasks[(q.qid, pid_raw)] = w
+        self.plan.ops.append(("P", q.qid, q.gen, w, enqueue))
         if enqueue:
             self.plan.events[(q.group, q.name, "enqueue")] += 1
 
@@ -167,10 +184,14 @@ class Engine:
                     worker_addr: str = "") -> Plan:
         v = View(self, txn, group)
         now = self.now_ms()
+        held_ms: dict[tuple[str, str], tuple[int, int]] = {}
         for d in req.dequeue:
-            q, t = self.held(v, d)
-            v.delete(q, t.pid)
-            v.plan.lease_secs.append((q.group, q.name, (now - t.leased_ms) / 1000))
+            q, w = self.held(v, d)
+            v.delete(q, w[0])  # pid
+            k = (q.group, q.name)
+            total, n = held_ms.get(k, (0, 0))
+            held_ms[k] = (total + now - w[8], n + 1)  # leased at
+        v.plan.lease_secs = {k: (total / 1000, n) for k, (total, n) in held_ms.items()}
         renewed = [self._renew(v, r, now) for r in req.renew]
         for r in req.release:
             self._release(v, r, now)
@@ -194,9 +215,10 @@ class Engine:
         if s.pid is None:
             v.auto_pid = max(now * 1000, v.auto_pid + 1)
             pid = f"{v.auto_pid:0{AUTO_PID_DIGITS}d}"
+            raw = pid.encode()  # digits: a valid pid
         else:
             pid = s.pid
-        raw = check_pid(pid)
+            raw = check_pid(pid)
         if s.not_before is not None and s.delay_secs is not None:  # bad even if it collapses
             raise BadRequest(f"task {pid!r}: give not_before or delay_secs, not both")
         key = s.idempotency_key
@@ -206,21 +228,33 @@ class Engine:
                 return {"queue": first[0], "pid": first[1], "collapsed": True}
             v.keys[key] = (queue, pid)
             v.plan.ops.append(self.dedup.op(v.group, key, queue, pid, now))
-        if v.task(q, raw) is not None:
+        if v.wire(q, raw) is not None:
             return {"queue": queue, "pid": pid, "collapsed": True}
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)
-        t = Task(pid, DELAYED if nb > now else AVAILABLE, not_before_ms=nb if nb > now else 0,
-                 enqueued_ms=now,
-                 payload=stored_payload or (self.store_payload(s.payload)
-                                            if s.payload is not None else None))
-        v.put(q, t, enqueue=True)
+        payload = stored_payload or (self.store_payload(s.payload)
+                                     if s.payload is not None else None)
+        # the new task's wire list (Task.to_wire: pid, state, token, live, expiry,
+        # not_before, attempts, enqueued, leased, worker, worker_addr, payload, error, origin)
+        w = ([pid, DELAYED, 0, False, 0, nb, 0, now, 0, "", "", payload, "", ""] if nb > now
+             else [pid, AVAILABLE, 0, False, 0, 0, 0, now, 0, "", "", payload, "", ""])
+        v.put_wire(q, raw, w, enqueue=True)
         return {"queue": queue, "pid": pid, "collapsed": False}
 
-    def held(self, v: View, ref: TaskRef) -> tuple[QueueRec, Task]:
-        """The task `ref` names, checked to be held by the caller's lease token."""
-        where = f"task {ref.pid!r} in queue {join_queue(v.group, ref.queue)}"
+    def held(self, v: View, ref: TaskRef) -> tuple[QueueRec, list[Any]]:
+        """The task `ref` names, checked to be held by the caller's lease token, as its
+        wire list (read only: see View.wire)."""
         q = v.queue(ref.queue)
-        t = v.task(q, check_pid(ref.pid)) if q is not None else None
+        w = v.wire(q, check_pid(ref.pid)) if q is not None else None
+        # w[2]: token, w[3]: live
+        if (w is None or not w[3] or w[2] == 0
+                or w[2] != self.tokens.open(v.group, ref.queue, ref.pid, ref.token)):
+            self._not_held(v, ref, None if w is None else Task(*w))
+        assert q is not None and w is not None
+        return q, w
+
+    def _not_held(self, v: View, ref: TaskRef, t: Task | None) -> NoReturn:
+        """Raise the error that says why `t` (the task `ref` names) is not held by `ref`."""
+        where = f"task {ref.pid!r} in queue {join_queue(v.group, ref.queue)}"
         info = {"queue": ref.queue, "pid": ref.pid, "token": ref.token}
         if t is None:
             raise NotFound(f"{where} does not exist (already dequeued, or never enqueued)",
@@ -233,23 +267,20 @@ class Engine:
                 f"{where}: lease token {ref.token} is stale (or not this task's); the task "
                 "was leased again since. Another worker owns it now: drop this result.",
                 info)
-        if not t.live:
-            raise LeaseLost(f"{where}: lease token {ref.token} was given up (released or "
-                            "reset); lease the task again to work on it.", info)
-        assert q is not None
-        return q, t
+        raise LeaseLost(f"{where}: lease token {ref.token} was given up (released or "
+                        "reset); lease the task again to work on it.", info)
 
     def _renew(self, v: View, r: RenewItem, now: int) -> dict[str, Any]:
-        q, t = self.held(v, r)
-        t = t.copy()
+        q, w = self.held(v, r)
+        t = Task(*w)
         t.state, t.expiry_ms, t.not_before_ms = LEASED, now + ms(r.lease_secs), 0
         v.put(q, t, enqueue=False)
         return {"queue": r.queue, "pid": r.pid, "expires_at": t.expiry_ms / 1000}
 
     def _release(self, v: View, r: ReleaseItem, now: int) -> None:
-        q, t = self.held(v, r)
+        q, w = self.held(v, r)
         v.plan.events[(q.group, q.name, "release")] += 1
-        t = t.copy()
+        t = Task(*w)
         t.live, t.expiry_ms = False, 0
         delay = ms(r.delay_secs) if r.delay_secs is not None else 0
         if r.error is not None:
@@ -284,28 +315,36 @@ class Engine:
         pol = self.policy(q)
         expiry = now + ms(policies.lease_secs(pol, req.lease_secs))
         leased: list[dict[str, Any]] = []
-        pre = qprefix(q.qid, q.gen)
-        scan = req.max_tasks * LEASE_SCAN_FACTOR if pol.get("max_attempts") else req.max_tasks
-        for pk in list(self.index.iter_ready(txn, q, max_key, scan)):
-            if len(leased) >= req.max_tasks:
+        max_attempts = pol.get("max_attempts")
+        k = req.max_tasks
+        scan = k * LEASE_SCAN_FACTOR if max_attempts else k
+        # the loop below runs for every leased task: names bound once, one op per task
+        read, seal, seen, ops = self.index.read_wire, self.tokens.seal, v.tasks, v.plan.ops
+        qid, gen, worker, expires_at = q.qid, q.gen, req.worker, expiry / 1000
+        for key in self.index.ready_keys(txn, q, max_key, scan):
+            if len(leased) >= k:
                 break
-            t = self.index.read_task(txn, pre + pk)
-            if (q.qid, t.pid.encode()) in v.tasks:  # changed earlier in this request
+            w = read(txn, key)  # the task's wire list (Task.to_wire), changed in place
+            pid, attempts = w[0], w[6]
+            tkey = (qid, pid.encode())
+            if tkey in seen:  # changed earlier in this request
                 continue
-            if policies.exhausted(pol, t.attempts):
-                v.dead_letter(q, t, f"leased {t.attempts} times without being dequeued "
-                              f"(max_attempts {pol['max_attempts']}); last error: "
-                              f"{t.error or 'none'}")
+            if max_attempts is not None and attempts >= int(max_attempts):
+                v.dead_letter(q, Task(*w), f"leased {attempts} times without being "
+                              f"dequeued (max_attempts {max_attempts}); last error: "
+                              f"{w[12] or 'none'}")
                 continue
-            v.lease_seq += 1
-            t.state, t.token, t.live, t.expiry_ms = LEASED, v.lease_seq, True, expiry
-            t.attempts += 1
-            t.leased_ms, t.worker, t.worker_addr = now, req.worker, worker_addr
-            v.put(q, t, enqueue=False)
-            leased.append({"queue": queue, "pid": t.pid,
-                           "token": self.tokens.seal(group, queue, t.pid, t.token),
-                           "expires_at": expiry / 1000, "attempts": t.attempts,
-                           "enqueued_at": t.enqueued_ms / 1000, "payload": t.payload})
+            token = v.lease_seq = v.lease_seq + 1
+            attempts += 1
+            # state, token, live, expiry; attempts; leased at, worker, worker address
+            w[1], w[2], w[3], w[4] = LEASED, token, True, expiry
+            w[6], w[8], w[9], w[10] = attempts, now, worker, worker_addr
+            seen[tkey] = w  # View.put_wire, inlined
+            ops.append(("P", qid, gen, w, False))
+            leased.append({"queue": queue, "pid": pid,
+                           "token": seal(group, queue, pid, token),
+                           "expires_at": expires_at, "attempts": attempts,
+                           "enqueued_at": w[7] / 1000, "payload": w[11]})
         v.plan.events[(group, queue, "lease")] += len(leased)
         return leased
 

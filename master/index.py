@@ -69,6 +69,14 @@ U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
 _QG = struct.Struct(">II")
 _TIMER = struct.Struct(">QII")
+_packb = msgpack.packb
+_U64 = U64.pack
+_NO_HINT = object()
+# The hottest LMDB calls, with positional arguments: py-lmdb parses keyword arguments
+# slowly (~0.1 us a call, ~9 calls per leased and acked task). put(key, value, dupdata,
+# overwrite, append, db); delete(key, value, db); get(key, default, db).
+_put = lmdb.Transaction.put
+_delete = lmdb.Transaction.delete
 
 
 def pidkey(pid: bytes) -> bytes:
@@ -104,10 +112,14 @@ class Task:
         return self.expiry_ms if self.state == LEASED else self.not_before_ms
 
     def to_wire(self) -> list[Any]:
-        return [getattr(self, f) for f in _TASK_FIELDS]
+        # spelled out (not a loop over fields): this runs for every task on the hot paths;
+        # _TASK_FIELDS below pins the order
+        return [self.pid, self.state, self.token, self.live, self.expiry_ms,
+                self.not_before_ms, self.attempts, self.enqueued_ms, self.leased_ms,
+                self.worker, self.worker_addr, self.payload, self.error, self.origin]
 
     def pack(self) -> bytes:
-        return msgpack.packb(self.to_wire())
+        return _packb(self.to_wire())
 
     def copy(self) -> Task:
         return Task(*self.to_wire())
@@ -122,12 +134,19 @@ class Task:
 
 
 _TASK_FIELDS = tuple(f.name for f in fields(Task))
+assert _TASK_FIELDS == ("pid", "state", "token", "live", "expiry_ms", "not_before_ms",
+                        "attempts", "enqueued_ms", "leased_ms", "worker", "worker_addr",
+                        "payload", "error", "origin"), "Task.to_wire and W_* are out of date"
+# positions in a task's wire list (Task.to_wire), for code that works on the list itself
+W_PID, W_STATE, W_EXPIRY, W_NOT_BEFORE, W_ENQUEUED, W_PAYLOAD = 0, 1, 4, 5, 7, 11
 Old = tuple[int, int, int, str | None]  # (state, due_ms, enqueued_ms, blob id) of a task
 MAX_FREED = 1_000_000
 
 
-def _old_of(t: Task) -> Old:
-    return t.state, t.due_ms(), t.enqueued_ms, t.payload["blob_id"] if t.payload else None
+def _old_of_wire(w: list[Any]) -> Old:
+    state, payload = w[W_STATE], w[W_PAYLOAD]
+    return (state, w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE], w[W_ENQUEUED],
+            payload["blob_id"] if payload else None)
 
 
 @dataclass(slots=True)
@@ -225,22 +244,32 @@ class Index:
         return U64.unpack(raw)[0] if raw else 0
 
     def get_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes) -> Task | None:
-        key = qprefix(q.qid, q.gen) + pidkey(pid)
-        raw = txn.get(key, db=self.tasks)
+        w = self.get_wire(txn, q, pid)
+        return None if w is None else Task(*w)
+
+    def get_wire(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes) -> list[Any] | None:
+        """:meth:`get_task` as the task's wire list (see Task.to_wire), remembered as a
+        hint."""
+        key = _QG.pack(q.qid, q.gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
+        raw = txn.get(key, None, self.tasks)  # positional: see _put
         if raw is None:
             self.hints[key] = None
             return None
-        t = Task.unpack(raw)
-        self.hints[key] = _old_of(t)
-        return t if t.pid.encode() == pid else None
+        w: list[Any] = msgpack.unpackb(raw)
+        self.hints[key] = _old_of_wire(w)
+        return w if w[W_PID].encode() == pid else None
 
     def read_task(self, txn: lmdb.Transaction, key: bytes) -> Task:
         """The task at a key known to exist (from an index), remembered as a hint."""
-        raw = txn.get(key, db=self.tasks)
+        return Task(*self.read_wire(txn, key))
+
+    def read_wire(self, txn: lmdb.Transaction, key: bytes) -> list[Any]:
+        """:meth:`read_task` as the task's wire list (see Task.to_wire)."""
+        raw = txn.get(key, None, self.tasks)
         assert raw is not None, "index points at a missing task"
-        t = Task.unpack(raw)
-        self.hints[key] = _old_of(t)
-        return t
+        w: list[Any] = msgpack.unpackb(raw)
+        self.hints[key] = _old_of_wire(w)
+        return w
 
     def iter_ready(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
                    limit: int) -> Iterator[bytes]:
@@ -258,6 +287,24 @@ class Index:
             yield pk
             if n >= limit:
                 return
+
+    def ready_keys(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
+                   limit: int) -> list[bytes]:
+        """:meth:`iter_ready` as the tasks' full keys (``tasks`` and ``ready`` share
+        them), for the lease loop."""
+        out: list[bytes] = []
+        prefix = qprefix(q.qid, q.gen)
+        cur = txn.cursor(db=self.ready)
+        if limit <= 0 or not cur.set_range(prefix):
+            return out
+        bound = prefix + max_key if max_key is not None else None
+        for k in cur.iternext(keys=True, values=False):
+            if not k.startswith(prefix) or (bound is not None and k > bound):
+                break
+            out.append(k)
+            if len(out) >= limit:
+                break
+        return out
 
     def iter_tasks(self, txn: lmdb.Transaction, q: QueueRec, after: bytes = b"",
                    limit: int = 100) -> Iterator[Task]:
@@ -298,23 +345,31 @@ class Index:
 
     # -- writes --------------------------------------------------------------------------
     def _old(self, txn: lmdb.Transaction, key: bytes) -> Old | None:
-        if key in self.hints:
-            return self.hints.pop(key)
-        raw = txn.get(key, db=self.tasks)
+        old = self.hints.pop(key, _NO_HINT)
+        if old is not _NO_HINT:
+            return old  # type: ignore[return-value]
+        raw = txn.get(key, None, self.tasks)
         if raw is None:
             return None
-        return _old_of(Task.unpack(raw))
+        return _old_of_wire(msgpack.unpackb(raw))
 
     def _unindex(self, txn: lmdb.Transaction, key: bytes, old: Old) -> None:
         if old[0] == AVAILABLE:
-            txn.delete(key, db=self.ready)
-            txn.delete(key[:8] + U64.pack(old[2]) + key[8:], db=self.avail)
+            _delete(txn, key, b"", self.ready)
+            _delete(txn, key[:8] + _U64(old[2]) + key[8:], b"", self.avail)
         else:
-            txn.delete(U64.pack(old[1]) + key, db=self.timers)
+            _delete(txn, _U64(old[1]) + key, b"", self.timers)
 
     def put_task(self, txn: lmdb.Transaction, q: QueueRec, t: Task, *, enqueue: bool) -> None:
         """Insert or replace a task, keeping the indexes and counters exact."""
-        key = qprefix(q.qid, q.gen) + pidkey(t.pid.encode())
+        self.put_wire(txn, q, t.to_wire(), enqueue=enqueue)
+
+    def put_wire(self, txn: lmdb.Transaction, q: QueueRec, w: list[Any], *, enqueue: bool
+                 ) -> bytes:
+        """:meth:`put_task` for a task's wire list (a WAL op's); returns its packed record
+        (the same bytes msgpack gives the list anywhere, e.g. inside a WAL record)."""
+        pid = w[W_PID].encode()
+        key = _QG.pack(q.qid, q.gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
         old = self._old(txn, key)
         if old is not None:
             self._unindex(txn, key, old)
@@ -322,21 +377,26 @@ class Index:
         elif enqueue:
             q.enqueued_total += 1
             self.enqueued_total += 1
-        txn.put(key, t.pack(), db=self.tasks)
-        if t.payload and (old is None or old[3] != t.payload["blob_id"]):
-            self.ref_blob(txn, t.payload["blob_id"], +1)
-        if t.state == AVAILABLE:
-            txn.put(key, b"", db=self.ready)
-            txn.put(key[:8] + U64.pack(t.enqueued_ms) + key[8:], b"", db=self.avail)
+        raw = _packb(w)
+        _put(txn, key, raw, True, True, False, self.tasks)
+        payload, state = w[W_PAYLOAD], w[W_STATE]
+        if payload and (old is None or old[3] != payload["blob_id"]):
+            self.ref_blob(txn, payload["blob_id"], +1)
+        if state == AVAILABLE:
+            _put(txn, key, b"", True, True, False, self.ready)
+            _put(txn, key[:8] + _U64(w[W_ENQUEUED]) + key[8:], b"", True, True, False,
+                 self.avail)
         else:
-            txn.put(U64.pack(t.due_ms()) + key, b"", db=self.timers)
-        q.count(t.state, +1)
+            due = w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE]
+            _put(txn, _U64(due) + key, b"", True, True, False, self.timers)
+        q.count(state, +1)
+        return raw
 
     def delete_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes, *,
                     completed: bool) -> bool:
-        key = qprefix(q.qid, q.gen) + pidkey(pid)
+        key = _QG.pack(q.qid, q.gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
         old = self._old(txn, key)
-        if old is None or not txn.delete(key, db=self.tasks):
+        if old is None or not _delete(txn, key, b"", self.tasks):
             return False
         self._unindex(txn, key, old)
         q.count(old[0], -1)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import lmdb
+import msgpack
 
 from squall.master import dedup
 from squall.master.index import AVAILABLE, LEASED, Index, QueueRec, Task, qprefix
@@ -54,11 +55,15 @@ def reset_leases(index: Index, txn: lmdb.Transaction, q: QueueRec) -> int:
     return len(revoked)
 
 
-def apply(index: Index, txn: lmdb.Transaction, ops: Sequence[Op], ticket: int) -> None:
-    """Apply `ops` in `txn` and record `ticket` as applied."""
+def apply(index: Index, txn: lmdb.Transaction, ops: Sequence[Op], ticket: int) -> bytes:
+    """Apply `ops` in `txn`, record `ticket` as applied, and return the WAL record's body:
+    exactly ``msgpack.packb(list(ops))``, built from the pieces applying packed anyway (a
+    task record is packed once, for LMDB and for the WAL)."""
     touched: dict[int, QueueRec] = {}
-    _apply(index, txn, ops, touched)
+    parts = [_array_header(len(ops))]
+    _apply(index, txn, ops, touched, parts)
     _finish(index, txn, touched, ticket)
+    return b"".join(parts)
 
 
 def replay(index: Index, txn: lmdb.Transaction, records: Sequence[tuple[int, Sequence[Op]]]
@@ -80,36 +85,71 @@ def _finish(index: Index, txn: lmdb.Transaction, touched: dict[int, QueueRec],
 
 
 def _apply(index: Index, txn: lmdb.Transaction, ops: Sequence[Op],
-           touched: dict[int, QueueRec]) -> None:
+           touched: dict[int, QueueRec], parts: list[bytes] | None = None) -> None:
+    """Apply `ops`; with `parts`, append each op's msgpack encoding to it."""
+    heads: dict[tuple[int, int], bytes] = {}  # packed ("P", qid, gen, ...) op heads
     for op in ops:
-        kind = op[0]
-        if kind == "P" or kind == "D" or kind == "R":
-            q = index.by_qid[op[1]]
-            if q.gen != op[2]:
-                continue
-            if kind == "P":
-                index.put_task(txn, q, Task.from_wire(op[3]), enqueue=op[4])
-            elif kind == "D":
-                index.delete_task(txn, q, op[3].encode(), completed=op[4])
-            else:
-                reset_leases(index, txn, q)
-            touched[q.qid] = q
-        elif kind == "Q":
-            q = index.create_queue(txn, op[1], op[2], op[3], op[4])
-            touched[q.qid] = q
-        elif kind == "M":
-            index.lease_seq = max(index.lease_seq, op[1])
-            index.auto_pid = max(index.auto_pid, op[2])
-        elif kind == "G":
-            q = index.by_qid[op[1]]
-            if op[2] > q.gen:
-                txn.put(qprefix(q.qid, q.gen), b"", db=index.reap_db)
-                q.gen, q.available, q.leased, q.delayed = op[2], 0, 0, 0
-                q.completed, q.enqueued_total, q.created_ms = 0, 0, op[3]
-                touched[q.qid] = q
-        elif kind == "C":
-            index.set_conf(txn, op[1].encode(), op[2], op[3], op[4])
-        elif kind == "K":
-            dedup.apply_op(index, txn, op)
+        raw = _apply_op(index, txn, op, touched)
+        if parts is not None:
+            parts.append(_packb(op) if raw is None else _p_op(heads, op, raw))
+
+
+def _apply_op(index: Index, txn: lmdb.Transaction, op: Op, touched: dict[int, QueueRec]
+              ) -> bytes | None:
+    """Apply one op; for a "P" op that put its task, the task's packed record."""
+    kind = op[0]
+    if kind == "P" or kind == "D" or kind == "R":
+        q = index.by_qid[op[1]]
+        if q.gen != op[2]:
+            return None
+        touched[q.qid] = q
+        if kind == "P":
+            return index.put_wire(txn, q, op[3], enqueue=op[4])
+        if kind == "D":
+            index.delete_task(txn, q, op[3].encode(), completed=op[4])
         else:
-            raise ValueError(f"unknown op {kind!r}")
+            reset_leases(index, txn, q)
+    elif kind == "Q":
+        q = index.create_queue(txn, op[1], op[2], op[3], op[4])
+        touched[q.qid] = q
+    elif kind == "M":
+        index.lease_seq = max(index.lease_seq, op[1])
+        index.auto_pid = max(index.auto_pid, op[2])
+    elif kind == "G":
+        q = index.by_qid[op[1]]
+        if op[2] > q.gen:
+            txn.put(qprefix(q.qid, q.gen), b"", db=index.reap_db)
+            q.gen, q.available, q.leased, q.delayed = op[2], 0, 0, 0
+            q.completed, q.enqueued_total, q.created_ms = 0, 0, op[3]
+            touched[q.qid] = q
+    elif kind == "C":
+        index.set_conf(txn, op[1].encode(), op[2], op[3], op[4])
+    elif kind == "K":
+        dedup.apply_op(index, txn, op)
+    else:
+        raise ValueError(f"unknown op {kind!r}")
+    return None
+
+
+_packb = msgpack.packb
+
+
+def _array_header(n: int) -> bytes:
+    """msgpack's header of an array of `n` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    return b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
+
+
+_BOOLS = {True: b"\xc3", False: b"\xc2"}
+
+
+def _p_op(heads: dict[tuple[int, int], bytes], op: Op, raw: bytes) -> bytes:
+    """msgpack of a ("P", qid, gen, task_wire, enqueue) op whose task packed to `raw`."""
+    enqueue = op[4]
+    if len(op) != 5 or type(enqueue) is not bool:
+        return _packb(op)  # not the shape the engine makes: encode it plainly
+    head = heads.get((op[1], op[2]))
+    if head is None:
+        head = heads[(op[1], op[2])] = b"\x95\xa1P" + _packb(op[1]) + _packb(op[2])
+    return head + raw + _BOOLS[enqueue]

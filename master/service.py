@@ -152,8 +152,7 @@ class Master:
             plan = build(txn)
             if not plan.ops:
                 return None, plan
-            apply(self.index, txn, plan.ops, ticket)
-            return msgpack.packb(plan.ops), plan
+            return apply(self.index, txn, plan.ops, ticket), plan
 
         if not sweep_first:
             ticket, plan = await self.commit.run(work)
@@ -174,8 +173,8 @@ class Master:
         now = self.clock.now()
         for (group, queue, kind), n in plan.events.items():
             self.meters.record((group, queue), kind, n, now)
-        for group, queue, secs in plan.lease_secs:
-            self.meters.lease_done((group, queue), secs)
+        for key, (secs, n) in plan.lease_secs.items():
+            self.meters.lease_done(key, secs, n)
 
     def _woke(self, group: str, queues: Iterable[str]) -> None:
         """After a commit: tasks of these queues may be available (parked leases look)."""
@@ -233,7 +232,8 @@ class Master:
         if tasks:
             self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in tasks)
             for t in tasks:
-                t["payload"] = self.placement.for_reader(t["payload"], t["expires_at"])
+                if t["payload"] is not None:
+                    t["payload"] = self.placement.for_reader(t["payload"], t["expires_at"])
 
     async def delete_queue(self, group: str, queue: str) -> dict[str, Any]:
         res = await self._execute(lambda txn: admin.plan_delete(self.engine, group, queue))

@@ -81,10 +81,11 @@ class Meters:
         """An event counted without a rate (e.g. expired leases, found by the sweeper)."""
         self.counts[kind] = self.counts.get(kind, 0) + n
 
-    def lease_done(self, key: tuple[str, str], secs: float) -> None:
+    def lease_done(self, key: tuple[str, str], secs: float, n: int = 1) -> None:
+        """`n` leases ended by a dequeue, held `secs` seconds in all."""
         m = self.get(key)
         m.lease_secs_sum += secs
-        m.lease_count += 1
+        m.lease_count += n
 
     def forget(self, key: tuple[str, str]) -> None:
         self.queues.pop(key, None)

@@ -234,6 +234,34 @@ def test_sync_client_verbs(master: MasterProcess) -> None:
             c.task("s#a", "2")
 
 
+def test_sync_put_many_waves_from_threads_share_one_pool(master: MasterProcess) -> None:
+    """put_many's waves of batches run on one thread pool for the client's life, from
+    several user threads at once; close() stops it."""
+    import threading
+
+    with Client(master.url) as c:
+        before = {t.name for t in threading.enumerate()}
+        counts: list[int] = []
+
+        def produce(k: int) -> None:
+            counts.append(c.put_many(f"pool#q{k}", [None] * 230, batch_size=20, in_flight=4))
+
+        users = [threading.Thread(target=produce, args=(k,)) for k in range(3)]
+        for u in users:
+            u.start()
+        for u in users:
+            u.join(60)
+        assert counts == [230, 230, 230]
+        assert sum(len(c.tasks(f"pool#q{k}", limit=1000)) for k in range(3)) == 690
+        pool = {t for t in threading.enumerate() if t.name.startswith("squall-gather")}
+        assert pool and len(pool) <= 16  # one pool, bounded, kept between waves
+        assert c.put_many("pool#q0", [None] * 80, batch_size=20, in_flight=4) == 80
+        again = {t for t in threading.enumerate() if t.name.startswith("squall-gather")}
+        assert pool <= again and len(again) <= 16  # the same pool, still bounded
+        assert not {t.name for t in pool} & before
+    assert not any(t.is_alive() for t in pool)  # closed with the client
+
+
 def test_errors_are_squall_errors(master: MasterProcess) -> None:
     from starlette.responses import Response as PlainResponse
 
