@@ -24,7 +24,6 @@ from squall.client._tasks import (
     TaskBase,
     TxBuilder,
     as_source,
-    fifo_pid,
     fifo_pids,
 )
 from squall.common.errors import (
@@ -88,13 +87,12 @@ def _qpath(queue: str) -> tuple[str, str, str]:
 MAX_IN_FLIGHT = 16  # put_many batches sent at once
 
 
-def _spec(t: NewTask, generated: set[str], fifo: Iterator[str] | None = None
-          ) -> dict[str, Any]:
-    """A TaskSpec dict; a task without a pid gets a client-made FIFO pid (so a retried
-    enqueue collapses instead of enqueueing twice), the next of `fifo` when given."""
+def _spec(t: NewTask, generated: set[str], fifo: Iterator[str]) -> dict[str, Any]:
+    """A TaskSpec dict; a task without a pid gets the next client-made FIFO pid of `fifo`
+    (so a retried enqueue collapses instead of enqueueing twice)."""
     pid = t.pid
     if pid is None:
-        pid = next(fifo) if fifo is not None else fifo_pid()
+        pid = next(fifo)
         generated.add(pid)
     spec: dict[str, Any] = {"pid": pid}
     if t.not_before is not None:
@@ -106,8 +104,11 @@ def _spec(t: NewTask, generated: set[str], fifo: Iterator[str] | None = None
     return spec
 
 
-def _specs(tasks: list[NewTask]) -> tuple[list[dict[str, Any]], set[str]]:
-    generated: set[str] = set()
+def _specs(tasks: list[NewTask], generated: set[str] | None = None
+           ) -> tuple[list[dict[str, Any]], set[str]]:
+    """TaskSpec dicts of `tasks` (a batch's FIFO pids made at once); the pids made are
+    added to `generated`, also returned."""
+    generated = set() if generated is None else generated
     fifo = iter(fifo_pids(sum(1 for t in tasks if t.pid is None)))
     return [_spec(t, generated, fifo) for t in tasks], generated
 
@@ -151,7 +152,7 @@ class Core(PayloadVerbs):
                  sources: list[bytes | Stream | None] | None = None
                  ) -> Proto[list[dict[str, Any]]]:
         """TaskSpec dicts of `tasks`, their payloads written to data nodes first."""
-        specs = [_spec(t, generated) for t in tasks] if specs is None else specs
+        specs = _specs(tasks, generated)[0] if specs is None else specs
         sources = [as_source(t.payload) for t in tasks] if sources is None else sources
         with_payload = [i for i, s in enumerate(sources) if s is not None]
         if with_payload:

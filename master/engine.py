@@ -329,7 +329,7 @@ class Engine:
             tkey = (qid, pid.encode())
             if tkey in seen:  # changed earlier in this request
                 continue
-            if max_attempts is not None and attempts >= int(max_attempts):
+            if max_attempts is not None and policies.exhausted(pol, attempts):
                 v.dead_letter(q, Task(*w), f"leased {attempts} times without being "
                               f"dequeued (max_attempts {max_attempts}); last error: "
                               f"{w[12] or 'none'}")

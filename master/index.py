@@ -89,6 +89,12 @@ def qprefix(qid: int, gen: int) -> bytes:
     return _QG.pack(qid, gen)
 
 
+def task_key(qid: int, gen: int, pid: bytes) -> bytes:
+    """A task's key in ``tasks`` (and ``ready``): its queue's prefix and its pidkey (one
+    call on the hot paths)."""
+    return _QG.pack(qid, gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
+
+
 @dataclass(slots=True)
 class Task:
     """One task's record. Times are integer milliseconds since the epoch."""
@@ -250,7 +256,7 @@ class Index:
     def get_wire(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes) -> list[Any] | None:
         """:meth:`get_task` as the task's wire list (see Task.to_wire), remembered as a
         hint."""
-        key = _QG.pack(q.qid, q.gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
+        key = task_key(q.qid, q.gen, pid)
         raw = txn.get(key, None, self.tasks)  # positional: see _put
         if raw is None:
             self.hints[key] = None
@@ -274,19 +280,8 @@ class Index:
     def iter_ready(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
                    limit: int) -> Iterator[bytes]:
         """Yield the pidkeys of up to `limit` ready tasks of `q` in pid order (<= max_key)."""
-        prefix = qprefix(q.qid, q.gen)
-        cur = txn.cursor(db=self.ready)
-        if not cur.set_range(prefix) or limit <= 0:
-            return
-        for n, k in enumerate(cur.iternext(keys=True, values=False), 1):
-            if not k.startswith(prefix):
-                return
-            pk = bytes(k[8:])
-            if max_key is not None and pk > max_key:
-                return
-            yield pk
-            if n >= limit:
-                return
+        for k in self.ready_keys(txn, q, max_key, limit):
+            yield k[8:]
 
     def ready_keys(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
                    limit: int) -> list[bytes]:
@@ -369,7 +364,7 @@ class Index:
         """:meth:`put_task` for a task's wire list (a WAL op's); returns its packed record
         (the same bytes msgpack gives the list anywhere, e.g. inside a WAL record)."""
         pid = w[W_PID].encode()
-        key = _QG.pack(q.qid, q.gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
+        key = task_key(q.qid, q.gen, pid)
         old = self._old(txn, key)
         if old is not None:
             self._unindex(txn, key, old)
@@ -394,7 +389,7 @@ class Index:
 
     def delete_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes, *,
                     completed: bool) -> bool:
-        key = _QG.pack(q.qid, q.gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
+        key = task_key(q.qid, q.gen, pid)
         old = self._old(txn, key)
         if old is None or not _delete(txn, key, b"", self.tasks):
             return False
