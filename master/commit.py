@@ -24,7 +24,10 @@ only then are the batch's requests answered. Hence:
 LMDB's writer lock belongs to the thread that began the write transaction, so one dedicated
 thread begins, commits and aborts batch transactions; the event loop uses a transaction only
 between those steps, never concurrently with them. The index's fdatasync therefore never
-blocks the event loop.
+blocks the event loop. A flush is one hop to that thread: it writes and syncs the batch's
+WAL group (:meth:`WAL.write_group`), commits the index, and begins the *next* batch's
+transaction, which waits as a spare; the next request takes it without waiting for the
+thread (under CPU contention, that wait held the event loop a scheduler slice or more).
 
 Disk trouble: a failed WAL write is truncated away and the master refuses writes (503,
 ``/readyz`` says why, a metric counts it) until a probe record is written successfully
@@ -73,6 +76,7 @@ class GroupCommit:
         self._reapply = reapply  # replays records onto the index (after a failed commit)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="index-commit")
         self._open: _Batch | None = None
+        self._spare: lmdb.Transaction | None = None  # begun by the last flush, for the next
         self._closing: asyncio.Future[None] | None = None
         self.committed_ticket = index.applied
         self.batches = 0
@@ -81,19 +85,23 @@ class GroupCommit:
         self.behind: list[tuple[int, bytes]] = []  # durable records the index lacks
 
     # -- the request side ----------------------------------------------------------------
-    async def run(self, work: Work[T], pre: Callable[[lmdb.Transaction], Any] | None = None
-                  ) -> tuple[int, T]:
+    async def run(self, work: Work[T], pre: Callable[[lmdb.Transaction], Any] | None = None,
+                  *, logged_only: bool = False) -> tuple[int, T]:
         """Apply `work(txn, ticket) -> (WAL body or None, value)` in the current batch and
         return (ticket, value) once the batch is durable; ticket is 0 when nothing was
         logged. `pre(txn)` (e.g. a sweep) runs first in its own child transaction, so a
-        refused `work` cannot take it back."""
+        refused `work` cannot take it back; it returns how many changes it made.
+        `logged_only`: `work` changes the index only when it returns a WAL body (a plan
+        applied), so a batch of such requests that logged nothing (an empty lease) is
+        answered without a commit, and its transaction serves the next batch."""
         self.refuse_if_unhealthy()
         batch = await self._current()
         batch.members += 1
         try:
             if pre is not None:
-                self._child(batch, lambda txn, _t: (None, pre(txn)))
-            ticket, (body, value) = self._child(batch, work)
+                self._child(batch, lambda txn, _t: (None, pre(txn)), clean=lambda v: not v)
+            ticket, (body, value) = self._child(
+                batch, work, clean=(lambda _v: True) if logged_only else None)
             if body is not None:  # handed to the WAL as one group when the batch closes
                 batch.records.append((ticket, body))
                 batch.next_ticket = ticket + 1
@@ -104,7 +112,10 @@ class GroupCommit:
                 self._discard(batch)  # opened by a refused request alone: nothing to commit
         return (ticket if body is not None else 0), value
 
-    def _child(self, batch: _Batch, work: Work[T]) -> tuple[int, tuple[bytes | None, T]]:
+    def _child(self, batch: _Batch, work: Work[T], clean: Callable[[T], bool] | None = None
+               ) -> tuple[int, tuple[bytes | None, T]]:
+        """Run `work` in a child transaction of the batch. `clean(value)`, when given, says
+        whether a run that logged nothing left the index unchanged."""
         ticket = batch.next_ticket
         self.index.hints.clear()  # hints are valid within one (child) transaction
         child = self.index.env.begin(write=True, parent=batch.txn)
@@ -121,7 +132,8 @@ class GroupCommit:
                                   "retry later") from e
             raise
         child.commit()
-        batch.dirty = True
+        if out[0] is not None or clean is None or not clean(out[1]):
+            batch.dirty = True
         return ticket, out
 
     async def _current(self) -> _Batch:
@@ -133,8 +145,7 @@ class GroupCommit:
                 await asyncio.shield(self._closing)
                 continue
             loop = asyncio.get_running_loop()
-            txn = self._thread.submit(self.index.begin_write).result()
-            b = _Batch(txn, loop.create_future(), self.wal.last_ticket + 1)
+            b = _Batch(self._take_txn(), loop.create_future(), self.wal.last_ticket + 1)
             b.done.add_done_callback(_consume)
             self._open = b
             loop.call_soon(lambda b=b: asyncio.ensure_future(self._flush(b)))
@@ -148,15 +159,16 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         closing = self._closing = loop.create_future()
         try:
-            if b.records:  # one WAL group per batch: it fails or succeeds whole
-                try:
-                    self.wal.append_many(b.records)
-                    await self.wal.durable(b.records[-1][0])
-                except WALFailed as e:
-                    self._abort(b, e)
-                    return
+            if not (b.dirty or b.records):  # nothing changed: no commit, no thread hop
+                self._keep_as_spare(b)
+                if not b.done.done():
+                    b.done.set_result(None)
+                return
             try:
-                await loop.run_in_executor(self._thread, self._commit_txn, b.txn)
+                await loop.run_in_executor(self._thread, self._persist, b)
+            except WALFailed as e:  # nothing of the batch is durable: refuse it all
+                self._abort(b, e)
+                return
             except lmdb.Error as e:
                 self._commit_failed(b, e)
             else:
@@ -169,6 +181,37 @@ class GroupCommit:
         finally:
             self._closing = None
             closing.set_result(None)
+
+    def _persist(self, b: _Batch) -> None:
+        """On the commit thread: the batch's WAL group (one write, one fdatasync; it fails
+        or succeeds whole), then the index commit, then the next batch's transaction."""
+        if b.records:
+            self.wal.write_group(b.records)  # WALFailed: the transaction is still open
+        self._commit_txn(b.txn)
+        try:
+            self._spare = self.index.env.begin(write=True)
+        except lmdb.Error as e:  # the next batch begins its own (and reports the trouble)
+            log.warning("could not begin the next index transaction ahead: %s", e)
+
+    def _take_txn(self) -> lmdb.Transaction:
+        """The write transaction for a new batch: the spare one, or one begun now."""
+        txn, self._spare = self._spare, None
+        if txn is None:
+            return self._thread.submit(self.index.begin_write).result()
+        self.index.hints.clear()  # what begin_write does on the loop's side
+        return txn
+
+    def _keep_as_spare(self, b: _Batch) -> None:
+        """A batch that changed nothing: its (clean) transaction begins the next batch."""
+        if self._spare is None:
+            self._spare = b.txn
+        else:
+            self._thread.submit(b.txn.abort).result()
+
+    def _drop_spare(self) -> None:
+        txn, self._spare = self._spare, None
+        if txn is not None:
+            self._thread.submit(txn.abort).result()
 
     @staticmethod
     def _commit_txn(txn: lmdb.Transaction) -> None:  # an attribute, for injected failures
@@ -196,6 +239,7 @@ class GroupCommit:
         whether the index is whole again."""
         if not self.behind:
             return True
+        self._drop_spare()  # the replay begins its own write transaction on that thread
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._thread, self._reapply, list(self.behind))
@@ -228,8 +272,8 @@ class GroupCommit:
             b.done.set_exception(self._refusal(e))
 
     def _discard(self, b: _Batch) -> None:
-        b.aborted = True
-        self._thread.submit(b.txn.abort).result()
+        b.aborted = True  # its only request was refused: the transaction is unchanged
+        self._keep_as_spare(b)
         if self._open is b:
             self._open = None
 
@@ -266,7 +310,7 @@ class GroupCommit:
         if self.busy():
             raise RuntimeError("a batch is in flight: use GroupCommit.run from the loop "
                                f"({self._open!r:.300}, closing={self._closing!r})")
-        txn = self._thread.submit(self.index.begin_write).result()
+        txn = self._take_txn()
         try:
             out = fn(txn)
         except BaseException:
@@ -289,6 +333,7 @@ class GroupCommit:
             b.aborted = True
             self._thread.submit(b.txn.abort).result()
             self.index.freed_pending.clear()
+        self._drop_spare()
         self._thread.shutdown(wait=True)
 
 

@@ -154,12 +154,14 @@ class Master:
                 return None, plan
             return apply(self.index, txn, plan.ops, ticket), plan
 
+        # plans only read; apply() writes, and logs what it writes
         if not sweep_first:
-            ticket, plan = await self.commit.run(work)
+            ticket, plan = await self.commit.run(work, logged_only=True)
         else:
             swept: list[tuple[str, str]] = []
             try:
-                ticket, plan = await self.commit.run(work, pre=self._sweeper(swept))
+                ticket, plan = await self.commit.run(work, pre=self._sweeper(swept),
+                                                     logged_only=True)
             finally:
                 # a refused `work` does not take its sweep back: whoever is woken leases in
                 # this batch or a later one, so it still answers only once they are durable

@@ -652,3 +652,32 @@ async def test_index_ahead_of_wal_then_power_loss(data_dir: str, clock: ManualCl
     m = reopen(s, clock, masters)
     assert m.task_info(G, "new", "answered")["state"] == "available"
     assert dump_index(m) == want
+
+
+async def test_write_group_on_the_callers_thread_keeps_ticket_order_and_fails_whole(
+        tmp_path: Path) -> None:
+    """The master's group commit writes a group on its commit thread (write_group): it
+    waits for appends queued before it, is durable when it returns, and a failed write
+    leaves nothing of the group in the file and refuses what follows, as a queued group
+    would."""
+    w = WAL(str(tmp_path), Tail(0, None, 0))
+    try:
+        w.append_many([(1, b"queued first"), (2, b"queued too")])
+        await asyncio.to_thread(w.write_group, [(3, b"mine"), (4, b"mine too")])
+        assert w.durable_ticket == w.last_ticket == 4
+        with pytest.raises(ValueError, match="does not increase"):
+            w.write_group([(4, b"again")])
+        w._os_write = _enospc_after(50)  # type: ignore[method-assign]
+        with pytest.raises(WALFailed, match="No space left"):
+            await asyncio.to_thread(w.write_group, [(5, b"x" * 40), (6, b"y" * 40)])
+        assert w.durable_ticket == w.last_ticket == 4 and w.failure() is not None
+        with pytest.raises(WALFailed):
+            w.write_group([(5, b"refused while failed")])
+        w._os_write = os.write  # type: ignore[method-assign]
+        assert w.retry()
+        w.write_group([(w.last_ticket + 1, b"after")])
+    finally:
+        w.close()
+    records, _ = read_records(str(tmp_path))  # the torn group (5, 6) is gone; 5 is the probe
+    assert records == [(1, b"queued first"), (2, b"queued too"), (3, b"mine"),
+                       (4, b"mine too"), (5, PROBE_BODY), (6, b"after")]
