@@ -19,6 +19,7 @@ from squall.common.docs import install_docs
 from squall.common.errors import BadRequest
 from squall.common.guard import Access, Guard, default_hosts
 from squall.common.http import BodyLimit, error_response, install_error_handlers
+from squall.common.layered import LayeredApp
 from squall.common.metrics import HttpMetrics, HttpStats
 from squall.datanode.config import DataNodeSettings
 from squall.datanode.fastpath import FastPath
@@ -70,7 +71,7 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
             node.close()
 
     http = HttpStats()
-    app = FastAPI(title="squall data node", version="1", lifespan=lifespan, docs_url=None,
+    app = LayeredApp(title="squall data node", version="1", lifespan=lifespan, docs_url=None,
                   redoc_url=None,
                   description="Payload storage of squall: blobs in LMDB with CRC32C checks, "
                   "replicated node to node, under tokens the master signs. Errors are "
@@ -88,10 +89,11 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
     app.include_router(replicate.router)
     app.include_router(health.router)
     install_docs(app)
-    app.add_middleware(FastPath)  # inside BodyLimit: the last added is the outermost
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, skip=_streams)
-    app.add_middleware(HttpMetrics, stats=http, fallbacks=FAST_ROUTES)
+    # the hot routes go through the layers below straight into FastPath (common/layered.py)
+    app.hot_path(FastPath, FastPath.serves)  # inside BodyLimit: the last added is outermost
+    app.layer(BodyLimit, max_bytes=settings.max_body_bytes, skip=_streams)
+    app.layer(HttpMetrics, stats=http, fallbacks=FAST_ROUTES)
     # outermost: nothing is read (or counted: no metric series for strangers' methods and
     # paths) before the credential is checked
-    app.add_middleware(Guard)
+    app.layer(Guard)
     return app

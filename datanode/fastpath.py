@@ -52,17 +52,28 @@ class FastPath:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
+    @staticmethod
+    def serves(scope: Scope) -> bool:
+        """Whether this layer answers the (HTTP) request itself; FastAPI answers the rest
+        (odd queries included)."""
+        m = _ROUTE.match(scope["path"])
+        if m is not None and (scope["method"], m[1]) in _SERVED:
+            return True
+        p = _POSTS.match(scope["path"]) if scope["method"] == "POST" else None
+        return p is not None and (p[1] is not None
+                                  or scope.get("query_string", b"") in _RECEIPTS)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(_CLIENT_WORK) \
                 and _REPAIR not in scope["headers"]:
             scope["app"].state.node.repair_pacer.client_seen()  # repair yields to clients
-        m = _ROUTE.match(scope["path"]) if scope["type"] == "http" else None
+        if scope["type"] != "http" or not self.serves(scope):
+            await self.app(scope, receive, send)
+            return
+        m = _ROUTE.match(scope["path"])
         if m is None or (scope["method"], m[1]) not in _SERVED:
-            p = (_POSTS.match(scope["path"])
-                 if scope["type"] == "http" and scope["method"] == "POST" else None)
-            if p is None or (p[1] is None and scope.get("query_string", b"") not in _RECEIPTS):
-                await self.app(scope, receive, send)  # FastAPI answers odd queries
-                return
+            p = _POSTS.match(scope["path"])
+            assert p is not None
             await self._post(p, scope, receive, send)
             return
         node: DataNode = scope["app"].state.node

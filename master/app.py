@@ -13,6 +13,7 @@ from squall.common.access import MASTER_RULES, RuleTable
 from squall.common.clock import Clock
 from squall.common.docs import install_docs
 from squall.common.guard import Access, Guard, default_hosts
+from squall.common.layered import LayeredApp
 from squall.common.metrics import Exposition, HttpMetrics, HttpStats
 from squall.master.fastpath import FastPath
 from squall.master.http import BodyLimit, install_error_handlers
@@ -75,7 +76,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
             await master.stop()
             master.close()
 
-    app = FastAPI(title="squall master", version="1", lifespan=lifespan, docs_url=None,
+    app = LayeredApp(title="squall master", version="1", lifespan=lifespan, docs_url=None,
                   redoc_url=None,
                   description="Metadata, leases and placement of squall, a durable priority "
                   "task queue. Errors are `{\"error\": {\"code\", \"message\"}}`.")
@@ -96,11 +97,12 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     app.include_router(auth_router)
     install_docs(app)
     app.mount("/static/dashboard", StaticFiles(directory=status.STATIC), name="dashboard")
-    app.add_middleware(FastPath)  # inside BodyLimit: the last added is the outermost
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # the hot routes go through the layers below straight into FastPath (common/layered.py)
+    app.hot_path(FastPath, FastPath.serves)  # inside BodyLimit: the last added is outermost
+    app.layer(BodyLimit, max_bytes=settings.max_body_bytes)
     http = HttpStats()
-    app.add_middleware(HttpMetrics, stats=http, fallbacks=FAST_ROUTES)
+    app.layer(HttpMetrics, stats=http, fallbacks=FAST_ROUTES)
     # outermost: nothing is read (or counted: no metric series for strangers' methods and
     # paths) before the credential is checked
-    app.add_middleware(Guard)
+    app.layer(Guard)
     return app

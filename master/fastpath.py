@@ -39,6 +39,11 @@ class FastPath:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
+    @staticmethod
+    def serves(scope: Scope) -> bool:
+        """Whether this layer answers the (HTTP) request itself."""
+        return scope["method"] == "POST" and _ROUTE.match(scope["path"]) is not None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         m = _ROUTE.match(scope["path"]) if scope["type"] == "http" else None
         if m is None or scope["method"] != "POST":
