@@ -2,6 +2,13 @@
 follow-up tasks, coalesced into one atomic update per group for everything that finished
 within ``linger_s`` of each other or while the previous update was in flight.
 
+Riding the next lease: while the Worker's lease loop is between leases (``rides()``), the
+acker leaves what finished to it (``nudge()`` wakes it) for ``linger_s``: the loop takes
+those items (:meth:`Acker.take`) into its next lease, one update that dequeues them, enqueues
+their follow-ups and leases the next tasks (waiting for them when idle; the dequeues are
+durable before the wait begins, and count once the answer arrives). If that update fails, the
+items come back here (:meth:`Acker.put_back`) and are saved as below.
+
 A task counts as done only when its update is durable (the master answered). An update
 the master refused (a lease lost) is split until the culprit is alone, so one lost lease
 never blocks the others. An update that could not reach the master, or that it refused
@@ -40,9 +47,11 @@ Item = tuple[TaskBase, list[NewTask], "asyncio.Future[bool]"]
 
 
 class Acker:
-    def __init__(self, client: AsyncClient, linger_s: float, running: Callable[[], int]
-                 ) -> None:
+    def __init__(self, client: AsyncClient, linger_s: float, running: Callable[[], int],
+                 rides: Callable[[], bool] = lambda: False, nudge: Callable[[], None] = (
+                     lambda: None)) -> None:
         self._client, self.linger_s, self.running = client, linger_s, running
+        self.rides, self.nudge = rides, nudge
         self._queue: list[Item] = []
         self._wake = asyncio.Event()
 
@@ -58,10 +67,39 @@ class Acker:
         self._wake.set()
         return await fut
 
+    def take(self, group: str) -> tuple[TxBuilder | None, list[Item]]:
+        """What waits to be saved for `group` (up to one update's worth), as a transaction
+        for the lease loop's next lease; None when nothing waits."""
+        taken, kept, n = [], [], 0
+        for item in self._queue:
+            if item[0].group == group and n + 1 + len(item[1]) <= ACK_BATCH_MAX:
+                taken.append(item)
+                n += 1 + len(item[1])
+            else:
+                kept.append(item)
+        if not taken:
+            return None, []
+        self._queue = kept
+        return _transaction(group, taken), taken
+
+    def settled(self, items: list[Item]) -> None:
+        """The lease that took `items` was answered: they are durable."""
+        for _, _, fut in items:
+            if not fut.done():
+                fut.set_result(True)
+
+    def put_back(self, items: list[Item]) -> None:
+        """The lease that took `items` failed: save them the usual way."""
+        self._queue[:0] = items
+        self._wake.set()
+
     async def run(self) -> None:
         while True:
             await self._wake.wait()
-            if self.linger_s > 0 and len(self._queue) < self.running():
+            if self.linger_s > 0 and self.rides():
+                self.nudge()  # the lease loop takes them with its next lease
+                await asyncio.sleep(self.linger_s)
+            elif self.linger_s > 0 and len(self._queue) < self.running():
                 await asyncio.sleep(self.linger_s)  # let near-simultaneous ones join
             self._wake.clear()
             while self._queue:
@@ -76,12 +114,7 @@ class Acker:
         for item in batch:
             groups.setdefault(item[0].group, []).append(item)
         for group, items in groups.items():
-            tx = TxBuilder(group)
-            for task, fus, _ in items:
-                tx.dequeue(task)
-                for f in fus:
-                    tx.put(f.queue or "", f.payload, pid=f.pid, not_before=f.not_before,
-                           delay=f.delay)
+            tx = _transaction(group, items)
             try:
                 await self._commit_while_leased(tx, [t for t, _, _ in items])
                 outcome = [True] * len(items)
@@ -125,3 +158,13 @@ class Acker:
             log.warning("task %s %r: its result could not be saved before its lease ended "
                         "(%s); it will run again", task.queue, task.pid, e)
         return False
+
+
+def _transaction(group: str, items: list[Item]) -> TxBuilder:
+    """Dequeue the items' tasks and enqueue their follow-ups, in one update."""
+    tx = TxBuilder(group)
+    for task, fus, _ in items:
+        tx.dequeue(task)
+        for f in fus:
+            tx.put(f.queue or "", f.payload, pid=f.pid, not_before=f.not_before, delay=f.delay)
+    return tx

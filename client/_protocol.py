@@ -218,30 +218,32 @@ class Core(PayloadVerbs):
     # -- lease and the task verbs --------------------------------------------------------
     def lease(self, queue: str, max_tasks: int, lease_secs: float | None, max_pid: str | None,
               make: Callable[[WireTask, str], T], payloads: bool = False,
-              wait_secs: float | None = None, done: list[TaskBase] | None = None
-              ) -> Proto[list[T]]:
+              wait_secs: float | None = None, done: list[TaskBase] | None = None,
+              tx: TxBuilder | None = None) -> Proto[list[T]]:
         """Lease up to `max_tasks`; with `payloads`, the small payloads (≤ BATCH_BLOB_BYTES)
         are read at once with one batch read per data node (a payload that cannot be read
         now stays unloaded: ``payload()`` tries again and raises); large ones stay lazy.
         `wait_secs`: the master holds the request until a task is available (long poll).
         `done`: dequeue these tasks in the same atomic update (one round trip; all or
-        nothing: if one of them cannot be dequeued, nothing is leased either)."""
+        nothing: if one of them cannot be dequeued, nothing is leased either); with
+        `wait_secs` too, the dequeues are durable before the lease waits. `tx`: more of
+        the same update (a transaction of this queue's group), e.g. follow-up enqueues."""
         group, _, path = _qpath(queue)
         body: dict[str, Any] = {"max_tasks": max_tasks, "worker": self.worker}
         if lease_secs is not None:
             body["lease_secs"] = lease_secs
         if max_pid is not None:
             body["max_pid"] = max_pid
-        if done:
-            tx = TxBuilder(group)
-            for t in done:
+        if wait_secs:
+            body["wait_secs"] = wait_secs
+        if done or tx is not None:
+            tx = tx if tx is not None else TxBuilder(group)
+            for t in done or ():
                 tx.dequeue(t)
             tx.lease_next(split_queue(queue)[1], body)
             res = yield from self.commit(tx)
             wires = res.leased
         else:
-            if wait_secs:
-                body["wait_secs"] = wait_secs
             timeout = self.timeout_s + wait_secs if wait_secs else None
             ans = yield from call(Call("POST", path + "/lease", json=body, idempotent=False,
                                        timeout=timeout), self.retry)
@@ -267,8 +269,10 @@ class Core(PayloadVerbs):
             body["lease"] = tx.lease
         # resending a dequeue or a release that was applied fails (the token is spent)
         idem = not (tx.dequeues or tx.releases or tx.lease)
-        ans = yield from self._call("POST", f"/v1/groups/{tx.group}/update", body,
-                                    idempotent=idem)
+        wait = (tx.lease or {}).get("wait_secs")  # a long poll: the answer may take that long
+        ans = yield from call(Call("POST", f"/v1/groups/{tx.group}/update", json=body,
+                                   idempotent=idem,
+                                   timeout=self.timeout_s + wait if wait else None), self.retry)
         tx.committed()
         ans["enqueued"] = _results(ans["enqueued"], generated, tx.group)
         return UpdateResponse.model_validate(ans)

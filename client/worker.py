@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from squall.client._sync import Client
 
 log = logging.getLogger("squall.worker")
+RIDE_WAIT_S = 0.005  # a drained queue: wait this long for acks to ride on the next lease
 
 
 class Worker:
@@ -101,6 +102,7 @@ class Worker:
         self._wake: asyncio.Event | None = None
         self._running: dict[int, tuple[TaskBase, asyncio.Task[None]]] = {}
         self._acker: Acker | None = None
+        self._leasing = False  # a lease request is in flight
         self._lost: set[int] = set()
         self._discovered: tuple[float, list[str]] = (-1e18, [])
         self._pool: DaemonPool | None = None
@@ -131,7 +133,8 @@ class Worker:
         if not self._async_handler:
             self._pool = DaemonPool(self.concurrency)
         signals = self._install_signals() if install_signals else []
-        self._acker = Acker(self._client, self.ack_linger_s, lambda: len(self._running))
+        self._acker = Acker(self._client, self.ack_linger_s, lambda: len(self._running),
+                            self._rides, self._wake.set)
         helpers = [asyncio.create_task(self._acker.run(), name="squall-acker"),
                    asyncio.create_task(self._renew_loop(), name="squall-renewer")]
         try:
@@ -203,16 +206,28 @@ class Worker:
             self._discovered = (time.monotonic(), names)
         return names
 
-    async def _lease_round(self, wait: bool = False) -> int:
+    async def _lease_round(self, wait: bool = False) -> tuple[int, bool]:
+        """Lease up to the free slots; (tasks leased, whether a queue gave fewer than
+        asked: it ran dry)."""
         assert self._client is not None
-        got = 0
+        got, short = 0, False
         for q in await self._queue_names():
             free = self.concurrency - len(self._running)
             if free <= 0 or self._stop_requested.is_set():
                 break
-            tasks = await self._client._run(self._client._core.lease(
-                q, min(free, MAX_BATCH), self.lease_secs, None, self._make, True,
-                self.wait_s if wait else None))
+            assert self._acker is not None
+            tx, riding = self._acker.take(split_queue(q)[0])  # acks ride on this lease
+            self._leasing = True
+            try:
+                tasks = await self._client._run(self._client._core.lease(
+                    q, min(free, MAX_BATCH), self.lease_secs, None, self._make, True,
+                    self.wait_s if wait else None, tx=tx))
+            except BaseException:
+                self._acker.put_back(riding)
+                raise
+            finally:
+                self._leasing = False
+            self._acker.settled(riding)
             if self._stop_requested.is_set():  # stopped while the lease waited: give back
                 self.stats.leased += len(tasks)
                 for t in tasks:
@@ -222,28 +237,42 @@ class Worker:
                 fut = asyncio.create_task(self._handle(t), name=f"squall-task-{t.pid}")
                 self._running[id(t)] = (t, fut)
             got += len(tasks)
+            short = short or len(tasks) < min(free, MAX_BATCH)
         self.stats.leased += got
-        return got
+        return got, short
+
+    def _rides(self) -> bool:
+        """Whether the next lease will come soon and can carry acknowledgements: the loop
+        is between leases and has free slots."""
+        return (not self._leasing and not self._stop_requested.is_set()
+                and len(self._running) < self.concurrency)
 
     async def _lease_loop(self) -> None:
         assert self._wake is not None
         idle = 0
         while not self._stop_requested.is_set():
             self._wake.clear()
+            delay = None
             if len(self._running) < self.concurrency:
                 try:
-                    got = await self._lease_round(self._may_wait(idle))
+                    got, short = await self._lease_round(self._may_wait(idle))
                 except SquallError as e:
                     log.warning("leasing failed: %s", e)
-                    got = 0
+                    got, short = 0, True
                     idle = max(idle, 3)
-                if got:
+                if got and short and self._may_wait(1):
+                    # the queue ran dry: the next lease waits for tasks, and the acks of
+                    # what finishes meanwhile ride on it (the acker wakes this loop)
+                    idle, delay = 1, RIDE_WAIT_S
+                elif got:
                     idle = 0
                     continue
-                if self.burst and not self._running and await self._drained():
-                    return
-                idle += 1
-            delay = min(self.poll_max_s, 0.005 * 2 ** min(idle, 20))
+                else:
+                    if self.burst and not self._running and await self._drained():
+                        return
+                    idle += 1
+            if delay is None:
+                delay = min(self.poll_max_s, 0.005 * 2 ** min(idle, 20))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
 

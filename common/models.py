@@ -101,6 +101,10 @@ class UpdateLease(_M):
     lease_secs: LeaseSecs | None = Field(None, description="default: the queue's policy, or 60")
     max_pid: Pid | None = Field(None, description="only lease tasks whose pid <= max_pid")
     worker: Annotated[str, Field(max_length=MAX_WORKER_CHARS)] = ""
+    wait_secs: Annotated[float, Field(ge=0, le=MAX_WAIT_SECS)] | None = Field(
+        None, description="when the update leases nothing at once, wait up to this long for "
+        "a task (long polling, as a lease's wait_secs). The rest of the update is durable "
+        "before the wait begins; the tasks then come from a later WAL record")
 
 
 class UpdateRequest(_M):

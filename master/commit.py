@@ -209,9 +209,13 @@ class GroupCommit:
             self._thread.submit(b.txn.abort).result()
 
     def _drop_spare(self) -> None:
-        txn, self._spare = self._spare, None
-        if txn is not None:
-            self._thread.submit(txn.abort).result()
+        """Abort the spare transaction, on its thread, after whatever runs there now (a
+        flush in progress may be about to begin one)."""
+        def drop() -> None:
+            txn, self._spare = self._spare, None
+            if txn is not None:
+                txn.abort()
+        self._thread.submit(drop).result()
 
     @staticmethod
     def _commit_txn(txn: lmdb.Transaction) -> None:  # an attribute, for injected failures

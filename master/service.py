@@ -35,8 +35,15 @@ import lmdb
 import msgpack
 
 from squall.common.clock import Clock, SystemClock
-from squall.common.errors import Unavailable
-from squall.common.models import LeaseRequest, Policy, Schedule, TaskSpec, UpdateRequest
+from squall.common.errors import StatusError, Unavailable
+from squall.common.models import (
+    LeaseRequest,
+    Policy,
+    Schedule,
+    TaskSpec,
+    UpdateLease,
+    UpdateRequest,
+)
 from squall.common.names import check_name, check_pid
 from squall.common.tokens import load_cluster_key
 from squall.master import admin, drain
@@ -195,7 +202,24 @@ class Master:
         self._woke(group, {*(e.queue for e in req.enqueue), *(r.queue for r in req.release)})
         if req.lease is not None:
             self._leased(group, req.lease.queue, res["leased"])
+            if req.lease.wait_secs and not res["leased"] and not self.waiters.closed:
+                await self._wait_after_update(group, req.lease, addr, res)
         return res
+
+    async def _wait_after_update(self, group: str, ul: UpdateLease, addr: str,
+                                 res: dict[str, Any]) -> None:
+        """The update is durable and leased nothing: wait for tasks as a lease would. The
+        update stays acknowledged whatever happens now: a refused wait (too many parked,
+        a write refused) answers it with nothing leased."""
+        lr = LeaseRequest(max_tasks=ul.max_tasks, lease_secs=ul.lease_secs,
+                          max_pid=ul.max_pid, worker=ul.worker, wait_secs=ul.wait_secs)
+        try:
+            more = await self.lease(group, ul.queue, lr, addr)
+        except StatusError as e:
+            log.info("an update's lease could not wait (%s); answered with nothing leased", e)
+            return
+        res["leased"] = more["tasks"]
+        res["ticket"] = max(res["ticket"], more["ticket"])
 
     async def enqueue(self, group: str, queue: str, tasks: list[TaskSpec]) -> dict[str, Any]:
         refs = [t.payload for t in tasks if t.payload is not None]

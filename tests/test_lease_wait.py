@@ -100,6 +100,29 @@ async def test_bounds_per_queue_and_in_total(env: Env) -> None:
     assert m.waiters.total == 0
 
 
+async def test_an_update_that_acks_and_waits_is_durable_before_it_parks(env: Env) -> None:
+    """``lease(done=..., wait_secs=...)``: the dequeues are applied and durable at once, the
+    lease then waits like any other; a wait the master refuses (too many parked) still
+    answers the update, with nothing leased."""
+    c, m, _ = env
+    await c.put("w#u", pid="first")
+    [first] = await c.lease("w#u", 1, 30)
+    waiting = asyncio.create_task(c.lease("w#u", 5, 30, wait_secs=10, done=[first]))
+    await _parked(m, 1)
+    q = m.queue("w", "u")
+    assert q is not None and (q.completed, q.leased, q.available) == (1, 0, 0)  # acked
+    await c.put("w#u", pid="second")
+    [second] = await asyncio.wait_for(waiting, 5)
+    assert second.pid == "second"
+
+    blockers = [asyncio.create_task(c.lease("w#u", 1, 30, wait_secs=10)) for _ in range(2)]
+    await _parked(m, 2)  # the queue's limit of parked leases
+    assert await c.lease("w#u", 1, 30, wait_secs=10, done=[second]) == []
+    assert q.completed == 2 and m.waiters.total == 2
+    m.waiters.close()
+    assert await asyncio.wait_for(asyncio.gather(*blockers), 5) == [[], []]
+
+
 def test_parked_lease_when_the_master_stops_or_dies(tmp_path: Path) -> None:
     master = MasterProcess(str(tmp_path / "m")).start()
     try:

@@ -31,6 +31,7 @@ class Flaky(httpx.AsyncBaseTransport):
         self.fail_dequeues = fail_dequeues
         self.seen: Counter[str] = Counter()
         self.dequeued: list[int] = []
+        self.rode = 0  # updates that dequeue and lease the next tasks
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         end = request.url.path.rsplit("/", 1)[-1]
@@ -39,6 +40,7 @@ class Flaky(httpx.AsyncBaseTransport):
             body = await request.aread()
             if b'"dequeue":[{' in body:
                 self.dequeued.append(body.count(b'"token"'))
+                self.rode += b'"lease":{' in body
                 if self.fail_dequeues > 0:
                     self.fail_dequeues -= 1
                     return httpx.Response(503, json={"error": {"code": "unavailable",
@@ -92,6 +94,31 @@ async def test_idle_worker_long_polls_and_acks_in_batches(app: Any) -> None:
         # acks were coalesced: far fewer updates than tasks
         assert sum(flaky.dequeued) == 200 and len(flaky.dequeued) < 100
         assert (await c.stats("wk#idle")).total == 0
+
+
+async def test_acks_ride_on_the_next_lease(app: Any) -> None:
+    """Tasks arriving one at a time: each one's dequeue goes in the update that leases (and
+    waits for) the next task, not in an update of its own; every task counts done once that
+    update is answered."""
+    flaky = Flaky(app)
+    async with AsyncClient("http://127.0.0.1", transport=flaky) as c:
+        done: list[str] = []
+
+        async def handler(task: sc.AsyncLeasedTask) -> None:
+            done.append(task.pid)
+
+        w = Worker(c, "wk#trickle", handler, concurrency=8, wait_s=1.0)
+        run = asyncio.create_task(w.arun(install_signals=False))
+        m = app.state.master
+        for i in range(20):
+            await until(lambda: m.waiters.total >= 1, 10, what="the worker's lease parked")
+            await c.put("wk#trickle", pid=f"{i:02d}")
+            await until(lambda i=i: len(done) > i, 10, interval=0.005, what=f"task {i} ran")
+        w.stop()
+        stats = await asyncio.wait_for(run, 30)
+        assert stats.done == 20 and (await c.stats("wk#trickle")).completed == 20
+        assert sum(flaky.dequeued) == 20
+        assert flaky.rode >= 15, (flaky.rode, flaky.dequeued)  # at most a few on their own
 
 
 class SyncOnly(httpx.BaseTransport):
