@@ -34,13 +34,13 @@ class LayeredApp(FastAPI):
     _hot: Callable[[Scope], bool] | None = None
     _chain: ASGIApp = _unreachable
 
-    def hot_path(self, fast: type[Any], hot: Callable[[Scope], bool]) -> None:
+    def hot_path(self, fast: Any, hot: Callable[[Scope], bool]) -> None:
         """The innermost layer: `fast(app)` serves what `hot(scope)` accepts (and passes
         anything else on, as an ordinary middleware)."""
         self.add_middleware(fast)
         self._chain, self._hot = fast(_unreachable), hot
 
-    def layer(self, cls: type[Any], **options: Any) -> None:
+    def layer(self, cls: Any, **options: Any) -> None:
         """Add a middleware around what was added before (the last added is outermost)."""
         self.add_middleware(cls, **options)
         self._chain = cls(self._chain, **options)

@@ -44,6 +44,7 @@ Body = bytes | bytearray | memoryview | AsyncIterable[bytes | bytearray | memory
 Key = tuple[str, str, int]  # (scheme, host, port)
 Phase = Literal["connect", "send", "read"]
 CHUNK = 1 << 20  # a streamed body is handed up in parts of at most this
+COALESCE_BYTES = 64 << 10  # a body up to this goes out with its head in one write
 _FAIL = (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
          TimeoutError, ValueError)
 _NO_BODY = ("GET", "HEAD", "DELETE", "OPTIONS")
@@ -225,7 +226,12 @@ class Pool:
             head.append(f"Content-Length: {size}")
         sent: Broken | None = None
         try:
-            w.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+            raw = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+            if size and size <= COALESCE_BYTES:  # one send: a segment (and syscall) less
+                w.write(raw + bytes(content))  # type: ignore[arg-type]
+                content = None
+            else:
+                w.write(raw)
             await _send_body(w, content, chunked, write_timeout)
         except _FAIL as e:
             sent = Broken("send", e, conn.reused)  # the server may have answered early

@@ -16,7 +16,7 @@ import pytest
 import trustme
 
 from squall.client._leanasync import LeanAsyncTransport
-from squall.common.leanio import CHUNK, Body, Broken, Pool
+from squall.common.leanio import CHUNK, COALESCE_BYTES, Body, Broken, Pool
 from tests.helpers import until
 from tests.rawhttp import Answer, RawServer, chunked_echo, ok
 
@@ -58,6 +58,28 @@ async def test_keep_alive_reuses_one_connection(client: Make) -> None:
         assert (await c.get("/y")).json() == {}
     assert srv.connections == 1
     assert b"content-length" not in srv.requests[-1].lower()  # a GET has no body
+
+
+async def test_a_small_body_goes_out_with_its_head_in_one_write(
+        client: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Head and body of a small request in one send (on loopback each send is a syscall
+    that also runs the receiver's side of TCP); a large body is not copied to join it."""
+    writes: list[int] = []
+    real = asyncio.StreamWriter.write
+
+    def counted(self: asyncio.StreamWriter, data: bytes) -> None:
+        writes.append(len(data))
+        real(self, data)
+
+    monkeypatch.setattr(asyncio.StreamWriter, "write", counted)
+    c, _ = client(echo)
+    async with c:
+        assert (await c.post("/x", content=b'{"i":1}')).json() == {"i": 1}
+        assert len(writes) == 1
+        writes.clear()
+        big = b"x" * (COALESCE_BYTES + 1)
+        assert (await c.post("/x", content=big)).content == big
+        assert len(writes) == 2 and writes[1] == len(big)
 
 
 async def test_an_idle_connection_the_server_closed_is_not_reused(client: Make) -> None:
