@@ -242,8 +242,7 @@ class Worker:
         return got, short
 
     def _rides(self) -> bool:
-        """Whether the next lease will come soon and can carry acknowledgements: the loop
-        is between leases and has free slots."""
+        """Whether the next lease comes soon and can carry acks (between leases, free slots)."""
         return (not self._leasing and not self._stop_requested.is_set()
                 and len(self._running) < self.concurrency)
 
