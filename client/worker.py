@@ -104,6 +104,7 @@ class Worker:
         self._acker: Acker | None = None
         self._leasing = False  # a lease request is in flight
         self._lost: set[int] = set()
+        self._acking: set[int] = set()  # finished, handed to the acker
         self._discovered: tuple[float, list[str]] = (-1e18, [])
         self._pool: DaemonPool | None = None
 
@@ -310,6 +311,7 @@ class Worker:
             if task.finished or id(task) in self._lost:
                 return  # the handler dequeued or released it itself, or the lease is gone
             assert self._acker is not None
+            self._acking.add(id(task))  # not renewed any more: its dequeue may be applied
             if await self._acker.submit(task, followups(task, result)):
                 self.stats.done += 1
             else:
@@ -327,6 +329,7 @@ class Worker:
         finally:
             self._running.pop(id(task), None)
             self._lost.discard(id(task))
+            self._acking.discard(id(task))
             assert self._wake is not None
             self._wake.set()
 
@@ -351,7 +354,7 @@ class Worker:
             await asyncio.sleep(period)
             now = time.monotonic()
             due = [t for t, _ in self._running.values()
-                   if not t.finished and id(t) not in self._lost
+                   if not t.finished and id(t) not in self._lost and id(t) not in self._acking
                    and now - t.leased_at >= self.lease_secs / 3]
             if due:
                 await self._renew(due, now)

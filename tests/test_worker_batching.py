@@ -121,6 +121,32 @@ async def test_acks_ride_on_the_next_lease(app: Any) -> None:
         assert flaky.rode >= 15, (flaky.rode, flaky.dequeued)  # at most a few on their own
 
 
+async def test_a_finished_task_whose_ack_waits_on_a_lease_is_not_renewed(
+        app: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Its dequeue is applied when the long poll carrying it parks; renewing it then would
+    find it gone and report a lease lost."""
+    async with AsyncClient("http://127.0.0.1", transport=Flaky(app)) as c:
+        done: list[str] = []
+
+        async def handler(task: sc.AsyncLeasedTask) -> None:
+            done.append(task.pid)
+
+        w = Worker(c, "wk#short", handler, concurrency=4, lease_secs=0.6, wait_s=1.5)
+        run = asyncio.create_task(w.arun(install_signals=False))
+        m = app.state.master
+        await until(lambda: m.waiters.total >= 1, 10, what="the worker's lease parked")
+        await c.put("wk#short", pid="a")
+        await until(lambda: bool(done), 10, interval=0.005, what="task a ran")
+        await until(lambda: m.waiters.total >= 1, 10, what="the ack's lease parked")
+        # nothing to wait for: the renewer must *not* act; give it 0.5 s (it would renew
+        # after lease_secs / 3 = 0.2 s, looking every 0.1 s)
+        await asyncio.sleep(0.5)
+        w.stop()
+        stats = await asyncio.wait_for(run, 30)
+        assert (stats.done, stats.lost) == (1, 0)
+        assert "lease lost" not in caplog.text
+
+
 class SyncOnly(httpx.BaseTransport):
     """A custom sync transport (no async face) that counts what goes through it."""
 
