@@ -18,7 +18,8 @@ loop, see :class:`Bridge`). The pieces, each a small coroutine:
   one lost lease never blocks the others; one that could not reach the master (restart)
   is retried as it is while the leases last (then the results are dropped: ``lost``);
 - renewer: renews every lease in flight when a third of ``lease_secs`` has passed since
-  its last renewal, so a long task never loses its lease while its worker lives;
+  its last renewal, so a long task never loses its lease while its worker lives (on
+  ``clock``, ``time.monotonic`` unless a test gives its own);
 - failures: the task is released with the error; the master applies the queue's retry
   backoff and moves it to the dead-letter queue after ``max_attempts`` (see policies).
 
@@ -36,7 +37,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from squall.client._acker import Acker
@@ -75,7 +76,8 @@ class Worker:
                  handler: Handler, *, concurrency: int = 10, lease_secs: float = 60.0,
                  burst: bool = False, grace_s: float = 30.0, poll_max_s: float = 1.0,
                  discover_interval_s: float = 5.0, include_dead: bool = False,
-                 wait_s: float = 5.0, ack_linger_s: float = 0.002) -> None:
+                 wait_s: float = 5.0, ack_linger_s: float = 0.002,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(queues, str):
             queues = [queues]
         if not isinstance(queues, re.Pattern):
@@ -92,6 +94,8 @@ class Worker:
         self.include_dead = include_dead
         self.wait_s = wait_s  # long poll of an idle single-queue worker (0: poll)
         self.ack_linger_s = ack_linger_s
+        self.clock = clock  # when leases were taken and are due for renewal (tests move it)
+        self._renew_passes = 0  # the renewer's looks at the running tasks
         self.stats = WorkerStats()
         self._given = client
         self._client: AsyncClient | None = None
@@ -199,12 +203,12 @@ class Worker:
         if not isinstance(self.queues, re.Pattern):
             return list(self.queues)
         at, names = self._discovered
-        if refresh or time.monotonic() - at >= self.discover_interval_s:
+        if refresh or self.clock() - at >= self.discover_interval_s:
             assert self._client is not None
             found = await self._client.queues(self.queues.pattern, limit=10_000)
             names = [f"{q.group}#{q.queue}" for q in found
                      if self.include_dead or not q.queue.endswith(".dead")]
-            self._discovered = (time.monotonic(), names)
+            self._discovered = (self.clock(), names)
         return names
 
     async def _lease_round(self, wait: bool = False) -> tuple[int, bool]:
@@ -234,7 +238,9 @@ class Worker:
                 for t in tasks:
                     await self._give_back(t)
                 break
+            now = self.clock()
             for t in tasks:
+                t.leased_at = now
                 fut = asyncio.create_task(self._handle(t), name=f"squall-task-{t.pid}")
                 self._running[id(t)] = (t, fut)
             got += len(tasks)
@@ -352,12 +358,13 @@ class Worker:
         period = max(0.05, self.lease_secs / 6)
         while True:
             await asyncio.sleep(period)
-            now = time.monotonic()
+            now = self.clock()
             due = [t for t, _ in self._running.values()
                    if not t.finished and id(t) not in self._lost and id(t) not in self._acking
                    and now - t.leased_at >= self.lease_secs / 3]
             if due:
                 await self._renew(due, now)
+            self._renew_passes += 1
 
     async def _renew(self, tasks: list[TaskBase], now: float) -> None:
         assert self._client is not None

@@ -32,12 +32,14 @@ class Flaky(httpx.AsyncBaseTransport):
         self.seen: Counter[str] = Counter()
         self.dequeued: list[int] = []
         self.rode = 0  # updates that dequeue and lease the next tasks
+        self.renewed = 0  # updates that renew leases
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         end = request.url.path.rsplit("/", 1)[-1]
         self.seen[end] += 1
         if end == "update":
             body = await request.aread()
+            self.renewed += b'"renew":[{' in body
             if b'"dequeue":[{' in body:
                 self.dequeued.append(body.count(b'"token"'))
                 self.rode += b'"lease":{' in body
@@ -124,26 +126,43 @@ async def test_acks_ride_on_the_next_lease(app: Any) -> None:
 async def test_a_finished_task_whose_ack_waits_on_a_lease_is_not_renewed(
         app: Any, caplog: pytest.LogCaptureFixture) -> None:
     """Its dequeue is applied when the long poll carrying it parks; renewing it then would
-    find it gone and report a lease lost."""
-    async with AsyncClient("http://127.0.0.1", transport=Flaky(app)) as c:
+    find it gone and report a lease lost. The worker's clock moves past the renewal time
+    instead of the test sleeping; a running task is renewed, the finished one is not."""
+    flaky = Flaky(app)
+    now = [1000.0]
+    async with AsyncClient("http://127.0.0.1", transport=flaky) as c:
         done: list[str] = []
+        release = asyncio.Event()
 
         async def handler(task: sc.AsyncLeasedTask) -> None:
+            if task.pid == "slow":
+                await release.wait()
             done.append(task.pid)
 
-        w = Worker(c, "wk#short", handler, concurrency=4, lease_secs=0.6, wait_s=1.5)
+        w = Worker(c, "wk#short", handler, concurrency=4, lease_secs=0.6, wait_s=1.5,
+                   clock=lambda: now[0])
         run = asyncio.create_task(w.arun(install_signals=False))
         m = app.state.master
         await until(lambda: m.waiters.total >= 1, 10, what="the worker's lease parked")
         await c.put("wk#short", pid="a")
         await until(lambda: bool(done), 10, interval=0.005, what="task a ran")
         await until(lambda: m.waiters.total >= 1, 10, what="the ack's lease parked")
-        # nothing to wait for: the renewer must *not* act; give it 0.5 s (it would renew
-        # after lease_secs / 3 = 0.2 s, looking every 0.1 s)
-        await asyncio.sleep(0.5)
+        now[0] += 1.0  # past lease_secs / 3 for task a
+        passes = w._renew_passes
+        await until(lambda: w._renew_passes >= passes + 2, 10, interval=0.01,
+                    what="two looks of the renewer")
+        assert flaky.renewed == 0  # the finished task was not renewed
+        # the control: a task still running when the clock moves is renewed
+        await c.put("wk#short", pid="slow")
+        await until(lambda: "slow" in {t.pid for t, _ in w._running.values()}, 10,
+                    interval=0.005, what="task slow running")
+        now[0] += 1.0
+        await until(lambda: flaky.renewed >= 1, 10, interval=0.01, what="slow renewed")
+        release.set()
+        await until(lambda: len(done) == 2, 10, interval=0.005, what="task slow ran")
         w.stop()
         stats = await asyncio.wait_for(run, 30)
-        assert (stats.done, stats.lost) == (1, 0)
+        assert (stats.done, stats.lost) == (2, 0)
         assert "lease lost" not in caplog.text
 
 
