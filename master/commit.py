@@ -77,6 +77,8 @@ class GroupCommit:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="index-commit")
         self._open: _Batch | None = None
         self._spare: lmdb.Transaction | None = None  # begun by the last flush, for the next
+        self._flushing: _Batch | None = None  # handed to the commit thread, not back yet
+        self._closed = False
         self._closing: asyncio.Future[None] | None = None
         self.committed_ticket = index.applied
         self.batches = 0
@@ -165,7 +167,9 @@ class GroupCommit:
                     b.done.set_result(None)
                 return
             try:
-                await loop.run_in_executor(self._thread, self._persist, b)
+                persisted = loop.run_in_executor(self._thread, self._persist, b)
+                self._flushing = b
+                await persisted
             except WALFailed as e:  # nothing of the batch is durable: refuse it all
                 self._abort(b, e)
                 return
@@ -179,6 +183,7 @@ class GroupCommit:
             if not b.done.done():
                 b.done.set_result(None)
         finally:
+            self._flushing = None
             self._closing = None
             closing.set_result(None)
 
@@ -225,6 +230,9 @@ class GroupCommit:
         """The batch is durable in the WAL but its index commit failed (e.g. a full disk).
         Its requests are acknowledged (a restart replays them). The index is behind the
         log: refuse writes until :meth:`catch_up` applies the records again."""
+        if self._closed:  # close() dropped the transaction; the index is closed
+            b.done.set_exception(Unavailable("the master stopped; retry"))
+            return
         self.index.freed_pending.clear()
         self.index.reload()
         if not b.records:  # nothing logged, nothing acknowledged yet: refuse it all
@@ -266,6 +274,10 @@ class GroupCommit:
             return
         b.aborted = True
         self.aborted_batches += 1
+        if self._closed:  # close() aborted the transaction on its thread; the index is closed
+            if not b.done.done():
+                b.done.set_exception(self._refusal(e))
+            return
         self._thread.submit(b.txn.abort).result()
         self.index.freed_pending.clear()
         self.index.reload()
@@ -331,13 +343,26 @@ class GroupCommit:
         self.index.freed_pending.clear()
 
     def close(self) -> None:
-        """Stop; a batch still open (nobody waits for it) is dropped, as a crash would."""
+        """Stop; a batch still open (nobody waits for it) is dropped, as a crash would. No
+        write transaction outlives this (one would keep the index from closing): the spare
+        and the transaction of a flush still on the commit thread are aborted there, after
+        that flush (a flush that failed leaves its transaction open, and the loop that
+        would abort it may be the caller, waiting here)."""
+        self._closed = True
         b = self._open
         if b is not None and not b.closed and not b.aborted:
             b.aborted = True
             self._thread.submit(b.txn.abort).result()
             self.index.freed_pending.clear()
-        self._drop_spare()
+        flushing = self._flushing
+
+        def drop() -> None:
+            txn, self._spare = self._spare, None
+            for t in (txn, flushing.txn if flushing is not None else None):
+                if t is not None:
+                    t.abort()  # no effect on a transaction already committed
+
+        self._thread.submit(drop).result()
         self._thread.shutdown(wait=True)
 
 

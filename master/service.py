@@ -524,9 +524,9 @@ class Master:
         return self.commit.stalled or self.wal.failure()
 
     def close(self) -> None:
+        self.commit.close()  # after any flush still on its thread, which needs the WAL
         with contextlib.suppress(Exception):  # a failed WAL has nothing more to flush
             self.wal.flush()
         self.wal.close()
-        self.commit.close()
         self.index.sync()
         self.index.close()

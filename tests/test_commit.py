@@ -3,6 +3,9 @@ the commit altogether. (Refusals and disk faults: test_refused.py; the log: test
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,3 +58,46 @@ async def test_a_lease_that_changes_nothing_commits_nothing_and_a_sweep_that_doe
     assert m.commit.batches == batches + 2
     assert _committed_state(m, "a", "x") != LEASED
     assert (await m.lease(G, "a", LeaseRequest(max_tasks=1), "w"))["tasks"][0]["pid"] == "x"
+
+
+async def test_closing_while_a_flush_is_on_the_commit_thread_leaves_no_transaction(
+        tmp_path: Path) -> None:
+    """close() while a batch's flush is still on the commit thread, before its WAL write:
+    the flush ends first (durable, answered) and begins the next batch's transaction, which
+    close() then aborts on that thread; a transaction left open would keep the index from
+    closing (close hangs), and a WAL closed under the flush would refuse it."""
+    m = Master(MasterSettings(data_dir=str(tmp_path / "m"), require_receipts=False),
+               ManualClock(1_000_000.0))
+    entered, go = threading.Event(), threading.Event()
+    write_group = m.wal.write_group
+
+    def held(records: list[tuple[int, bytes]]) -> None:
+        entered.set()
+        go.wait(10)
+        write_group(records)
+
+    m.wal.write_group = held  # type: ignore[method-assign]
+    put = asyncio.ensure_future(m.enqueue(G, "a", [TaskSpec(pid="x")]))
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, entered.wait, 10)
+    closer = threading.Thread(target=m.close, daemon=True)  # waits for the commit thread
+    closer.start()
+
+    def release() -> None:
+        # once close() has begun, give it the chance to run ahead of the flush (it must
+        # not: it would drop the spare before the flush begins one), then let the flush go
+        deadline = time.monotonic() + 10
+        while not m.commit._closed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        closer.join(0.2)
+        go.set()
+
+    helper = threading.Thread(target=release, daemon=True)
+    helper.start()
+    await loop.run_in_executor(None, closer.join, 20)
+    helper.join(10)
+    assert not closer.is_alive(), "close() hung: a transaction was left open"
+    assert m.commit._spare is None
+    res = await asyncio.wait_for(put, 10)  # the flush in flight was durable, and answered
+    assert res["enqueued"][0]["pid"] == "x"
+    assert m.wal.durable_ticket >= 1
