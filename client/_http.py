@@ -135,7 +135,15 @@ def status_error(r: httpx.Response, c: Call, base: httpx.URL | str) -> StatusErr
     return err
 
 
+_READ = httpx.ByteStream(b"")  # stands for a response's stream once its body was read
+
+
 def result(c: Call, r: httpx.Response, base: httpx.URL | str) -> Any:
+    # httpx's client binds the response and its stream to each other (a reference cycle):
+    # the body would live until the garbage collector runs. Cut it, so the body goes as
+    # soon as the caller is done with it: 4 MiB payloads then reuse the same warm memory
+    # instead of faulting in fresh pages on every read (~1,000 page faults a read).
+    r.stream = _READ
     if r.status_code >= 400:
         raise status_error(r, c, base)
     if c.raw:

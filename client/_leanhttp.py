@@ -14,8 +14,8 @@ mapping (``_http.py``) see exactly what they saw before.
   an idle connection the server has closed (readable at EOF) is dropped before reuse, as
   httpcore does. Nothing is re-sent on failure: the client's retry policy decides.
 - Request bodies: bytes, or an iterable (streamed: with Content-Length as given, else
-  chunked). Responses stream: the connection goes back to the pool once the body was read
-  to its end, and is closed otherwise.
+  chunked). Responses stream, in reads of at most 8 MiB: the connection goes back to the
+  pool once the body was read to its end, and is closed otherwise.
 - TLS: ``HTTPSConnection`` with the client's SSL context (server name checked).
 - TCP_NODELAY on every connection (see ``_http.NODELAY``).
 """
@@ -34,7 +34,10 @@ from typing import cast
 import httpx
 
 Key = tuple[str, str, int]
-CHUNK = 1 << 20  # a streamed body is handed up in reads of at most this
+# a streamed body is handed up in reads of at most this: a payload up to 8 MiB in one
+# piece (in 1 MiB parts, httpx joined a 4 MiB payload again: a copy and ~2,000 page
+# faults per read on fresh memory, half the read's CPU)
+CHUNK = 8 << 20
 
 
 class LeanTransport(httpx.BaseTransport):

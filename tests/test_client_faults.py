@@ -4,7 +4,9 @@ failover across replicas."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import contextlib
+import gc
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -137,6 +139,55 @@ def test_sync_client_raw_httpx_errors_never_escape() -> None:
             c.put("q", pid="x")
         with pytest.raises(sc.TransportError):
             c.queues()
+
+
+@contextlib.contextmanager
+def cycles_watched() -> Iterator[list[int]]:
+    """Counts the httpx Responses the block leaves in reference cycles (freed only by the
+    garbage collector, bodies and all: 4 MiB payloads piled up between collections)."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    left: list[int] = []
+    try:
+        yield left
+        gc.collect()
+        left.append(sum(1 for o in gc.garbage if isinstance(o, httpx.Response)))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+def answers(request: httpx.Request) -> httpx.Response:
+    if request.url.path.endswith("/missing"):
+        return httpx.Response(404, json={"error": {"code": "not_found", "message": "no"}})
+    return httpx.Response(200, json={"queues": [], "next": None})
+
+
+async def answers_async(request: httpx.Request) -> httpx.Response:
+    return answers(request)
+
+
+def test_sync_responses_are_freed_without_the_collector() -> None:
+    with (Client("http://m", transport=httpx.MockTransport(answers), retries=0) as c,
+          cycles_watched() as left):
+        for _ in range(5):
+            c.queues()
+        with pytest.raises(sc.NotFound):
+            c.task("g#q", "missing")
+    assert left == [0]
+
+
+async def test_async_responses_are_freed_without_the_collector() -> None:
+    async with AsyncClient("http://m", transport=httpx.MockTransport(answers_async),
+                           retries=0) as c:
+        with cycles_watched() as left:
+            for _ in range(5):
+                await c.queues()
+            with pytest.raises(sc.NotFound):
+                await c.task("g#q", "missing")
+    assert left == [0]
 
 
 # -- payload placement and failover, against fake data nodes --------------------------------
