@@ -78,6 +78,7 @@ class GroupCommit:
         self._open: _Batch | None = None
         self._spare: lmdb.Transaction | None = None  # begun by the last flush, for the next
         self._flushing: _Batch | None = None  # handed to the commit thread, not back yet
+        self._flushes: set[asyncio.Future[None]] = set()
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
         self.committed_ticket = index.applied
@@ -150,10 +151,15 @@ class GroupCommit:
             b = _Batch(self._take_txn(), loop.create_future(), self.wal.last_ticket + 1)
             b.done.add_done_callback(_consume)
             self._open = b
-            loop.call_soon(lambda b=b: asyncio.ensure_future(self._flush(b)))
+            loop.call_soon(self._schedule_flush, b)
             return b
 
     # -- the flush -------------------------------------------------------------------------
+    def _schedule_flush(self, b: _Batch) -> None:
+        task = asyncio.ensure_future(self._flush(b))
+        self._flushes.add(task)  # held while it runs (the loop keeps only weak references)
+        task.add_done_callback(self._flushes.discard)
+
     async def _flush(self, b: _Batch) -> None:
         if b.closed or b.aborted:  # committed by run_sync, or dropped
             return

@@ -1,4 +1,4 @@
-"""The master service: recovery, the commit path, checkpoints and background work.
+"""The master service: recovery, the commit path, the verbs and reads.
 
 Commit path of every mutating request (see :mod:`squall.master.commit`)::
 
@@ -15,9 +15,7 @@ that could vanish in a crash.
 Recovery: open LMDB (its ``applied`` ticket says how far it got), replay WAL records after
 it in large transactions, and resume appending after the larger of the two tickets.
 
-Background work (:meth:`Master.tick`, every ``sweep_interval_s``), each step in bounded
-batches so requests are never starved: the sweeper (expired leases, ended delays), due
-schedules, reaping deleted queue generations, and retrying a failed WAL.
+Background work and checkpoints: :mod:`squall.master.housekeeping`.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ import lmdb
 import msgpack
 
 from squall.common.clock import Clock, SystemClock
-from squall.common.errors import StatusError, Unavailable
+from squall.common.errors import StatusError
 from squall.common.models import (
     LeaseRequest,
     Policy,
@@ -52,6 +50,7 @@ from squall.master.cluster import Cluster, ClusterSettings
 from squall.master.commit import GroupCommit
 from squall.master.dedup import Dedup
 from squall.master.engine import Engine, Plan
+from squall.master.housekeeping import Housekeeping
 from squall.master.index import LEASED, Index, QueueRec
 from squall.master.leasetokens import LeaseTokens, load_or_make_key
 from squall.master.ops import apply, replay
@@ -62,7 +61,6 @@ from squall.master.wal import WAL, Tail, read_records
 
 log = logging.getLogger("squall.master")
 REPLAY_TXN_RECORDS = 5000
-FREED_PER_TICK = 50_000
 
 
 @dataclass
@@ -91,7 +89,7 @@ class MasterSettings:
     lease_key: bytes | None = None  # seals lease tokens; None: <data_dir>/lease.key
 
 
-class Master:
+class Master(Housekeeping):
     def __init__(self, settings: MasterSettings, clock: Clock | None = None) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
@@ -363,165 +361,6 @@ class Master:
                 "oldest_available_age_secs":
                     round(max(0.0, now - oldest / 1000), 3) if oldest is not None else None,
                 "leased_sample": sample}
-
-    # -- background ----------------------------------------------------------------------
-    def sweep_once(self) -> int:
-        """One sweep in its own transaction (tests; no request may be in flight)."""
-        swept: list[tuple[str, str]] = []
-        n = self.commit.run_sync(self._sweeper(swept))
-        if swept:
-            self.waiters.notify(swept)
-        return n
-
-    def _sweeper(self, swept: list[tuple[str, str]]) -> Callable[[lmdb.Transaction], int]:
-        """A sweep that adds the queues it made tasks due in to `swept`: wake their parked
-        leases once the sweep's batch is committed (visible), never before."""
-        def sweep(txn: lmdb.Transaction) -> int:
-            n = self.engine.sweep(txn, self.settings.sweep_batch)
-            # expired leases, for metrics (a batch refused afterwards is counted all the same)
-            self.meters.count("expire", self.engine.swept_expired)
-            if n:
-                swept.extend(self.engine.swept)
-            return n
-        return sweep
-
-    async def _sweep_derived(self) -> int:
-        """A background sweep in the current batch; wakes parked leases once committed."""
-        swept: list[tuple[str, str]] = []
-        n = await self._derived(self._sweeper(swept))
-        if swept:
-            self.waiters.notify(swept)
-        return n
-
-    def reap_once(self) -> int:
-        """Reap one batch of a deleted queue generation (tests; no request in flight).
-        Returns tasks reaped."""
-        n = self.commit.run_sync(self._reap)
-        self.reaped += n
-        return n
-
-    def _reap(self, txn: lmdb.Transaction) -> int:
-        pending = self.index.pending_reap(txn)
-        if pending is None:
-            return 0
-        return self.index.reap(txn, *pending, self.settings.reap_batch)
-
-    def _reap_and_expire(self, txn: lmdb.Transaction) -> int:
-        """Background cleanup in one derived step: reap a batch of a deleted queue
-        generation, and drop a paced batch of expired idempotency keys."""
-        n = self._reap(txn)
-        self.dedup.sweep(txn, self.engine.now_ms())
-        return n
-
-    async def _derived(self, fn: Callable[[lmdb.Transaction], int]) -> int:
-        """Unlogged derived work (sweeps, reaps) inside the current batch."""
-        _, n = await self.commit.run(lambda txn, _ticket: (None, fn(txn)))
-        return n
-
-    async def fire_schedules(self) -> int:
-        fired = 0
-        for group, name in admin.due_schedules(self.engine):
-            res = await self._execute(
-                lambda txn, g=group, n=name: admin.plan_fire(self.engine, txn, g, n))
-            fired += sum(1 for e in res.get("enqueued", ()) if not e["collapsed"])
-            self._woke(group, {e["queue"] for e in res.get("enqueued", ())})
-        return fired
-
-    async def tick(self) -> dict[str, int]:
-        """One round of background work (tests call it after moving the clock)."""
-        if self.wal.failure() is not None:
-            await asyncio.to_thread(self.wal.retry)  # resumes by itself once the disk allows
-        await self.commit.catch_up()
-        if self.ready() is not None:
-            return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
-        try:
-            swept = await self._sweep_derived()
-            fired = await self.fire_schedules()
-            reaped = await self._derived(self._reap_and_expire)
-        except Unavailable:  # a refused batch (the disk failed meanwhile): next tick
-            return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
-        self.reaped += reaped
-        freed = self.index.freed[:FREED_PER_TICK]
-        del self.index.freed[:FREED_PER_TICK]
-        repair = self.cluster.tick(freed)
-        return {"swept": swept, "fired": fired, "reaped": reaped, **repair}
-
-    async def _background_loop(self) -> None:
-        s = self.settings
-        while True:
-            t0 = time.monotonic()
-            try:
-                done = await self.tick()
-            except Exception:
-                log.exception("background work failed")
-                done = {}
-            if done.get("swept", 0) >= s.sweep_batch or self.index.freed:
-                pause = 0.0  # expiries and frees are due now: go again once requests ran
-            elif done.get("reaped", 0) > 0:
-                pause = time.monotonic() - t0  # reaping is cleanup: at most half the loop
-            else:
-                pause = s.sweep_interval_s
-            if done.get("backlog", 0):  # repair work left: its next slices meanwhile
-                pause = await self._repair_slices(time.monotonic() + pause)
-            await asyncio.sleep(pause)
-
-    async def _repair_slices(self, until: float) -> float:
-        """Slices of the cluster's repair work (examining, planning) one after the other,
-        requests served between them, until none is left or `until`; the time left."""
-        while time.monotonic() < until:
-            await asyncio.sleep(0)
-            if not self.cluster.tick([])["backlog"]:
-                break
-        return max(0.0, until - time.monotonic())
-
-    def checkpoint(self) -> int:
-        """Sync LMDB, then drop WAL segments it covers. Safe to crash at any point.
-
-        Call from the event loop thread (between requests every applied ticket is committed).
-        """
-        self.wal.request_roll()
-        return self._checkpoint_through(self.commit.committed_ticket)
-
-    async def checkpoint_async(self) -> int:
-        upto = self.commit.committed_ticket  # every batch up to it is committed
-        self.wal.request_roll()
-        return await asyncio.to_thread(self._checkpoint_through, upto)
-
-    def _checkpoint_through(self, upto: int) -> int:
-        self.index.sync()
-        dropped = self.wal.drop_through(upto)
-        self.last_checkpoint = time.monotonic()
-        self.wal_bytes_since_checkpoint = 0
-        self.checkpoints += 1
-        return dropped
-
-    async def _checkpoint_loop(self) -> None:
-        s = self.settings
-        while True:
-            await asyncio.sleep(min(1.0, s.checkpoint_interval_s))
-            due = time.monotonic() - self.last_checkpoint >= s.checkpoint_interval_s
-            if due or self.wal_bytes_since_checkpoint >= s.checkpoint_wal_bytes:
-                try:
-                    await self.checkpoint_async()
-                except Exception:
-                    log.exception("checkpoint failed")
-
-    def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._background_loop(), name="background"),
-                       asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]
-
-    async def stop(self) -> None:
-        self.waiters.close()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        self._tasks = []
-
-    def ready(self) -> str | None:
-        """Why this master cannot accept writes right now, or None."""
-        return self.commit.stalled or self.wal.failure()
 
     def close(self) -> None:
         self.commit.close()  # after any flush still on its thread, which needs the WAL

@@ -107,7 +107,8 @@ def _read_segment(path: str, prev: int) -> tuple[list[tuple[int, bytes]], int, b
         data = f.read()
     if data[: len(MAGIC)] != MAGIC:
         return [], 0, len(data) == 0
-    pos, out = len(MAGIC), []
+    pos = len(MAGIC)
+    out: list[tuple[int, bytes]] = []
     while pos < len(data):
         if pos + _HDR.size > len(data):
             return out, pos, False
