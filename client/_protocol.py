@@ -11,11 +11,12 @@ import socket
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any, TypeVar
-from urllib.parse import quote
 
+from squall.client._admin import AdminVerbs
 from squall.client._blobs import BATCH_BLOB_BYTES, Blobs, NodeBook
-from squall.client._effects import Call, Emit, Gather, Proto, Retry, call
+from squall.client._effects import Call, Gather, Proto, Retry, call
 from squall.client._frontdoor import FrontDoor
+from squall.client._paths import qpath
 from squall.client._payloads import PayloadVerbs
 from squall.client._tasks import (
     NewTask,
@@ -28,25 +29,10 @@ from squall.client._tasks import (
 )
 from squall.common.errors import (
     BadRequest,
-    NotFound,
 )
 from squall.common.models import (
     MAX_BATCH,
-    CancelResponse,
-    ClusterInfo,
-    ClusterStats,
-    DeleteResponse,
     EnqueueResult,
-    ForgetResponse,
-    NodeStatus,
-    Policy,
-    QueueCounts,
-    QueueStats,
-    RedriveResponse,
-    ResetResponse,
-    Schedule,
-    ScheduleInfo,
-    TaskInfo,
     UpdateResponse,
 )
 from squall.common.models import LeasedTask as WireTask
@@ -64,24 +50,11 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def pid_segment(pid: str) -> str:
-    """`pid` as one URL path segment: every reserved character percent-encoded, and the
-    dot segments ``.`` and ``..`` too (else URL normalisation would turn ``/tasks/..``
-    into a different path)."""
-    seg = quote(pid, safe="")
-    return seg.replace(".", "%2E") if seg in (".", "..") else seg
-
-
 def held_wire(queue: str, pid: str, token: str) -> tuple[WireTask, str]:
     """The wire form of a task known only by queue, pid and lease token (and its group)."""
     group, name = split_queue(queue)
     return WireTask(queue=name, pid=pid, token=token, expires_at=0.0, attempts=0,
                     enqueued_at=0.0), group
-
-
-def _qpath(queue: str) -> tuple[str, str, str]:
-    group, name = split_queue(queue)
-    return group, name, f"/v1/groups/{group}/queues/{name}"
 
 
 MAX_IN_FLIGHT = 16  # put_many batches sent at once
@@ -129,7 +102,7 @@ def _results(items: list[dict[str, Any]], generated: set[str], group: str
             for r in items]
 
 
-class Core(PayloadVerbs):
+class Core(AdminVerbs, PayloadVerbs):
     """Configuration and shared state of one client, and its verbs as generators."""
 
     def __init__(self, retry: Retry | None = None, blob_timeout_s: float = 300.0,
@@ -173,7 +146,7 @@ class Core(PayloadVerbs):
 
     def _send(self, queue: str, tasks: list[NewTask],
               made: tuple[list[dict[str, Any]], set[str]]) -> Proto[list[EnqueueResult]]:
-        group, name, path = _qpath(queue)
+        group, name, path = qpath(queue)
         specs, generated = made
         sources = [as_source(t.payload) for t in tasks]
         if self.front is not None and self.front.eligible(sources):
@@ -228,7 +201,7 @@ class Core(PayloadVerbs):
         nothing: if one of them cannot be dequeued, nothing is leased either); with
         `wait_secs` too, the dequeues are durable before the lease waits. `tx`: more of
         the same update (a transaction of this queue's group), e.g. follow-up enqueues."""
-        group, _, path = _qpath(queue)
+        group, _, path = qpath(queue)
         body: dict[str, Any] = {"max_tasks": max_tasks, "worker": self.worker}
         if lease_secs is not None:
             body["lease_secs"] = lease_secs
@@ -306,181 +279,3 @@ class Core(PayloadVerbs):
     def release(self, tasks: list[TaskBase], delay: float | None, error: str | None
                 ) -> Proto[UpdateResponse]:
         return self._per_group(tasks, lambda tx, t: tx.release(t, delay, error))
-
-    # -- admin ---------------------------------------------------------------------------
-    def queues(self, regex: str | None, group: str | None, min_tasks: int, limit: int
-               ) -> Proto[list[QueueCounts]]:
-        out: list[QueueCounts] = []
-        after: str | None = None
-        while len(out) < limit:
-            params = {"min_tasks": str(min_tasks), "limit": str(min(limit - len(out), 10_000))}
-            for k, v in (("regex", regex), ("group", group), ("after", after)):
-                if v is not None:
-                    params[k] = v
-            ans = yield from self._call("GET", "/v1/queues", params=params)
-            out += [QueueCounts.model_validate(q) for q in ans["queues"]]
-            after = ans.get("next")
-            if not after:
-                break
-        return out
-
-    def stats(self, queue: str | None) -> Proto[QueueStats | ClusterStats]:
-        if queue is None:
-            return ClusterStats.model_validate((yield from self._call("GET", "/v1/cluster/stats")))
-        ans = yield from self._call("GET", _qpath(queue)[2])
-        return QueueStats.model_validate(ans)
-
-    def task(self, queue: str, pid: str) -> Proto[TaskInfo]:
-        group, _, path = _qpath(queue)
-        ans = yield from self._call("GET", f"{path}/tasks/{pid_segment(pid)}")
-        return _info(ans, group)
-
-    def cancel(self, queue: str, pid: str) -> Proto[CancelResponse]:
-        """Remove a queued (available or delayed) task without leasing it."""
-        ans = yield from self._call("DELETE", f"{_qpath(queue)[2]}/tasks/{pid_segment(pid)}",
-                                    idempotent=False)
-        return CancelResponse.model_validate(ans)
-
-    def _task_page(self, queue: str, after: str | None, n: int
-                   ) -> Proto[tuple[list[TaskInfo], str | None]]:
-        params = {"limit": str(n)}
-        if after is not None:
-            params["after"] = after
-        ans = yield from self._call("GET", _qpath(queue)[2] + "/tasks", params=params)
-        return [_info(t, _qpath(queue)[0]) for t in ans["tasks"]], ans.get("next")
-
-    def tasks(self, queue: str, after: str | None, limit: int) -> Proto[list[TaskInfo]]:
-        """Up to `limit` of a queue's tasks in pid order, after pid `after`."""
-        out: list[TaskInfo] = []
-        while len(out) < limit:
-            page, after = yield from self._task_page(queue, after, min(1000, limit - len(out)))
-            out += page
-            if not after or not page:
-                break
-        return out
-
-    def iter_tasks(self, queue: str, after: str | None) -> Proto[None]:
-        """Emit every task of a queue in pid order, a page at a time."""
-        while True:
-            page, after = yield from self._task_page(queue, after, 1000)
-            for t in page:
-                yield Emit(t)
-            if not after or not page:
-                return
-
-    def dead_letters(self, queue: str, limit: int) -> Proto[list[TaskInfo]]:
-        dlq = yield from self.dead_letter_queue(queue)
-        try:
-            return (yield from self.tasks(dlq, None, limit))
-        except NotFound:
-            return []
-
-    def delete(self, queue: str) -> Proto[DeleteResponse]:
-        ans = yield from self._call("DELETE", _qpath(queue)[2], idempotent=False)
-        return DeleteResponse.model_validate(ans)
-
-    def reset_leases(self, queue: str) -> Proto[ResetResponse]:
-        ans = yield from self._call("POST", _qpath(queue)[2] + "/reset-leases",
-                                    idempotent=False)
-        return ResetResponse.model_validate(ans)
-
-    def redrive(self, queue: str, max_tasks: int) -> Proto[RedriveResponse]:
-        ans = yield from self._call("POST", _qpath(queue)[2] + "/redrive",
-                                    {"max_tasks": max_tasks}, idempotent=False)
-        return RedriveResponse.model_validate(ans)
-
-    def dead_letter_queue(self, queue: str) -> Proto[str]:
-        """``group#name`` of the queue's dead-letter queue (its policy's, else name.dead)."""
-        group, name, _ = _qpath(queue)
-        pol = yield from self.policy(queue)
-        return f"{group}#{pol.dead_letter_queue or name + '.dead'}"
-
-    def policy(self, target: str) -> Proto[Policy]:
-        """``group#name``: the queue's effective policy; ``group#``: the group default."""
-        return Policy.model_validate((yield from self._call("GET", _policy_path(target))))
-
-    def set_policy(self, target: str, policy: Policy | None) -> Proto[Policy]:
-        if policy is None:
-            ans = yield from self._call("DELETE", _policy_path(target))
-        else:
-            ans = yield from self._call("PUT", _policy_path(target),
-                                        policy.model_dump(exclude_none=True))
-        return Policy.model_validate(ans)
-
-    def schedules(self, group: str) -> Proto[list[ScheduleInfo]]:
-        g = split_queue(f"{group}#x")[0]
-        ans = yield from self._call("GET", f"/v1/groups/{g}/schedules")
-        return [ScheduleInfo.model_validate(s) for s in ans["schedules"]]
-
-    def set_schedule(self, name: str, schedule: Schedule) -> Proto[ScheduleInfo]:
-        """`name` is ``group#schedule``; the schedule's queue is a name in that group."""
-        ans = yield from self._call("PUT", _schedule_path(name),
-                                    schedule.model_dump(exclude_none=True))
-        return ScheduleInfo.model_validate(ans)
-
-    def delete_schedule(self, name: str) -> Proto[None]:
-        yield from self._call("DELETE", _schedule_path(name), idempotent=False)
-
-    def cluster(self) -> Proto[ClusterInfo]:
-        return ClusterInfo.model_validate((yield from self._call("GET", "/v1/cluster")))
-
-    def node(self, node_id: str) -> Proto[NodeStatus]:
-        return NodeStatus.model_validate((yield from self._call("GET", _node_path(node_id))))
-
-    def decommission(self, node_id: str, cancel: bool = False) -> Proto[NodeStatus]:
-        ans = yield from self._call("DELETE" if cancel else "POST",
-                                    _node_path(node_id) + "/decommission")
-        return NodeStatus.model_validate(ans)
-
-    def forget(self, node_id: str) -> Proto[ForgetResponse]:
-        # not retried: a retry of a forget that went through would answer 404
-        ans = yield from self._call("DELETE", _node_path(node_id), idempotent=False)
-        return ForgetResponse.model_validate(ans)
-
-    def ready(self) -> Proto[dict[str, Any]]:
-        ans: dict[str, Any] = yield from self._call("GET", "/readyz")
-        return ans
-
-    # -- credentials (admin) -------------------------------------------------------------
-    def mint_credential(self, roles: Iterable[str], groups: Iterable[str] | None,
-                        node: str | None, ttl_secs: float, note: str) -> Proto[dict[str, Any]]:
-        body: dict[str, Any] = {"roles": list(roles), "ttl_secs": ttl_secs, "note": note}
-        if groups is not None:
-            body["groups"] = list(groups)
-        if node is not None:
-            body["node"] = node
-        ans: dict[str, Any] = yield from self._call("POST", "/v1/auth/credentials", body,
-                                                    idempotent=False)
-        return ans
-
-    def credentials(self) -> Proto[list[dict[str, Any]]]:
-        ans = yield from self._call("GET", "/v1/auth/credentials")
-        return list(ans["credentials"])
-
-    def revoke_credential(self, cred_id: str) -> Proto[dict[str, Any]]:
-        ans: dict[str, Any] = yield from self._call("DELETE", f"/v1/auth/credentials/{cred_id}")
-        return ans
-
-
-def _node_path(node_id: str) -> str:
-    if not node_id or len(node_id) > 128:
-        raise BadRequest("a data node id is 1 to 128 characters (`squall nodes` lists them)")
-    return "/v1/nodes/" + quote(node_id, safe="")
-
-
-def _info(ans: dict[str, Any], group: str) -> TaskInfo:
-    """A TaskInfo with its queue as ``group#name``, like every other answer of the client."""
-    ans["queue"] = f"{group}#{ans['queue']}"
-    return TaskInfo.model_validate(ans)
-
-
-def _policy_path(target: str) -> str:
-    if target.endswith("#"):
-        return f"/v1/groups/{split_queue(target + 'x')[0]}/policy"
-    return _qpath(target)[2] + "/policy"
-
-
-
-def _schedule_path(name: str) -> str:
-    group, sname = split_queue(name)
-    return f"/v1/groups/{group}/schedules/{sname}"
