@@ -46,19 +46,19 @@ from squall.common.models import (
 from squall.common.names import check_name, check_pid, join_queue
 from squall.master import policies
 from squall.master.dedup import Dedup
-from squall.master.index import (
+from squall.master.index import Index
+from squall.master.leasetokens import LeaseTokens
+from squall.master.ops import Op
+from squall.master.records import (
     AVAILABLE,
     DELAYED,
     LEASED,
     STATE_NAMES,
-    Index,
     QueueRec,
     Task,
     pidkey,
     qprefix,
 )
-from squall.master.leasetokens import LeaseTokens
-from squall.master.ops import Op
 
 AUTO_PID_DIGITS = 20
 LEASE_SCAN_FACTOR = 4  # a lease looks at most this many times max_tasks ready tasks

@@ -30,7 +30,8 @@ import lmdb
 import msgpack
 
 from squall.master import dedup
-from squall.master.index import AVAILABLE, LEASED, Index, QueueRec, Task, qprefix
+from squall.master.index import Index
+from squall.master.records import AVAILABLE, LEASED, QueueRec, Task, qprefix
 
 Op = tuple[Any, ...]
 

@@ -51,10 +51,11 @@ from squall.master.commit import GroupCommit
 from squall.master.dedup import Dedup
 from squall.master.engine import Engine, Plan
 from squall.master.housekeeping import Housekeeping
-from squall.master.index import LEASED, Index, QueueRec
+from squall.master.index import Index
 from squall.master.leasetokens import LeaseTokens, load_or_make_key
 from squall.master.ops import apply, replay
 from squall.master.placement import Placement
+from squall.master.records import LEASED, QueueRec
 from squall.master.stats import Meters
 from squall.master.waiters import Waiters
 from squall.master.wal import WAL, Tail, read_records

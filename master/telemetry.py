@@ -37,7 +37,7 @@ from squall.common.names import join_queue
 from squall.master import policies
 
 if TYPE_CHECKING:
-    from squall.master.index import QueueRec
+    from squall.master.records import QueueRec
     from squall.master.service import Master
 
 log = logging.getLogger("squall.master")

@@ -13,7 +13,7 @@ import pytest
 
 from squall.common.clock import ManualClock
 from squall.common.models import LeaseRequest, TaskSpec
-from squall.master.index import LEASED
+from squall.master.records import LEASED
 from squall.master.service import Master, MasterSettings
 
 G = "g"

@@ -51,7 +51,7 @@ from squall.common.models import (
 )
 from squall.common.names import PID_MAX_BYTES
 from squall.master.engine import AUTO_PID_DIGITS, ms
-from squall.master.index import AVAILABLE, DELAYED, LEASED, STATE_NAMES, Task, pidkey
+from squall.master.records import AVAILABLE, DELAYED, LEASED, STATE_NAMES, Task, pidkey
 from squall.master.service import Master, MasterSettings
 from tests.crashkit import dump_index, kill9, restore_index, snapshot_index
 from tests.helpers import FAKE_TOKEN, forge_token, lease_seq

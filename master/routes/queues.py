@@ -19,7 +19,7 @@ from squall.common.models import (
 from squall.common.names import join_queue, split_queue
 from squall.master.deps import MasterDep
 from squall.master.http import ERROR_RESPONSES, JSON
-from squall.master.index import QueueRec
+from squall.master.records import QueueRec
 from squall.master.routes.tasks import GroupP, QueueP
 
 router = APIRouter(tags=["queues"], responses=ERROR_RESPONSES)

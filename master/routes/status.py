@@ -27,8 +27,8 @@ from squall.common.names import join_queue
 from squall.master import admin, policies
 from squall.master.deps import MasterDep
 from squall.master.http import ERROR_RESPONSES, JSON
-from squall.master.index import STATE_NAMES
 from squall.master.metrics import wal_error
+from squall.master.records import STATE_NAMES
 from squall.master.routes.tasks import GroupP, QueueP
 from squall.master.service import Master
 from squall.master.telemetry import TOP_QUEUES, Telemetry, is_dead_letter_queue
