@@ -166,7 +166,7 @@ class BlockRequest(_M):
     """A data node asks the master for a block of blob ids for front-door writes."""
 
     node_id: Annotated[str, Field(min_length=1, max_length=128)]
-    count: Annotated[int, Field(ge=1, le=10_000)] = 1000
+    count: Annotated[int, Field(ge=1, le=1_000_000)] = 1000  # ids are a prefix + counter
 
 
 class BlockGrant(_Lenient):

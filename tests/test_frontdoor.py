@@ -22,6 +22,7 @@ from squall.common import tokens
 from squall.common.checksum import crc32c
 from squall.common.payload import encode_frame
 from squall.common.tokens import load_cluster_key
+from squall.datanode.frontdoor import BLOCK_IDS, BLOCK_IDS_MAX, _Block, next_block_ids
 from tests.helpers import ADMIN, free_port_block, wait_for
 
 GRACE_S = 8.0  # the master's orphan grace in the crash test (blocks live a quarter of it)
@@ -71,6 +72,38 @@ def test_small_payloads_take_the_front_door(cluster: DevCluster) -> None:
         for t in tasks:  # receipts from the write quorum: the master lists two holders
             assert t.payload_ref is not None and len(t.payload_ref.replicas) == 2
         c.done(tasks)
+
+
+def test_a_busy_front_door_is_not_capped_by_its_blocks(cluster: DevCluster) -> None:
+    """The master grants a node at most 8 unexpired blocks; 12,000 tasks through one node
+    in one go needed 12 blocks of the first size (1000 ids): the node answered 429 and
+    the client fell back to the three-request path. Blocks now grow while they run out
+    fast: every batch takes the front door."""
+    with Client(cluster.master_url) as c:
+        fd = c._core.front
+        assert fd is not None
+        assert c.put("fd#busy", b"warm", pid="warm") is not None  # the node list is loaded
+        one = fd._nodes[0]
+        fd._nodes, fd._at = [one], time.monotonic() + 3600  # every batch to the same node
+        used = fd.used
+        n = c.put_many("fd#busy", (b"%d" % i for i in range(12_000)), batch_size=100)
+        assert n == 12_000
+        assert fd.fallbacks == 0 and fd.used - used == 120
+        assert c.stats("fd#busy").available == 12_001
+
+
+def test_block_sizes_follow_the_demand() -> None:
+    size = BLOCK_IDS
+    for _ in range(30):  # each block runs out at once: doubles, up to the bound
+        b = _Block("p-", size, 1060.0, [], 1, 1000.0, used=size)
+        size = next_block_ids(size, b, 100, now=1001.0)
+    assert size == BLOCK_IDS_MAX
+    idle = _Block("p-", size, 1060.0, [], 1, 1000.0, used=10)  # expired nearly unused
+    assert next_block_ids(size, idle, 100, now=1060.0) == size // 2
+    slow = _Block("p-", 4000, 1060.0, [], 1, 1000.0, used=3950)  # ran out late: kept
+    assert next_block_ids(4000, slow, 100, now=1050.0) == 4000
+    small = _Block("p-", BLOCK_IDS, 1060.0, [], 1, 1000.0, used=0)
+    assert next_block_ids(BLOCK_IDS, small, 100, now=1060.0) == BLOCK_IDS  # the floor
 
 
 def _first(c: Client, url: str, nodes: list[str]) -> None:
