@@ -50,13 +50,12 @@ from squall.common.cluster import (
 from squall.common.errors import Unauthorized
 from squall.common.metrics import WorkTimes
 from squall.common.tokens import verify_receipt
-from squall.master import drain
+from squall.master import blobgc, drain
 from squall.master.blobscan import BlobScan
 from squall.master.repair import Repair
 
 CHECK_BATCH = 100  # blobs examined per tick (one index read each): bounded loop time
 LATER_S = 1.0  # how often an unreferenced blob in its orphan grace is looked at again
-DELETE_BATCH = 1000
 DRAIN_CHECK_S = 0.5  # how often draining nodes' progress is recounted
 
 
@@ -293,7 +292,7 @@ class Cluster:
                 DRAIN_CHECK_S, self.s.heartbeat_interval_s):
             self.drain_checked_at = now
             drain.update(self, now)
-        self._free(freed, now)
+        blobgc.free(self, freed, now)
         while self.allocated:  # oldest first (insertion order): no walk over all of them
             b, t = next(iter(self.allocated.items()))
             if now - t <= self.s.orphan_grace_s:
@@ -309,9 +308,9 @@ class Cluster:
         for b, ref in zip(batch, refs, strict=True):
             live = self.live_holders(b, now)
             if ref:
-                self._examine(b, live)
+                blobgc.examine(self, b, live)
             else:
-                self._maybe_orphan(b, live, now)
+                blobgc.maybe_orphan(self, b, live, now)
         copies = 0
         if self.repair.waiting and (self.repair.dirty or now - self._planned_at >= 1.0):
             copies = self._plan(now)  # else nothing changed that could make room
@@ -332,77 +331,6 @@ class Cluster:
             return node_id not in self.nodes or self.nodes[node_id].dead
 
         self.check.update(self.repair.expire(now, gone))
-
-    def _free(self, freed: list[str], now: float) -> None:
-        """Delete every copy of blobs whose last reference went away (no orphan grace)."""
-        freed = list(dict.fromkeys(freed))
-        for b, ref in zip(freed, self.referenced(freed) if freed else [], strict=True):
-            if not ref:
-                self.under.discard(b)
-                self.lost.discard(b)
-                self.repair.forget(b)
-                self._delete(b, self.live_holders(b, now))
-
-    def _examine(self, b: str, live: list[Node]) -> None:
-        """A referenced blob: note it lost or under-replicated, or trim extra copies."""
-        rf = self.s.replication_factor
-        self.unreferenced_since.pop(b, None)
-        self.lost.discard(b)
-        self.under.discard(b)
-        # a draining node's copy is a source for copies, but does not count toward RF
-        counting = [n for n in live if n.node_id not in self.draining]
-        if not live:
-            self.lost.add(b)
-            self.repair.forget(b)
-        elif len(counting) < rf:
-            if len(live) < rf:
-                self.under.add(b)  # a draining node's copy still exists: not under RF
-            self.repair.want(b, len(counting))
-        else:
-            self.repair.forget(b)
-            if len(counting) > rf and not self.inflight.get(b):
-                self._trim(b, counting, rf)
-
-    def _trim(self, b: str, counting: list[Node], rf: int) -> None:
-        """Delete copies above `rf`, only while `rf` proven copies stay: unproven claims (a
-        node's own report, e.g. a fake node's) go first, and a proven copy only above `rf`
-        proven ones."""
-        proven = {n.node_id for n in counting} & self.verified.get(b, set())
-        if len(proven) < rf:
-            return
-        extras = sorted(counting, key=lambda x: (x.node_id in proven, -x.used_bytes))
-        for extra in extras[:len(counting) - rf]:
-            if extra.node_id in proven:
-                if len(proven) <= rf:
-                    break
-                proven.discard(extra.node_id)
-            self._delete(b, [extra])
-
-    def _maybe_orphan(self, b: str, live: list[Node], now: float) -> None:
-        self.under.discard(b)
-        self.lost.discard(b)
-        self.repair.forget(b)
-        if not live:
-            self.unreferenced_since.pop(b, None)
-            return
-        first = self.unreferenced_since.setdefault(b, self.allocated.get(b, now))
-        if now - first >= self.s.orphan_grace_s:
-            self.unreferenced_since.pop(b, None)
-            self._delete(b, live)
-        else:
-            self.later.add(b)  # look again in a second (one index lookup)
-
-    def _delete(self, b: str, nodes: list[Node]) -> None:
-        for n in nodes:
-            pending = self.commands.setdefault(n.node_id, [])
-            last = pending[-1] if pending else None
-            if isinstance(last, DeleteCommand) and len(last.blob_ids) < DELETE_BATCH:
-                last.blob_ids.append(b)  # one command deletes many blobs
-            else:
-                pending.append(DeleteCommand(op="delete", blob_ids=[b]))
-            self._drop(b, n.node_id)
-            self.deleted += 1
-        self.check.discard(b)
 
     # -- re-replication (planned by repair.py) ---------------------------------------------
     def _copies_reported(self, reports: Iterable[Any], now: float) -> None:

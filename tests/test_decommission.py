@@ -18,6 +18,7 @@ from squall.common.cluster import (
     ReplicateCommand,
     ReplicationReport,
 )
+from squall.master import blobgc
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
 from tests.helpers import ADMIN
@@ -266,7 +267,7 @@ async def test_a_pending_delete_is_neither_recounted_nor_copied_to(env) -> None:
     # a trim queued for a node that has not beaten yet: no copy of that blob goes there,
     # even to the least used node
     src, pending = sorted(m.cluster.holders["b"])
-    m.cluster._delete("b", [m.cluster.nodes[pending]])
+    blobgc.delete(m.cluster, "b", [m.cluster.nodes[pending]])
     for n in m.cluster.nodes.values():
         n.used_bytes = 0 if n.node_id == pending else 100
     m.cluster.repair.want("b", 1)
