@@ -69,6 +69,14 @@ log = logging.getLogger("squall.worker")
 RIDE_WAIT_S = 0.005  # a drained queue: wait this long for acks to ride on the next lease
 
 
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop comes with the servers' dependencies
+        return None
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
 class Worker:
     """``Worker(client, ["g#high", "g#low"] or re.compile("g#.*"), handler).run()``."""
 
@@ -114,8 +122,11 @@ class Worker:
 
     # -- public --------------------------------------------------------------------------
     def run(self) -> WorkerStats:
-        """Run until stopped (SIGTERM / SIGINT / :meth:`stop`), or drained in burst mode."""
-        return asyncio.run(self.arun())
+        """Run until stopped (SIGTERM / SIGINT / :meth:`stop`), or drained in burst mode.
+        On its own event loop: uvloop's where it is installed (with the servers), else
+        asyncio's."""
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(self.arun())
 
     def stop(self) -> None:
         """Ask the worker to stop gracefully (thread-safe; a second call stops at once)."""
