@@ -194,8 +194,8 @@ def test_worker_keeps_a_sync_clients_transport(master_proc: MasterProcess) -> No
 
 
 def test_a_worker_that_owns_its_loop_runs_on_uvloop(master_proc: MasterProcess) -> None:
-    """Worker.run() makes its own event loop: uvloop's (a quarter less worker CPU per task
-    in D than asyncio's; uvloop comes with the servers' dependencies)."""
+    """Worker.run() makes its own event loop: uvloop's (5-25 % less worker CPU per task in
+    D than asyncio's; uvloop comes with the servers' dependencies)."""
     uvloop = pytest.importorskip("uvloop")
     loops: list[type] = []
 
