@@ -68,8 +68,8 @@ class _Block:
 
 
 def next_block_ids(size: int, b: _Block, n: int, now: float) -> int:
-    """The size of the next block after `b`. The master grants a node a bounded number of
-    unexpired blocks (8 a minute): blocks of a fixed 1000 ids capped a node's front door at
+    """The size of the next block after `b`. The master grants a node at most 8 unexpired
+    blocks (each lives 60 s): blocks of a fixed 1000 ids capped a node's front door at
     ~130 tasks/s. A block that ran out within half its life doubles the next; one that
     ended (expired, or its placement dropped) a quarter used halves it; never below
     BLOCK_IDS. Ids cost nothing until used (a prefix and a counter)."""

@@ -236,8 +236,10 @@ class GroupCommit:
         """The batch is durable in the WAL but its index commit failed (e.g. a full disk).
         Its requests are acknowledged (a restart replays them). The index is behind the
         log: refuse writes until :meth:`catch_up` applies the records again."""
-        if self._closed:  # close() dropped the transaction; the index is closed
-            b.done.set_exception(Unavailable("the master stopped; retry"))
+        if self._closed:  # the index is closed: a restart replays what the WAL holds
+            if not b.records:  # nothing logged: refuse it
+                b.done.set_exception(Unavailable("the master stopped; nothing was applied, "
+                                                 "retry"))
             return
         self.index.freed_pending.clear()
         self.index.reload()
