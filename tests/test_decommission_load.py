@@ -195,8 +195,9 @@ def squall(fleet: Fleet, *args: str, code: int = 0) -> str:
     return r.output
 
 
-def test_decommission_under_load(fleet: Fleet) -> None:
+def test_decommission_under_load(fleet: Fleet, request: pytest.FixtureRequest) -> None:
     c = Client(fleet.master.url)
+    request.addfinalizer(c.close)  # a failure must not leave its socket to the next test
     c.put_many(KEEP, (NewTask(content(p), pid=p) for p in (f"k{i:05d}" for i in range(N_KEEP))),
                batch_size=100)
     work_pids = [f"w{i:05d}" for i in range(N_WORK + N_PRODUCED)]
@@ -204,6 +205,10 @@ def test_decommission_under_load(fleet: Fleet) -> None:
     keep = blob_ids(fleet.http, KEEP)
     assert len(keep) == N_KEEP
     wait_for(lambda: fleet.info()["blobs"] >= N_KEEP + N_WORK, what="block reports")
+    # the nodes' own counts come with their next heartbeats (the master knew the copies
+    # from the write receipts already): every copy counted before the victim is chosen
+    wait_for(lambda: sum(n["blob_count"] for n in fleet.info()["nodes"])
+             >= 2 * (N_KEEP + N_WORK), what="the nodes' own blob counts")
     load = Load(fleet.master.url, work_pids)
 
     victim_id = max(fleet.info()["nodes"], key=lambda n: n["blob_count"])["node_id"]
