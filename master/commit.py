@@ -219,13 +219,15 @@ class GroupCommit:
         else:
             self._thread.submit(b.txn.abort).result()
 
-    def _drop_spare(self) -> None:
-        """Abort the spare transaction, on its thread, after whatever runs there now (a
-        flush in progress may be about to begin one)."""
+    def _drop_spare(self, also: lmdb.Transaction | None = None) -> None:
+        """Abort the spare transaction (and `also`), on its thread, after whatever runs
+        there now (a flush in progress may be about to begin one). Aborting a transaction
+        already committed has no effect."""
         def drop() -> None:
             txn, self._spare = self._spare, None
-            if txn is not None:
-                txn.abort()
+            for t in (txn, also):
+                if t is not None:
+                    t.abort()
         self._thread.submit(drop).result()
 
     @staticmethod
@@ -363,14 +365,7 @@ class GroupCommit:
             self._thread.submit(b.txn.abort).result()
             self.index.freed_pending.clear()
         flushing = self._flushing
-
-        def drop() -> None:
-            txn, self._spare = self._spare, None
-            for t in (txn, flushing.txn if flushing is not None else None):
-                if t is not None:
-                    t.abort()  # no effect on a transaction already committed
-
-        self._thread.submit(drop).result()
+        self._drop_spare(also=flushing.txn if flushing is not None else None)
         self._thread.shutdown(wait=True)
 
 
