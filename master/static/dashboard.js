@@ -57,8 +57,15 @@ function ago(t, now) {
   const d = t - now;
   return d >= 0 ? "in " + d.toFixed(1) + "s" : (-d).toFixed(1) + "s ago";
 }
+// A row replaced between a button's press and release swallows the click (the release
+// lands on the new row): tables keep their rows while a pointer is pressed; the next
+// refresh after the release renders them.
+let pressed = false;
+addEventListener("pointerdown", () => { pressed = true; }, true);
+addEventListener("pointerup", () => { setTimeout(() => { pressed = false; }); }, true);
+addEventListener("pointercancel", () => { pressed = false; }, true);
 function fill(tbody, rows) {
-  tbody.replaceChildren(...rows);
+  if (!pressed) tbody.replaceChildren(...rows);
 }
 function card(k, v, cls) {
   const c = el("div", null, "card " + (cls || ""));
