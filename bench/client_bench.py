@@ -188,19 +188,25 @@ def _kind(method: str, path: str) -> str:
 
 
 class Trips:
-    """Round trips by kind (httpx event hooks): count and time to response headers."""
+    """Round trips by kind: count and time to the answer. It wraps the client driver's
+    calls (not httpx's event hooks: a client with hooks sends every request through httpx,
+    off the direct path users get)."""
 
     def __init__(self, c: Client) -> None:
         self.t: dict[str, list[float]] = {}
-        c._http.event_hooks = {"request": [self._req], "response": [self._resp]}
+        drv = c._driver
+        real = drv._call
 
-    def _req(self, request: Any) -> None:
-        request.extensions["t0"] = time.perf_counter()
+        def timed(call: Any, streams: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return real(call, streams)
+            finally:
+                path = call.url.split("?", 1)[0]
+                self.t.setdefault(_kind(call.method, path), []).append(
+                    time.perf_counter() - t0)
 
-    def _resp(self, response: Any) -> None:
-        rq = response.request
-        k = _kind(rq.method, rq.url.path)
-        self.t.setdefault(k, []).append(time.perf_counter() - rq.extensions["t0"])
+        drv._call = timed  # type: ignore[method-assign]
 
     def text(self, n: int) -> str:
         out = "; ".join(f"{k} {len(v) / max(1, n):.2f}/task p50 {ms(pct(v, 50))} ms"

@@ -12,7 +12,9 @@ from typing import Any, TypeAlias, TypeVar
 import httpx
 
 from squall.client import _http
+from squall.client._direct import Shortcut
 from squall.client._effects import Call, Close, Emit, Gather, Read, Reply, Retry, Sleep
+from squall.client._leanasync import LeanAsyncTransport
 from squall.client._protocol import Core, default_master, first_failure, held_wire
 from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder
 from squall.common.errors import SquallError
@@ -52,8 +54,11 @@ async def _aiter(parts: Iterable[bytes]) -> AsyncIterator[bytes]:
 class _AsyncDriver:
     """Runs protocol generators over an ``httpx.AsyncClient``."""
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, lean: LeanAsyncTransport | None = None,
+                 token: str | None = None) -> None:
         self.http = http
+        self.lean = lean  # the default transport: calls may take the direct path
+        self.shortcut = Shortcut(http, token, lean is not None)
 
     async def run(self, gen: Generator[Any, Any, T]) -> T:
         out: list[T] = []
@@ -108,6 +113,13 @@ class _AsyncDriver:
 
     async def _call(self, c: Call, streams: list[httpx.Response]) -> Any:
         base = self.http.base_url
+        direct = self.shortcut.prepare(c) if self.lean is not None else None
+        if direct is not None:
+            assert self.lean is not None
+            try:
+                return _http.result(c, await self.lean.exchange(direct), base)
+            except (httpx.HTTPError, httpx.InvalidURL) as e:
+                raise _http.transport_error(e, c, base) from e
         args = _http.request_args(c)
         content = args.get("content")
         if content is not None and not isinstance(content, bytes | bytearray):
@@ -195,12 +207,13 @@ class AsyncClient:
         self.token = auth.token
         self._core = Core(Retry(attempts=retries, budget_s=retry_budget_s), blob_timeout,
                           worker, timeout, front_door, auth.token)
-        self._http = httpx.AsyncClient(base_url=self.master,
-                                       transport=transport or _http.async_transport(limits),
+        lean = None if transport else _http.async_transport(limits)
+        self._http = httpx.AsyncClient(base_url=self.master, transport=transport or lean,
                                        timeout=timeout, limits=limits, auth=auth,
                                        verify=_http.tls_verify())
-        self._run = _AsyncDriver(self._http).run
-        self._iter = _AsyncDriver(self._http).iterate
+        driver = _AsyncDriver(self._http, lean, auth.token)
+        self._run = driver.run
+        self._iter = driver.iterate
 
     def _task(self, wire: WireTask, group: str) -> AsyncLeasedTask:
         return AsyncLeasedTask(self, wire, group)

@@ -9,14 +9,19 @@ import os
 import socket
 import ssl
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
 
+from squall.client._direct import Plain
 from squall.client._effects import Call, ConnectError, Reply
 from squall.common.errors import ServerError, StatusError, TransportError, from_response
 from squall.common.tls import TLSConfig
+
+if TYPE_CHECKING:
+    from squall.client._leanasync import LeanAsyncTransport
+    from squall.client._leanhttp import LeanTransport
 
 _CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
@@ -47,7 +52,7 @@ class MasterAuth(httpx.Auth):
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
-def sync_transport(limits: httpx.Limits) -> httpx.BaseTransport:
+def sync_transport(limits: httpx.Limits) -> LeanTransport:
     """The sync client's default transport: :class:`LeanTransport` (``http.client``), TLS
     as :func:`tls_verify`, TCP_NODELAY."""
     from squall.client._leanhttp import LeanTransport
@@ -56,7 +61,7 @@ def sync_transport(limits: httpx.Limits) -> httpx.BaseTransport:
                          max_connections=limits.max_connections)
 
 
-def async_transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
+def async_transport(limits: httpx.Limits) -> LeanAsyncTransport:
     """The async client's default transport: :class:`LeanAsyncTransport` (asyncio streams,
     ``common/leanio.py``), TLS as :func:`tls_verify`, TCP_NODELAY."""
     from squall.client._leanasync import LeanAsyncTransport
@@ -117,7 +122,7 @@ def _reason(e: Exception) -> str:
     return str(e) or type(e).__name__
 
 
-def status_error(r: httpx.Response, c: Call, base: httpx.URL | str) -> StatusError:
+def status_error(r: httpx.Response | Plain, c: Call, base: httpx.URL | str) -> StatusError:
     ra = r.headers.get("retry-after")
     retry_after = float(ra) if ra and ra.replace(".", "", 1).isdigit() else None
     try:
@@ -138,7 +143,7 @@ def status_error(r: httpx.Response, c: Call, base: httpx.URL | str) -> StatusErr
 _READ = httpx.ByteStream(b"")  # stands for a response's stream once its body was read
 
 
-def result(c: Call, r: httpx.Response, base: httpx.URL | str) -> Any:
+def result(c: Call, r: httpx.Response | Plain, base: httpx.URL | str) -> Any:
     # httpx's client binds the response and its stream to each other (a reference cycle):
     # the body would live until the garbage collector runs. Cut it, so the body goes as
     # soon as the caller is done with it: 4 MiB payloads then reuse the same warm memory

@@ -8,6 +8,9 @@ the response and sees httpx's exceptions, so the client's retry and error mappin
 (``_http.py``) see exactly what they saw before; failures map as ``_leanhttp.py`` maps
 them (ConnectError / ConnectTimeout: never sent).
 
+:meth:`exchange` is the direct path (``_direct.py``): the same pool and failures for a
+call that skips httpx's request and response objects.
+
 - At most ``max_connections`` requests at once (the client's ``max_connections``; more
   wait, at most the connect timeout).
 - Keep-alive pool per (scheme, host, port), at most ``max_idle`` idle connections each;
@@ -24,6 +27,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+from squall.client._direct import Direct, Plain
 from squall.common.leanio import Broken, Pool, Response
 
 IDLE_S = 4.0  # below uvicorn's 5 s keep-alive: a server rarely closes one under us
@@ -60,6 +64,26 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
         return httpx.Response(r.status, headers=r.headers, stream=_Body(r),
                               extensions={"http_version": b"HTTP/1.1",
                                           "reason_phrase": r.reason.encode("latin-1")})
+
+
+    async def exchange(self, d: Direct) -> Plain:
+        """The direct path (``_direct.py``): one request, its answer read whole."""
+        if self.pool.closed:
+            raise RuntimeError("the transport is closed")
+        try:
+            r = await self.pool.request(
+                d.key, d.method, d.target, d.headers, d.body,
+                connect_timeout=d.timeout.get("connect"),
+                write_timeout=d.timeout.get("write"), read_timeout=d.timeout.get("read"))
+        except Broken as e:
+            raise _mapped(e, head=True) from e
+        try:
+            content = await r.read()
+        except Broken as e:
+            raise _mapped(e, head=False) from e
+        finally:
+            r.release()
+        return Plain(r.status, r.header_dict(), content)
 
 
 class _Body(httpx.AsyncByteStream):

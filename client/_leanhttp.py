@@ -8,6 +8,9 @@ transport keeps everything above it: httpx builds the request (auth, headers, ti
 decodes the response and raises httpx's exceptions, so the client's retry and error
 mapping (``_http.py``) see exactly what they saw before.
 
+:meth:`exchange` is the direct path (``_direct.py``): the same pool and failures for a
+call that skips httpx's request and response objects.
+
 - At most ``max_connections`` requests at once (the client's ``max_connections``): more
   wait, at most the connect timeout, then fail as never sent (``httpx.PoolTimeout``).
 - Keep-alive pool per (scheme, host, port), at most ``max_idle`` idle connections each;
@@ -32,6 +35,8 @@ from collections.abc import Iterable, Iterator
 from typing import cast
 
 import httpx
+
+from squall.client._direct import Direct, Plain
 
 Key = tuple[str, str, int]
 # a streamed body is handed up in reads of at most this: a payload up to 8 MiB in one
@@ -98,23 +103,27 @@ class LeanTransport(httpx.BaseTransport):
             c.close()
 
     # -- one exchange ------------------------------------------------------------------------
+    def _open(self, key: Key, timeout: dict[str, float | None]) -> http.client.HTTPConnection:
+        """A connection for one exchange, holding a slot (give both back when done)."""
+        if self._slots is not None and not self._slots.acquire(timeout=timeout.get("connect")):
+            raise httpx.PoolTimeout(f"all connections to {key[1]} stayed busy")
+        try:
+            conn = self._take(key, timeout)
+        except BaseException:
+            self._release()
+            raise
+        assert conn.sock is not None
+        conn.sock.settimeout(timeout.get("read"))
+        return conn
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         scheme = url.scheme
         if scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
         key = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
-        timeout: dict[str, float | None] = request.extensions.get("timeout", {})
-        if self._slots is not None and not self._slots.acquire(timeout=timeout.get("connect")):
-            raise httpx.PoolTimeout(f"all connections to {url.host} stayed busy")
+        conn = self._open(key, request.extensions.get("timeout", {}))
         try:
-            conn = self._take(key, timeout)
-        except BaseException:
-            self._release()
-            raise
-        try:
-            assert conn.sock is not None
-            conn.sock.settimeout(timeout.get("read"))
             target = url.raw_path.decode("ascii")
             chunked = request.headers.get("transfer-encoding", "").lower() == "chunked"
             body: bytes | Iterator[bytes]
@@ -135,6 +144,26 @@ class LeanTransport(httpx.BaseTransport):
                               stream=_Body(self, key, conn, resp),
                               extensions={"http_version": b"HTTP/1.1",
                                           "reason_phrase": resp.reason.encode("latin-1")})
+
+    def exchange(self, d: Direct) -> Plain:
+        """The direct path (``_direct.py``): one request, its answer read whole."""
+        conn = self._open(d.key, d.timeout)
+        try:
+            with _mapped(conn, httpx.RemoteProtocolError):
+                conn.request(d.method, d.target, body=d.body, headers=dict(d.headers))
+                resp = conn.getresponse()
+            with _mapped(conn, httpx.ReadError):
+                content = resp.read()
+        except BaseException:
+            conn.close()
+            self._release()
+            raise
+        if resp.will_close:
+            conn.close()
+        else:
+            self._give_back(d.key, conn)
+        self._release()
+        return Plain(resp.status, {k.lower(): v for k, v in resp.getheaders()}, content)
 
 
 class _Body(httpx.SyncByteStream):

@@ -18,7 +18,9 @@ from typing import Any, TypeAlias, TypeVar
 import httpx
 
 from squall.client import _http
+from squall.client._direct import Shortcut
 from squall.client._effects import Call, Close, Emit, Gather, Read, Reply, Retry, Sleep
+from squall.client._leanhttp import LeanTransport
 from squall.client._protocol import (
     MAX_IN_FLIGHT,
     Core,
@@ -68,8 +70,11 @@ class _Driver:
     batches. A Gather inside a gathered verb gets threads of its own, so the pool never
     waits on itself."""
 
-    def __init__(self, http: httpx.Client) -> None:
+    def __init__(self, http: httpx.Client, lean: LeanTransport | None = None,
+                 token: str | None = None) -> None:
         self.http = http
+        self.lean = lean  # the default transport: calls may take the direct path
+        self.shortcut = Shortcut(http, token, lean is not None)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -156,7 +161,11 @@ class _Driver:
 
     def _call(self, c: Call, streams: list[httpx.Response]) -> Any:
         base = self.http.base_url
+        direct = self.shortcut.prepare(c) if self.lean is not None else None
         try:
+            if direct is not None:
+                assert self.lean is not None
+                return _http.result(c, self.lean.exchange(direct), base)
             if not c.stream:
                 return _http.result(c, self.http.request(**_http.request_args(c)), base)
             r = self.http.send(self.http.build_request(**_http.request_args(c)), stream=True)
@@ -237,10 +246,11 @@ class Client:
         self.token = auth.token
         self._core = Core(Retry(attempts=retries, budget_s=retry_budget_s), blob_timeout,
                           worker, timeout, front_door, auth.token)
+        lean = None if transport else _http.sync_transport(limits)
         self._http = httpx.Client(base_url=self.master, timeout=timeout, limits=limits,
-                                  transport=transport or _http.sync_transport(limits),
-                                  auth=auth, verify=_http.tls_verify())
-        self._driver = _Driver(self._http)
+                                  transport=transport or lean, auth=auth,
+                                  verify=_http.tls_verify())
+        self._driver = _Driver(self._http, lean, auth.token)
         self._run = self._driver.run
         self._iter = self._driver.iterate
 

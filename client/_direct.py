@@ -1,0 +1,136 @@
+"""The direct path: a call that can skip httpx's request and response objects goes to the
+client's own lean transport as plain values (issue 9: the client's CPU per request).
+
+Above the lean transports, httpx still cost ~300 µs of CPU per small request (URL parsing
+and merging, header objects, the auth flow, the response model), more than the transport
+itself (``bench/results/client-notes.md``). Both drivers (``_sync.py``, ``_async.py``) ask
+:meth:`Shortcut.prepare` first; it answers ``None`` unless everything about the call is
+something httpx would send unchanged, and the call then takes httpx's path as before:
+
+- the client uses its default transport (a custom one, e.g. a test's fault injector,
+  sees every request as an ``httpx.Request``) and has no event hooks;
+- the answer is read whole (not a stream), without query parameters, with a body of bytes
+  or JSON (not an iterable);
+- the URL is the master's path or an absolute ``http(s)`` URL whose path needs no
+  percent-encoding (httpx would change nothing).
+
+The request carries what httpx would send that matters: Host, ``Authorization`` for the
+master's origin only (as :class:`~squall.client._http.MasterAuth` adds it), Content-Type
+for JSON, the call's own headers, the client's timeouts. Failures are raised as the httpx
+exceptions the transports raise on httpx's path, so retries and error mapping (``_http.py``)
+do not change. The answer is a :class:`Plain`, which ``_http.result`` reads as it reads an
+``httpx.Response``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+
+from squall.client._effects import Call
+
+Key = tuple[str, str, int]
+_PLAIN = re.compile(r"[A-Za-z0-9\-._~%!$&'()*+,;=:@/?]*")  # nothing httpx would encode
+_AGENT = ("User-Agent", "squall-client")
+_JSON = ("Content-Type", "application/json")
+
+
+class Plain:
+    """An answer read whole on the direct path: the parts of an ``httpx.Response`` that
+    ``_http.result`` and ``_http.status_error`` use (headers by lower-case name)."""
+
+    __slots__ = ("content", "headers", "status_code", "stream")
+
+    def __init__(self, status: int, headers: dict[str, str], content: bytes) -> None:
+        self.status_code, self.headers, self.content = status, headers, content
+        self.stream: Any = None
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class Direct:
+    """One call as the lean transport sends it."""
+
+    key: Key
+    method: str
+    target: str
+    headers: list[tuple[str, str]]
+    body: bytes | bytearray | memoryview | None
+    timeout: dict[str, float | None]
+
+
+class Shortcut:
+    def __init__(self, http: httpx.Client | httpx.AsyncClient, token: str | None,
+                 enabled: bool) -> None:
+        self.http, self.enabled = http, enabled
+        base = http.base_url
+        self.master: Key = (base.scheme, base.host, base.port or _default_port(base.scheme))
+        self.host = base.netloc.decode("ascii")
+        self.base_path = base.raw_path.decode("ascii").rstrip("/")
+        self.auth = ("Authorization", f"Bearer {token}") if token else None
+        self.timeout = http.timeout.as_dict()
+
+    def prepare(self, c: Call) -> Direct | None:
+        if not self.enabled or c.stream or c.params or self.http.is_closed:
+            return None  # (closed: httpx's path raises its own error)
+        hooks = self.http.event_hooks
+        if hooks["request"] or hooks["response"]:
+            return None
+        headers = [("Host", self.host), _AGENT]
+        body: Any = c.content
+        if c.json is not None:
+            body = orjson.dumps(c.json)
+            headers.append(_JSON)
+        elif body is not None and not isinstance(body, bytes | bytearray | memoryview):
+            return None  # an iterable: streamed by httpx's path
+        url = c.url
+        if url.startswith("/"):
+            key, target = self.master, self.base_path + url
+        else:
+            scheme, sep, rest = url.partition("://")
+            netloc, slash, path = rest.partition("/")
+            where = _origin(scheme, netloc) if sep else None
+            if where is None:
+                return None
+            key, target = where, slash + path
+            if key != self.master:
+                headers[0] = ("Host", netloc)
+        if not _PLAIN.fullmatch(target) or not target.startswith("/"):
+            return None
+        own = c.headers
+        if self.auth is not None and key == self.master and not (
+                own and any(k.lower() == "authorization" for k in own)):
+            headers.append(self.auth)
+        if own:
+            headers.extend(own.items())
+        timeout = (self.timeout if c.timeout is None
+                   else dict.fromkeys(("connect", "read", "write", "pool"), c.timeout))
+        return Direct(key, c.method, target, headers, body, timeout)
+
+
+@functools.lru_cache(maxsize=256)
+def _origin(scheme: str, netloc: str) -> Key | None:
+    """(scheme, host, port) of an http(s) origin; None for anything else."""
+    if scheme not in ("http", "https") or not netloc or "@" in netloc:
+        return None
+    try:
+        u = urlsplit(f"{scheme}://{netloc}")
+        host, port = u.hostname, u.port
+    except ValueError:
+        return None
+    if not host:
+        return None
+    return (scheme, host, port or _default_port(scheme))
+
+
+def _default_port(scheme: str) -> int:
+    return 443 if scheme == "https" else 80
