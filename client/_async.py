@@ -42,7 +42,9 @@ T = TypeVar("T")
 Tasks: TypeAlias = TaskBase | Sequence[TaskBase]
 
 
-def _list(tasks: Tasks) -> list[TaskBase]:
+def _list(tasks: Tasks | None) -> list[TaskBase]:
+    if tasks is None:
+        return []
     return [tasks] if isinstance(tasks, TaskBase) else list(tasks)
 
 
@@ -251,7 +253,8 @@ class AsyncClient:
 
     async def lease(self, queue: str, max_tasks: int = 1, lease_secs: float | None = None,
                     *, max_pid: str | None = None, payloads: bool = False,
-                    wait_secs: float | None = None, done: Tasks = ()) -> list[AsyncLeasedTask]:
+                    wait_secs: float | None = None, done: Tasks | None = ()
+                    ) -> list[AsyncLeasedTask]:
         """Lease up to `max_tasks` tasks. `payloads=True`: small payloads come loaded (one
         batch read per data node; ``payload()`` then needs no request), large ones are read
         when asked. `wait_secs`: wait up to this long for a task (the master answers as

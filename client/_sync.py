@@ -54,7 +54,9 @@ T = TypeVar("T")
 Tasks: TypeAlias = TaskBase | Sequence[TaskBase]
 
 
-def _list(tasks: Tasks) -> list[TaskBase]:
+def _list(tasks: Tasks | None) -> list[TaskBase]:
+    if tasks is None:
+        return []
     return [tasks] if isinstance(tasks, TaskBase) else list(tasks)
 
 
@@ -288,7 +290,7 @@ class Client:
 
     def lease(self, queue: str, max_tasks: int = 1, lease_secs: float | None = None,
               *, max_pid: str | None = None, payloads: bool = False,
-              wait_secs: float | None = None, done: Tasks = ()) -> list[LeasedTask]:
+              wait_secs: float | None = None, done: Tasks | None = ()) -> list[LeasedTask]:
         """Lease up to `max_tasks` tasks. `payloads=True`: small payloads come loaded (one
         batch read per data node; ``payload()`` then needs no request), large ones are read
         when asked. `wait_secs`: wait up to this long for a task (the master answers as

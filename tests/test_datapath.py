@@ -114,7 +114,9 @@ def test_done_and_lease_in_one_update(cluster: DevCluster) -> None:
         # the same group only
         with pytest.raises(Exception, match="one group"):
             c.lease("other#ack", 1, 60, done=nxt)
-        c.done(nxt)
+        last = c.lease("dp#ack", 1, 60, done=None)  # None: nothing to dequeue (as ())
+        assert [x.pid for x in last] == ["p4"]
+        c.done([*nxt, *last])
 
 
 def test_stale_replicas_are_refreshed_from_the_master(tmp_path: Path) -> None:
