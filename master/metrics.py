@@ -111,6 +111,10 @@ class MasterMetrics:
                                 "(wait_secs)", value=m.waiters.total)
         yield CounterMetricFamily("squall_lease_waits_refused", "waiting leases refused by "
                                   "the per-queue or total bound", value=m.waiters.refused)
+        yield CounterMetricFamily("squall_lease_wait_attempts", "leases tried by parked "
+                                  "requests once woken (about one per task they lease: a "
+                                  "notification wakes as many as there are tasks)",
+                                  value=m.waiters.attempts)
 
     def _queues(self) -> Iterator[str]:
         """Per-queue series as text: one escaped label set per queue, shared by its six

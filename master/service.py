@@ -111,7 +111,7 @@ class Master(Housekeeping):
         self.dedup = self.engine.dedup = Dedup(self.index.dedup, settings.dedup_retention_s)
         self.meters = Meters()
         self.waiters = Waiters(settings.lease_wait_max_s, settings.lease_waiters_per_queue,
-                               settings.lease_waiters_max)
+                               settings.lease_waiters_max, self._available)
         records, tail = read_records(self.wal_dir, after=self.index.applied)
         self.replayed = self._replay(records)
         for (_, node_id), mark in self.index.node_marks.items():  # decommissions resume
@@ -183,6 +183,10 @@ class Master(Housekeeping):
             self.meters.record((group, queue), kind, n, now)
         for key, (secs, n) in plan.lease_secs.items():
             self.meters.lease_done(key, secs, n)
+
+    def _available(self, key: tuple[str, str]) -> int:
+        q = self.index.queues.get(key)
+        return q.available if q is not None else 0
 
     def _woke(self, group: str, queues: Iterable[str]) -> None:
         """After a commit: tasks of these queues may be available (parked leases look)."""

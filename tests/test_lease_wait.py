@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from squall.client import AsyncClient, Client, Overloaded, TransportError, Unava
 from squall.common.clock import ManualClock
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
+from squall.master.waiters import Waiters
 from tests.helpers import ADMIN, MasterProcess, until, wait_for
 
 Env = tuple[AsyncClient, Master, ManualClock]
@@ -121,6 +123,95 @@ async def test_an_update_that_acks_and_waits_is_durable_before_it_parks(env: Env
     assert q.completed == 2 and m.waiters.total == 2
     m.waiters.close()
     assert await asyncio.wait_for(asyncio.gather(*blockers), 5) == [[], []]
+
+
+@pytest.fixture
+async def wide(tmp_path: Path) -> AsyncIterator[tuple[AsyncClient, Master, list[int]]]:
+    """A master with room for many parked leases; counts every lease attempt."""
+    settings = MasterSettings(data_dir=str(tmp_path / "m"), lease_waiters_per_queue=50,
+                              lease_waiters_max=100, lease_wait_max_s=20.0)
+    app = create_master_app(settings, clock=ManualClock(), background=False)
+    async with app.router.lifespan_context(app), \
+            AsyncClient("http://127.0.0.1", transport=httpx.ASGITransport(app=app),
+                        retries=0) as c:
+        m: Master = app.state.master
+        tries = [0]
+        real = m._lease_now
+
+        async def counted(*a: Any) -> dict[str, Any]:
+            tries[0] += 1
+            return await real(*a)
+
+        m._lease_now = counted  # type: ignore[method-assign]
+        yield c, m, tries
+        m.waiters.close()
+
+
+async def test_a_new_task_wakes_one_parked_lease_not_all(wide) -> None:  # type: ignore[no-untyped-def]
+    """20 parked leases and one new task: one lease attempt (two at most), not 20 (it was
+    20, nearly all empty: with many Workers long-polling a queue, each task cost the master
+    one lease per parked Worker). Three more tasks: about three more attempts; the rest
+    stay parked."""
+    c, m, tries = wide
+    parked = [asyncio.create_task(c.lease("w#herd", 1, 30, wait_secs=15)) for _ in range(20)]
+    await _parked(m, 20)
+    before = tries[0]
+    await c.put("w#herd", pid="t0")
+    done, _ = await asyncio.wait(parked, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    await until(lambda: m.waiters.total == 19, 5, what="the other leases parked again")
+    assert tries[0] - before <= 2 and m.waiters.attempts <= 2  # 1, but for batch timing
+    assert [[t.pid for t in d.result()] for d in done] == [["t0"]]
+    for i in range(1, 4):
+        await c.put("w#herd", pid=f"t{i}")
+    await until(lambda: m.waiters.total == 16, 5, what="three more answered")
+    assert tries[0] - before <= 6
+    got = sorted(t.pid for p in parked if p.done() for t in p.result())
+    assert got == ["t0", "t1", "t2", "t3"]  # each task leased once
+    m.waiters.close()
+    rest = await asyncio.wait_for(asyncio.gather(*parked), 5)
+    assert sum(len(r) for r in rest) == 4
+
+
+async def test_a_wake_up_the_woken_lease_cannot_use_passes_on(wide) -> None:  # type: ignore[no-untyped-def]
+    """The oldest parked lease excludes the new task (max_pid): it is woken first, leases
+    nothing and wakes the next one, which takes the task at once (not at its deadline)."""
+    c, m, _ = wide
+    picky = asyncio.create_task(c.lease("w#pick", 1, 30, wait_secs=15, max_pid="b"))
+    await _parked(m, 1)
+    taker = asyncio.create_task(c.lease("w#pick", 1, 30, wait_secs=15))
+    await _parked(m, 2)
+    t0 = time.monotonic()
+    await c.put("w#pick", pid="zz")
+    [task] = await asyncio.wait_for(taker, 5)
+    assert task.pid == "zz" and time.monotonic() - t0 < 5
+    await until(lambda: m.waiters.total == 1, 5, what="the picky lease parked again")
+    assert not picky.done()
+    await c.put("w#pick", pid="a")  # one it takes
+    assert [t.pid for t in await asyncio.wait_for(picky, 5)] == ["a"]
+
+
+async def test_a_wake_up_of_a_lease_that_ends_first_passes_on() -> None:
+    """Woken, then cancelled (its client went away) before it looked: the wake-up goes to
+    the next parked lease, which leases the task."""
+    tasks = ["t"]
+
+    async def attempt() -> dict[str, Any]:
+        return {"tasks": [tasks.pop()] if tasks else []}
+
+    w = Waiters(available=lambda key: len(tasks))
+    key = ("g", "q")
+    tasks.clear()
+    first = asyncio.create_task(w.wait(key, 10, attempt))
+    await until(lambda: w.total == 1, 5, what="first parked")
+    second = asyncio.create_task(w.wait(key, 10, attempt))
+    await until(lambda: w.total == 2, 5, what="second parked")
+    tasks.append("t")
+    first.cancel()  # its client went away; it learns so once it runs, after this:
+    w.notify([key])  # wakes the oldest only (one task): that wake-up must not be lost
+    assert (await asyncio.wait_for(second, 5))["tasks"] == ["t"]
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert w.total == 0
 
 
 def test_parked_lease_when_the_master_stops_or_dies(tmp_path: Path) -> None:
