@@ -99,6 +99,14 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
         [t] = c.lease("shots#thumbs", lease_secs=300)
         t.release(error="PIL.UnidentifiedImageError: cannot identify image file")
         c.lease("shots#resize", 3, lease_secs=600)
+
+    def resize_row() -> dict[str, Any]:
+        rows = httpx.get(url + "/v1/overview?limit=100", headers=ADMIN).json()["queues"]
+        return next((r for r in rows if r["queue"] == "shots#resize"), {})
+
+    # the listed rows are recomputed at most every second (master/telemetry.py): the page,
+    # refreshing every 300 s here, must not load the rows of before the lease
+    wait_for(lambda: resize_row().get("leased") == 3, 10, what="the listed rows caught up")
     page = browser.new_page(viewport={"width": 1400, "height": 1300})
     page.goto(url + "/?refresh=300")
     # the page holds no data: without a credential its polls are refused, and it says so
