@@ -115,7 +115,7 @@ class _AsyncDriver:
 
     async def _call(self, c: Call, streams: list[httpx.Response]) -> Any:
         base = self.http.base_url
-        direct = self.shortcut.prepare(c) if self.lean is not None else None
+        direct = self.shortcut.prepare(c)  # None unless the default transport may take it
         if direct is not None:
             assert self.lean is not None
             try:

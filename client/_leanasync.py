@@ -65,7 +65,6 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
                               extensions={"http_version": b"HTTP/1.1",
                                           "reason_phrase": r.reason.encode("latin-1")})
 
-
     async def exchange(self, d: Direct) -> Plain:
         """The direct path (``_direct.py``): one request, its answer read whole."""
         if self.pool.closed:

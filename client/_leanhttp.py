@@ -112,8 +112,13 @@ class LeanTransport(httpx.BaseTransport):
         except BaseException:
             self._release()
             raise
-        assert conn.sock is not None
-        conn.sock.settimeout(timeout.get("read"))
+        try:
+            assert conn.sock is not None
+            conn.sock.settimeout(timeout.get("read"))
+        except BaseException:
+            conn.close()
+            self._release()
+            raise
         return conn
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
