@@ -1,0 +1,98 @@
+"""The front door's node-to-master commits: several in flight at once, batching beyond that,
+and no request left waiting when the node stops (datanode/frontdoor.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from squall.common.errors import Unavailable
+from squall.datanode.frontdoor import COMMITS_IN_FLIGHT, FrontDoor
+
+
+class StuckMaster:
+    """Stands in for ``FrontDoor._post``: records each commit; a commit answers once the
+    test releases it."""
+
+    def __init__(self) -> None:
+        self.commits: list[list[dict[str, Any]]] = []
+        self.release: list[asyncio.Event] = []
+        self.arrived = asyncio.Event()
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert path == "/v1/nodes/commit"
+        self.commits.append(body["updates"])
+        gate = asyncio.Event()
+        self.release.append(gate)
+        self.arrived.set()
+        await gate.wait()
+        return {"results": [{"ok": {"n": u["n"]}} for u in body["updates"]]}
+
+    async def wait_commits(self, n: int) -> None:
+        async with asyncio.timeout(10):
+            while len(self.commits) < n:
+                self.arrived.clear()
+                await self.arrived.wait()
+
+
+@pytest.fixture
+def door(monkeypatch: pytest.MonkeyPatch) -> tuple[FrontDoor, StuckMaster]:
+    node: Any = SimpleNamespace(node_id="n1",
+                                settings=SimpleNamespace(master_url="http://127.0.0.1:1"))
+    d = FrontDoor(node)
+    master = StuckMaster()
+    monkeypatch.setattr(d, "_post", master.post)
+    return d, master
+
+
+async def test_a_request_does_not_wait_for_the_commit_in_flight(
+        door: tuple[FrontDoor, StuckMaster]) -> None:
+    d, master = door
+    first = asyncio.create_task(d._commit({"n": 0}))
+    await master.wait_commits(1)
+    second = asyncio.create_task(d._commit({"n": 1}))
+    await master.wait_commits(2)  # sent while the first one is still at the master
+    master.release[1].set()
+    assert await asyncio.wait_for(second, 10) == {"n": 1}
+    assert not first.done()
+    master.release[0].set()
+    assert await asyncio.wait_for(first, 10) == {"n": 0}
+    await d.aclose()
+
+
+async def test_beyond_the_commits_in_flight_requests_batch_up(
+        door: tuple[FrontDoor, StuckMaster]) -> None:
+    d, master = door
+    waiting = []
+    for i in range(COMMITS_IN_FLIGHT):
+        waiting.append(asyncio.create_task(d._commit({"n": i})))
+        await master.wait_commits(i + 1)
+    later = [asyncio.create_task(d._commit({"n": 100 + i})) for i in range(5)]
+    await asyncio.sleep(0)  # let them queue: no slot is free, so no commit goes
+    await asyncio.sleep(0)
+    assert len(master.commits) == COMMITS_IN_FLIGHT
+    master.release[0].set()  # one slot frees: everything waiting goes in one commit
+    await master.wait_commits(COMMITS_IN_FLIGHT + 1)
+    assert [u["n"] for u in master.commits[-1]] == [100, 101, 102, 103, 104]
+    for gate in master.release:
+        gate.set()
+    assert [r["n"] for r in await asyncio.gather(*waiting, *later)] == [
+        *range(COMMITS_IN_FLIGHT), 100, 101, 102, 103, 104]
+    await d.aclose()
+
+
+async def test_stopping_answers_every_waiting_request(
+        door: tuple[FrontDoor, StuckMaster]) -> None:
+    d, master = door
+    d._slots = asyncio.Semaphore(1)  # one commit in flight: the second request waits
+    sent = asyncio.create_task(d._commit({"n": 0}))
+    await master.wait_commits(1)
+    queued = asyncio.create_task(d._commit({"n": 1}))  # waits for the slot
+    await asyncio.sleep(0)
+    await d.aclose()
+    for t in (sent, queued):
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(t, 10)
