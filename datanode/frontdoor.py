@@ -221,6 +221,9 @@ class FrontDoor:
             self._wake.clear()
             while self._pending:
                 await self._slots.acquire()
+                if not self._pending:  # taken meanwhile (the node stops)
+                    self._slots.release()
+                    break
                 batch = self._pending[:COMMIT_UPDATES_MAX]
                 del self._pending[:COMMIT_UPDATES_MAX]
                 t = asyncio.create_task(self._commit_batch(batch), name="frontdoor-commit")
