@@ -11,6 +11,7 @@ import pytest
 
 from squall.common.errors import Unavailable
 from squall.datanode.frontdoor import COMMITS_IN_FLIGHT, FrontDoor
+from tests.helpers import until
 
 
 class StuckMaster:
@@ -71,9 +72,8 @@ async def test_beyond_the_commits_in_flight_requests_batch_up(
         waiting.append(asyncio.create_task(d._commit({"n": i})))
         await master.wait_commits(i + 1)
     later = [asyncio.create_task(d._commit({"n": 100 + i})) for i in range(5)]
-    await asyncio.sleep(0)  # let them queue: no slot is free, so no commit goes
-    await asyncio.sleep(0)
-    assert len(master.commits) == COMMITS_IN_FLIGHT
+    await until(lambda: len(d._pending) == 5, what="the 5 requests queued")
+    assert len(master.commits) == COMMITS_IN_FLIGHT  # no slot is free: no commit went
     master.release[0].set()  # one slot frees: everything waiting goes in one commit
     await master.wait_commits(COMMITS_IN_FLIGHT + 1)
     assert [u["n"] for u in master.commits[-1]] == [100, 101, 102, 103, 104]
@@ -91,7 +91,7 @@ async def test_stopping_answers_every_waiting_request(
     sent = asyncio.create_task(d._commit({"n": 0}))
     await master.wait_commits(1)
     queued = asyncio.create_task(d._commit({"n": 1}))  # waits for the slot
-    await asyncio.sleep(0)
+    await until(lambda: len(d._pending) == 1, what="the second request queued")
     await d.aclose()
     for t in (sent, queued):
         with pytest.raises(Unavailable):
