@@ -212,8 +212,12 @@ class Payloads:
 
     def lease(self, n: int) -> list[dict[str, Any]]:
         t = time.perf_counter()
-        out = list(self._post(f"/v1/groups/{GROUP}/queues/{self.queue}/lease",
-                              {"max_tasks": n, "lease_secs": 600})["tasks"])
+        ans = self._post(f"/v1/groups/{GROUP}/queues/{self.queue}/lease",
+                         {"max_tasks": n, "lease_secs": 600})
+        out = list(ans["tasks"])
+        for task in out:  # one read token covers the answer's payloads
+            if task["payload"] is not None:
+                task["payload"]["token"] = ans["read_token"]
         self._took("lease", t)
         return out
 

@@ -12,8 +12,8 @@ that is down, lacks the blob, is corrupt or sends bytes that fail the checksum i
 A streamed read that breaks mid-way resumes on the next replica with ``Range``.
 
 Batch read (:meth:`Blobs.read_many`): the small payloads of many tasks with one
-``POST {node}/v1/blobs:batch-get`` per data node (each blob's own read token, from the
-lease answer); a frame that is missing, corrupt or fails the size / CRC32C check falls
+``POST {node}/v1/blobs:batch-get`` per data node (with the lease answer's one read token
+for them all, once); a frame that is missing, corrupt or fails the size / CRC32C check falls
 back to :meth:`Blobs.read` of that one payload (the other replicas).
 """
 
@@ -38,7 +38,7 @@ from squall.common.errors import (
     Unavailable,
 )
 from squall.common.models import AllocateResponse, Allocation, PayloadRef
-from squall.common.payload import OK, decode_frames, encode_frame
+from squall.common.payload import OK, batch_get_body, decode_frames, encode_frame
 
 BATCH_BLOB_BYTES = 256 << 10  # blobs up to this size go in :batch-put requests ...
 BATCH_BODY_BYTES = 8 << 20  # ... of at most this many bytes
@@ -245,8 +245,8 @@ class Blobs:
         out: list[bytes | SquallError | None] = [None] * len(refs)
         for node, idx in self._read_groups(refs):
             c = Call("POST", f"{node}/v1/blobs:batch-get", raw=True, timeout=self.timeout_s,
-                     retries=0, json={"blob_ids": [refs[i].blob_id for i in idx],
-                                      "tokens": [refs[i].token or "" for i in idx]})
+                     retries=0, json=batch_get_body([refs[i].blob_id for i in idx],
+                                                    [refs[i].token or "" for i in idx]))
             try:
                 reply: Reply = yield from call(c, self.retry)
                 frames = {f.blob_id: f for f in decode_frames(reply.content, verify=False)}

@@ -215,12 +215,16 @@ class Core(AdminVerbs, PayloadVerbs):
                 tx.dequeue(t)
             tx.lease_next(split_queue(queue)[1], body)
             res = yield from self.commit(tx)
-            wires = res.leased
+            wires, read_token = res.leased, res.read_token
         else:
             timeout = self.timeout_s + wait_secs if wait_secs else None
             ans = yield from call(Call("POST", path + "/lease", json=body, idempotent=False,
                                        timeout=timeout), self.retry)
             wires = [WireTask.model_validate(t) for t in ans["tasks"]]
+            read_token = ans.get("read_token")
+        for w in wires:  # the answer's one read token covers every payload of it
+            if w.payload is not None and w.payload.token is None:
+                w.payload.token = read_token
         tasks = [make(w, group) for w in wires]
         if payloads:
             yield from self._load([t for t in tasks if t.size <= BATCH_BLOB_BYTES], False)

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from squall.common.errors import BadRequest
 from squall.common.models import MAX_BATCH, EnqueueItem
+from squall.common.tokens import MAX_TOKEN_CHARS
 
 BLOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
 BLOB_ID_RE = re.compile(BLOB_ID_PATTERN[1:-1])
@@ -95,8 +96,12 @@ class BatchPutResult(_Lenient):
 class BatchGetRequest(_M):
     blob_ids: Annotated[list[BlobId], Field(min_length=1, max_length=1000)]
     tokens: Annotated[list[Annotated[str, Field(max_length=4096)]] | None, Field(
-        None, max_length=1000, description="one read token per blob id (e.g. those of a "
-        "lease answer), instead of an Authorization header covering them all")]
+        None, max_length=1000, description="one read token per blob id (e.g. those of task "
+        "lookups), instead of an Authorization header covering them all")]
+    token: Annotated[str, Field(max_length=MAX_TOKEN_CHARS)] | None = Field(
+        None, description="one read token covering every blob id (e.g. a lease answer's "
+        "`read_token`), instead of an Authorization header: a token covering many ids can "
+        "be longer than proxies allow a header to be")
 
 
 # -- heartbeat -----------------------------------------------------------------------------

@@ -43,8 +43,9 @@ class PayloadRef(_M):
     On enqueue, `receipts` are the data nodes' signed receipts from the blob write (see
     ``common/tokens.py``): the master accepts the reference only with a write quorum of
     valid receipts for this blob id, size and checksum. In lease answers and task lookups,
-    `replicas` lists the base URLs of live data nodes holding it, and `token` is a read
-    token for it (valid past the lease's expiry by a margin).
+    `replicas` lists the base URLs of live data nodes holding it. In task lookups, `token`
+    is a read token for it; in lease answers it is absent, and the answer's `read_token`
+    covers every payload of the answer (valid past the lease's expiry by a margin).
     """
 
     blob_id: Annotated[str, Field(min_length=1, max_length=128,
@@ -153,6 +154,8 @@ class UpdateResponse(_M):
     renewed: list[RenewResult]
     released: int
     leased: list[LeasedTask] = Field([], description="tasks leased by the update's `lease`")
+    read_token: str | None = Field(None, description="with `leased`: one read token for "
+                                   "every payload of the leased tasks (see LeaseResponse)")
 
 
 class EnqueueResponse(_M):
@@ -174,6 +177,11 @@ class LeaseRequest(_M):
 class LeaseResponse(_M):
     ticket: int = Field(0, description="WAL ticket of this lease (0: nothing leased)")
     tasks: list[LeasedTask]
+    read_token: str | None = Field(
+        None, description="one read token covering the payload of every task here (their "
+        "`payload.token` is absent): send it to the data nodes with each read of these "
+        "payloads, as `Authorization: Bearer <read_token>` or the `token` of a batch-get; "
+        "null when no task has a payload")
 
 
 class TaskInfo(_M):

@@ -205,17 +205,26 @@ def put_batch(client: httpx.Client, node: str, items: Iterable[tuple[str, bytes]
     return BatchPutResult.model_validate_json(r.content)
 
 
+def batch_get_body(blob_ids: list[str], tokens: list[str]) -> dict[str, Any]:
+    """The body of a ``:batch-get`` of `blob_ids` with one read token per id: the token once
+    when they are all the same (a lease answer's ``read_token``), else the list."""
+    first = tokens[0] if tokens else ""
+    if all(t == first for t in tokens):
+        return {"blob_ids": blob_ids, "token": first}
+    return {"blob_ids": blob_ids, "tokens": tokens}
+
+
 def get_batch(client: httpx.Client, node: str, blob_ids: list[str], token: str | list[str]
               ) -> dict[str, Frame]:
     """Fetch many small blobs; every frame's checksum is verified. Frames with a non-zero
     status (missing, corrupt, too large) are returned as they are, without data. `token`
-    covers every id, or is a list of one token per id (those of a lease answer)."""
+    covers every id, or is a list of one token per id (see :func:`batch_get_body`)."""
     body: dict[str, Any] = {"blob_ids": blob_ids}
     headers = {"Content-Type": "application/json"}
     if isinstance(token, str):
         headers.update(_auth(token))
     else:
-        body["tokens"] = token
+        body = batch_get_body(blob_ids, token)
     try:
         r = client.post(f"{node.rstrip('/')}/v1/blobs:batch-get", content=orjson.dumps(body),
                         headers=headers)

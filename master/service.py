@@ -204,7 +204,7 @@ class Master(Housekeeping):
         res = await self._execute(work, sweep_first=req.lease is not None)
         self._woke(group, {*(e.queue for e in req.enqueue), *(r.queue for r in req.release)})
         if req.lease is not None:
-            self._leased(group, req.lease.queue, res["leased"])
+            self._leased(group, req.lease.queue, res, "leased")
             if req.lease.wait_secs and not res["leased"] and not self.waiters.closed:
                 await self._wait_after_update(group, req.lease, addr, res)
         return res
@@ -221,7 +221,7 @@ class Master(Housekeeping):
         except StatusError as e:
             log.info("an update's lease could not wait (%s); answered with nothing leased", e)
             return
-        res["leased"] = more["tasks"]
+        res["leased"], res["read_token"] = more["tasks"], more["read_token"]
         res["ticket"] = max(res["ticket"], more["ticket"])
 
     async def enqueue(self, group: str, queue: str, tasks: list[TaskSpec]) -> dict[str, Any]:
@@ -253,16 +253,16 @@ class Master(Housekeeping):
             check_pid(req.max_pid)
         res = await self._execute(
             lambda txn: self.engine.plan_lease(txn, group, queue, req, addr), sweep_first=True)
-        self._leased(group, queue, res["tasks"])
+        self._leased(group, queue, res, "tasks")
         return res
 
-    def _leased(self, group: str, queue: str, tasks: list[dict[str, Any]]) -> None:
-        """Leased tasks as answered: payloads with live replicas and a read token."""
+    def _leased(self, group: str, queue: str, res: dict[str, Any], key: str) -> None:
+        """Leased tasks (``res[key]``) as answered: payloads with live replicas, and one
+        read token for all of them in ``res["read_token"]``."""
+        tasks = res[key]
         if tasks:
             self.meters.get((group, queue)).recent_leases.extend(t["pid"] for t in tasks)
-            for t in tasks:
-                if t["payload"] is not None:
-                    t["payload"] = self.placement.for_reader(t["payload"], t["expires_at"])
+        res["read_token"] = self.placement.for_lease(tasks)
 
     async def delete_queue(self, group: str, queue: str) -> dict[str, Any]:
         res = await self._execute(lambda txn: admin.plan_delete(self.engine, group, queue))

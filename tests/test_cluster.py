@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from squall.common.errors import Forbidden
 from squall.common.payload import get_blob, put_blob
 from tests.helpers import ADMIN, DataNodeProcess, MasterProcess, wait_for
 
@@ -100,13 +101,17 @@ def test_payloads_replicate_repair_and_collect(cluster: Cluster) -> None:
     for pid, ref in refs.items():
         assert enqueue(c, pid, ref).status_code == 200
 
-    leased = c.http.post(f"{G}/queues/q/lease", json={"max_tasks": 10,
-                                                       "lease_secs": 300}).json()["tasks"]
+    other = c.put(b"not in the lease answer")
+    ans = c.http.post(f"{G}/queues/q/lease", json={"max_tasks": 10, "lease_secs": 300}).json()
+    leased, read_token = ans["tasks"], ans["read_token"]
     assert len(leased) == 5
-    for t in leased:
+    for t in leased:  # one read token for the answer, none per payload
         p = t["payload"]
-        assert len(p["replicas"]) == 2 and p["token"]
-        assert get_blob(c.http, p["replicas"][0], p["blob_id"], p["token"]) == datas[t["pid"]]
+        assert len(p["replicas"]) == 2 and "token" not in p
+        p["token"] = read_token
+        assert get_blob(c.http, p["replicas"][0], p["blob_id"], read_token) == datas[t["pid"]]
+    with pytest.raises(Forbidden, match="does not cover"):  # only the answer's payloads
+        get_blob(c.http, other["replicas"][0], other["blob_id"], read_token)
 
     # kill -9 a node holding replicas: every blob is copied back to 2 live replicas
     victim = c.node(leased[2]["payload"]["replicas"][0])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import random
 import socket
@@ -16,6 +17,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -46,11 +48,14 @@ class Counting(httpx.HTTPTransport):
     def __init__(self) -> None:
         super().__init__()
         self.seen: Counter[tuple[str, str]] = Counter()
+        self.batch_gets: list[dict[str, Any]] = []  # their bodies
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         kind = "blob" if path.startswith("/v1/blobs/") else path.rsplit("/", 1)[-1]
         self.seen[(request.method, kind)] += 1
+        if kind == "blobs:batch-get":
+            self.batch_gets.append(json.loads(request.read()))
         return super().handle_request(request)
 
 
@@ -79,6 +84,9 @@ def test_lease_with_payloads_reads_one_batch_per_node(cluster: DevCluster) -> No
         # small payloads came in one batch read per data node; the large ones stay lazy
         assert t.seen[("POST", "blobs:batch-get")] <= len(nodes)
         assert t.seen[("GET", "blob")] == 0
+        # ... each with the lease answer's one read token, sent once
+        assert all("tokens" not in b and b["token"] for b in t.batch_gets)
+        assert len({b["token"] for b in t.batch_gets}) == 1
         lazy = {x.pid for x in tasks if not x.payload_loaded}
         assert lazy == {"a5", "a6"}
         got = {x.pid: x.payload() for x in tasks}

@@ -16,7 +16,9 @@ import httpx
 import pytest
 
 from squall.client import AsyncClient, Client, Overloaded, TransportError, Unavailable
+from squall.common import tokens
 from squall.common.clock import ManualClock
+from squall.common.models import EnqueueItem, PayloadRef, UpdateRequest
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
 from squall.master.waiters import Waiters
@@ -113,9 +115,14 @@ async def test_an_update_that_acks_and_waits_is_durable_before_it_parks(env: Env
     await _parked(m, 1)
     q = m.queue("w", "u")
     assert q is not None and (q.completed, q.leased, q.available) == (1, 0, 0)  # acked
-    await c.put("w#u", pid="second")
+    m.placement.require_receipts = False  # a payload reference without data nodes
+    ref = PayloadRef(blob_id="blob-2", size=3, crc32c=7, replicas=["http://127.0.0.1:1"])
+    await m.update("w", UpdateRequest(enqueue=[EnqueueItem(queue="u", pid="second",
+                                                           payload=ref)]))
     [second] = await asyncio.wait_for(waiting, 5)
-    assert second.pid == "second"
+    assert second.pid == "second" and second.payload_ref is not None
+    # the answer's one read token, as the update that waited got it, covers the payload
+    assert tokens.verify(m.key, second.payload_ref.token, "read", "blob-2", time.time())
 
     blockers = [asyncio.create_task(c.lease("w#u", 1, 30, wait_secs=10)) for _ in range(2)]
     await _parked(m, 2)  # the queue's limit of parked leases

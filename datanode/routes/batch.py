@@ -115,12 +115,15 @@ def answers(node: DataNode, metas: list[BlobMeta], peers: list[dict[str, dict[st
              "errors": errors} for m in metas]
 
 
-@router.post("/v1/blobs:batch-get", responses={200: RAW_ANSWER, **ERRORS})
-async def batch_get(req: BatchGetRequest, node: NodeDep,
-                    authorization: AuthH = None) -> StreamingResponse:
-    """Fetch many small blobs in one answer: a body of frames in request order; a missing,
-    corrupt or too-large blob is a frame with that status and no data."""
-    if req.tokens is None:
+def _may_read(node: DataNode, req: BatchGetRequest, authorization: str | None) -> None:
+    """Every id of a batch-get is covered: by the Authorization header, by one `token` in the
+    body (a lease answer's), or by its own entry of `tokens`."""
+    if req.token is not None:
+        if req.tokens is not None:
+            raise BadRequest("send one `token` covering every blob id or `tokens`, one per "
+                             "blob id, not both")
+        node.authorize(f"Bearer {req.token}", "read", req.blob_ids)
+    elif req.tokens is None:
         node.authorize(authorization, "read", req.blob_ids)
     else:
         if len(req.tokens) != len(req.blob_ids):
@@ -132,6 +135,14 @@ async def batch_get(req: BatchGetRequest, node: NodeDep,
             claims[token] = c
             if not c.covers(blob_id):
                 raise Forbidden(f"token does not cover blob {blob_id!r}")
+
+
+@router.post("/v1/blobs:batch-get", responses={200: RAW_ANSWER, **ERRORS})
+async def batch_get(req: BatchGetRequest, node: NodeDep,
+                    authorization: AuthH = None) -> StreamingResponse:
+    """Fetch many small blobs in one answer: a body of frames in request order; a missing,
+    corrupt or too-large blob is a frame with that status and no data."""
+    _may_read(node, req, authorization)
     limit = node.settings.batch_blob_bytes_max
     store = node.store
 
