@@ -58,7 +58,8 @@ from squall.master.placement import Placement
 from squall.master.records import LEASED, QueueRec
 from squall.master.stats import Meters
 from squall.master.waiters import Waiters
-from squall.master.wal import WAL, Tail, read_records
+from squall.master.wal import WAL
+from squall.master.walfile import Tail, read_records
 
 log = logging.getLogger("squall.master")
 REPLAY_TXN_RECORDS = 5000

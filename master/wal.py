@@ -1,21 +1,8 @@
-"""The master's write-ahead log: segment files of checksummed, length-framed records.
+"""The master's write-ahead log: appending, group commit, failures and checkpoints. The
+format of its segment files and reading them back at start-up are in ``walfile.py``.
 
-Directory layout::
-
-    <wal_dir>/wal-<first ticket, 20 digits>.log     segments, in ticket order
-
-Segment file::
-
-    b"SQWAL001"                                    8-byte magic and format version
-    frame*
-
-Frame (little-endian)::
-
-    u32 body_len | u32 crc32c(ticket_le64 + body) | u64 ticket | body (body_len bytes)
-
-``body`` is a msgpack list of ops (see ``index.py``). Tickets strictly increase across
-frames and segments (gaps are allowed: a ticket applied to LMDB whose frame never reached
-the file before a crash is skipped, never reused).
+Tickets strictly increase across frames and segments (gaps are allowed: a ticket applied to
+LMDB whose frame never reached the file before a crash is skipped, never reused).
 
 Durability: :meth:`WAL.append` only queues a frame. One writer thread takes *every* frame
 queued at that moment, writes them with one ``write`` and makes them durable with one
@@ -24,12 +11,6 @@ after :meth:`WAL.durable` returns for its ticket. The master's group commit uses
 :meth:`WAL.write_group` instead: it writes and syncs one group on the calling thread (the
 index's commit thread, which commits the index right after), so a group costs one thread
 hop, not three. Both paths write under one lock, in ticket order.
-
-Recovery (:func:`read_records`) reads segments in order and stops at the first frame that
-is short, fails its checksum or does not increase the ticket. In the last segment that is
-a torn or corrupt tail: the file is truncated there and appending resumes. In an earlier
-segment it is corruption of acknowledged data, and :class:`WALCorrupt` is raised rather
-than silently dropping everything after it.
 
 Failures: a write that fails (e.g. ENOSPC) is truncated away, its group's waiters get
 :class:`WALFailed`, and every append is refused until :meth:`WAL.retry` manages to write and
@@ -49,23 +30,12 @@ import asyncio
 import contextlib
 import itertools
 import os
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import google_crc32c
-
-MAGIC = b"SQWAL001"
-_HDR = struct.Struct("<IIQ")
-_TICKET = struct.Struct("<Q")
-MAX_RECORD_BYTES = 256 << 20
-
-
-class WALCorrupt(RuntimeError):
-    """A frame before the last segment is damaged: acknowledged records would be lost."""
+from squall.master.walfile import MAGIC, Tail, encode_frame, segments
 
 
 class WALFailed(RuntimeError):
@@ -74,86 +44,6 @@ class WALFailed(RuntimeError):
 
 PROBE_BODY = b"\x90"  # msgpack of an empty op list
 RESUME_FREE_BYTES_MIN = 1 << 20  # after a failed write, resume once this much is free
-
-
-def _crc(ticket: int, body: bytes) -> int:
-    return google_crc32c.extend(google_crc32c.value(_TICKET.pack(ticket)), body)
-
-
-def encode_frame(ticket: int, body: bytes) -> bytes:
-    return _HDR.pack(len(body), _crc(ticket, body), ticket) + body
-
-
-def _segments(wal_dir: str) -> list[tuple[int, str]]:
-    out = []
-    for name in os.listdir(wal_dir):
-        if name.startswith("wal-") and name.endswith(".log"):
-            out.append((int(name[4:-4]), os.path.join(wal_dir, name)))
-    return sorted(out)
-
-
-@dataclass
-class Tail:
-    """Where recovery stopped: the last good ticket and the byte offset to append at."""
-
-    last_ticket: int
-    path: str | None
-    offset: int
-
-
-def _read_segment(path: str, prev: int) -> tuple[list[tuple[int, bytes]], int, bool]:
-    """Frames of one segment: (records, good_end_offset, clean)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[: len(MAGIC)] != MAGIC:
-        return [], 0, len(data) == 0
-    pos = len(MAGIC)
-    out: list[tuple[int, bytes]] = []
-    while pos < len(data):
-        if pos + _HDR.size > len(data):
-            return out, pos, False
-        n, crc, ticket = _HDR.unpack_from(data, pos)
-        end = pos + _HDR.size + n
-        if n > MAX_RECORD_BYTES or end > len(data) or ticket <= prev:
-            return out, pos, False
-        body = data[pos + _HDR.size : end]
-        if _crc(ticket, body) != crc:
-            return out, pos, False
-        out.append((ticket, body))
-        prev, pos = ticket, end
-    return out, pos, True
-
-
-def read_records(wal_dir: str, after: int = 0) -> tuple[list[tuple[int, bytes]], Tail]:
-    """Every intact record with ticket > `after`, and the tail to resume appending at.
-
-    Truncates a torn or corrupt tail of the last segment; raises :class:`WALCorrupt` when
-    damage is followed by more log.
-    """
-    segs = _segments(wal_dir)
-    records: list[tuple[int, bytes]] = []
-    prev, tail = 0, Tail(0, None, 0)
-    for i, (_, path) in enumerate(segs):
-        recs, end, clean = _read_segment(path, prev)
-        if recs:
-            prev = recs[-1][0]
-        records.extend(r for r in recs if r[0] > after)
-        # an empty file is a clean start only as the last segment: a segment's magic is
-        # fsynced before the next one is created, so an empty one before it lost records
-        if not clean or (end == 0 and i != len(segs) - 1):
-            if i != len(segs) - 1:
-                raise WALCorrupt(
-                    f"WAL segment {path} is damaged at byte {end} and later segments exist; "
-                    "refusing to start (restore the data directory from a backup)"
-                )
-            with open(path, "r+b") as f:
-                if end == 0:
-                    f.write(MAGIC)
-                    end = len(MAGIC)
-                f.truncate(end)
-                os.fsync(f.fileno())
-        tail = Tail(prev, path, end)
-    return records, tail
 
 
 class WAL:
@@ -414,7 +304,7 @@ class WAL:
     # -- checkpoint ------------------------------------------------------------------------
     def drop_through(self, ticket: int) -> int:
         """Delete segments whose records all have tickets <= `ticket`. Returns how many."""
-        segs = _segments(self.dir)
+        segs = segments(self.dir)
         dropped = 0
         for (_, path), (nxt_first, _) in itertools.pairwise(segs):
             if nxt_first - 1 <= ticket and path != self._path:
@@ -429,7 +319,7 @@ class WAL:
         self._roll_requested = True
 
     def segment_count(self) -> int:
-        return len(_segments(self.dir))
+        return len(segments(self.dir))
 
     def close(self) -> None:
         with self._cv:

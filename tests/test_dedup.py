@@ -24,7 +24,7 @@ from squall.common.models import TaskSpec
 from squall.master.app import create_master_app
 from squall.master.ops import replay
 from squall.master.service import Master, MasterSettings
-from squall.master.wal import read_records
+from squall.master.walfile import read_records
 from tests.crashkit import dump_index, kill9
 
 

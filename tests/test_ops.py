@@ -24,7 +24,7 @@ from squall.common.models import (
 from squall.master import ops as ops_mod
 from squall.master import service
 from squall.master.service import Master, MasterSettings
-from squall.master.wal import read_records
+from squall.master.walfile import read_records
 
 
 async def test_wal_bodies_are_msgpack_of_their_ops(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

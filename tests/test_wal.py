@@ -35,16 +35,8 @@ from squall.common.models import (
 )
 from squall.master import wal as wal_mod
 from squall.master.service import Master, MasterSettings
-from squall.master.wal import (
-    MAGIC,
-    PROBE_BODY,
-    WAL,
-    Tail,
-    WALCorrupt,
-    WALFailed,
-    encode_frame,
-    read_records,
-)
+from squall.master.wal import PROBE_BODY, WAL, WALFailed
+from squall.master.walfile import MAGIC, Tail, WALCorrupt, encode_frame, read_records
 from tests.crashkit import dump_index, kill9, restore_index, snapshot_index
 
 HDR = struct.Struct("<IIQ")
