@@ -2,7 +2,7 @@
 
 Every verb of the client is a generator (see ``_protocol.py``) that *yields* effects and
 receives their results; it never touches a socket or a clock. The two drivers
-(``_sync.py`` over ``httpx.Client``, ``_async.py`` over ``httpx.AsyncClient``) interpret
+(``_syncdriver.py`` over ``httpx.Client``, ``_async.py`` over ``httpx.AsyncClient``) interpret
 them::
 
     Call(...)   -> the parsed JSON answer, or a Reply (raw=True / stream=True);

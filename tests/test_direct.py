@@ -21,7 +21,7 @@ from squall.client._effects import Call, Reply
 from squall.client._http import MasterAuth
 from squall.client._leanasync import LeanAsyncTransport
 from squall.client._leanhttp import LeanTransport
-from squall.client._sync import _Driver
+from squall.client._syncdriver import Driver
 from squall.common.errors import ServerError, StatusError, TransportError, Unavailable
 from tests.rawhttp import RawServer
 
@@ -68,7 +68,7 @@ def run(kind: str, direct: bool, url: str, call: Call) -> tuple[Any, int]:
         lean.handle_request = counted  # type: ignore[method-assign]
         http = httpx.Client(base_url=url, timeout=5, transport=lean, auth=MasterAuth(url, TOKEN))
         try:
-            return _Driver(http, lean if direct else None, TOKEN)._call(call, []), carried[0]
+            return Driver(http, lean if direct else None, TOKEN)._call(call, []), carried[0]
         except Exception as e:
             return e, carried[0]
         finally:
