@@ -38,7 +38,13 @@ from squall.common.errors import (
     Unavailable,
 )
 from squall.common.models import AllocateResponse, Allocation, PayloadRef
-from squall.common.payload import OK, batch_get_body, decode_frames, encode_frame
+from squall.common.payload import (
+    OK,
+    batch_get_body,
+    batch_group,
+    decode_frames,
+    encode_frame,
+)
 
 BATCH_BLOB_BYTES = 256 << 10  # blobs up to this size go in :batch-put requests ...
 BATCH_BODY_BYTES = 8 << 20  # ... of at most this many bytes
@@ -274,18 +280,18 @@ class Blobs:
         """(node, indexes): each blob goes to its best replica, requests within the
         batch-get bounds (ids and bytes)."""
         out: list[tuple[str, list[int]]] = []
-        open_: dict[str, tuple[list[int], int]] = {}
+        open_: dict[tuple[str, str], tuple[list[int], int]] = {}
         for i, ref in enumerate(refs):
             if not ref.replicas or not ref.token:
                 continue
-            node = self.nodes.order(ref.replicas)[0]
-            idx, size = open_.get(node, ([], 0))
+            key = batch_group(self.nodes.order(ref.replicas)[0], ref.token)
+            idx, size = open_.get(key, ([], 0))
             if idx and (len(idx) >= BATCH_GET_IDS or size + ref.size > BATCH_BODY_BYTES):
-                out.append((node, idx))
+                out.append((key[0], idx))
                 idx, size = [], 0
             idx.append(i)
-            open_[node] = (idx, size + ref.size)
-        return out + [(node, idx) for node, (idx, _) in open_.items()]
+            open_[key] = (idx, size + ref.size)
+        return out + [(key[0], idx) for key, (idx, _) in open_.items()]
 
     def iter_read(self, ref: PayloadRef, chunk_bytes: int) -> Proto[None]:
         """Stream the payload (Emit per chunk). A replica that breaks mid-way is replaced by

@@ -35,6 +35,7 @@ from squall.common.errors import BadRequest
 from squall.common.models import MAX_BATCH, EnqueueItem
 from squall.common.tokens import MAX_TOKEN_CHARS
 
+TOKEN_ITEM_CHARS = 4096  # a token in a batch-get's `tokens` list: one covering a few ids
 BLOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
 BLOB_ID_RE = re.compile(BLOB_ID_PATTERN[1:-1])
 BlobId = Annotated[str, Field(min_length=1, max_length=128, pattern=BLOB_ID_PATTERN)]
@@ -95,7 +96,7 @@ class BatchPutResult(_Lenient):
 
 class BatchGetRequest(_M):
     blob_ids: Annotated[list[BlobId], Field(min_length=1, max_length=1000)]
-    tokens: Annotated[list[Annotated[str, Field(max_length=4096)]] | None, Field(
+    tokens: Annotated[list[Annotated[str, Field(max_length=TOKEN_ITEM_CHARS)]] | None, Field(
         None, max_length=1000, description="one read token per blob id (e.g. those of task "
         "lookups), instead of an Authorization header covering them all")]
     token: Annotated[str, Field(max_length=MAX_TOKEN_CHARS)] | None = Field(

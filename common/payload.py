@@ -42,7 +42,7 @@ import httpx
 import orjson
 
 from squall.common.checksum import CRC_HEADER, Crc32c, crc32c
-from squall.common.cluster import BatchPutResult, PutResult
+from squall.common.cluster import TOKEN_ITEM_CHARS, BatchPutResult, PutResult
 from squall.common.errors import BadRequest, DataCorrupt, TransportError, from_response
 
 OK, MISSING, CORRUPT, TOO_LARGE = 0, 1, 2, 3
@@ -203,6 +203,13 @@ def put_batch(client: httpx.Client, node: str, items: Iterable[tuple[str, bytes]
         raise TransportError(f"{node}: {e!r}") from e
     _raise_for(r)
     return BatchPutResult.model_validate_json(r.content)
+
+
+def batch_group(node: str, token: str) -> tuple[str, str]:
+    """Which batch-gets of `node` a read with `token` may join: a token short enough for a
+    ``tokens`` list joins any of them; a longer one (a lease answer's, covering many ids)
+    only those with the same token, which send it once."""
+    return node, (token if len(token) > TOKEN_ITEM_CHARS else "")
 
 
 def batch_get_body(blob_ids: list[str], tokens: list[str]) -> dict[str, Any]:

@@ -104,6 +104,25 @@ def test_lease_with_payloads_reads_one_batch_per_node(cluster: DevCluster) -> No
         c.done(again)
 
 
+def test_read_payloads_of_tasks_from_two_leases(cluster: DevCluster) -> None:
+    """Each lease answer's read token covers its own payloads only, and one covering
+    150 ids is too long for a batch-get's per-id `tokens` list: a batch read of tasks
+    from two answers sends one batch-get per node and answer, each token once."""
+    blobs = {f"r{i:03d}": os.urandom(200 + i) for i in range(300)}
+    t = Counting()
+    with Client(cluster.master_url, transport=t) as c:
+        c.put_many("dp#two", (NewTask(v, pid=k) for k, v in blobs.items()))
+        tasks = c.lease("dp#two", 150, 60) + c.lease("dp#two", 150, 60)
+        assert len({x.payload_ref.token for x in tasks if x.payload_ref}) == 2
+        assert all(len(x.payload_ref.token or "") > 4096 for x in tasks if x.payload_ref)
+        t.seen.clear()
+        assert c.read_payloads(tasks) == [blobs[x.pid] for x in tasks]
+        assert t.seen[("GET", "blob")] == 0  # nothing fell back to single reads
+        assert all("tokens" not in b for b in t.batch_gets)
+        assert len({b["token"] for b in t.batch_gets}) == 2
+        c.done(tasks)
+
+
 def test_done_and_lease_in_one_update(cluster: DevCluster) -> None:
     with Client(cluster.master_url) as c:
         c.put_many("dp#ack", [NewTask(b"x%d" % i, pid=f"p{i}") for i in range(5)])

@@ -284,6 +284,12 @@ def test_batch_reads_group_small_payloads_by_node() -> None:
 
     refs = [ref(0, "n1"), None, ref(2, "n2"), ref(3, "n1"), ref(4, "n1", 1 << 20)]
     assert sorted(_groups(refs)) == [("n1", [0, 3]), ("n2", [2])]
+    # lease answers' long read tokens (too long for a per-id list) group by token
+    long_a, long_b = "a" * 5000, "b" * 5000
+    for i, tok in ((5, long_a), (6, long_b), (7, long_a)):
+        refs.append(ref(i, "n1").model_copy(update={"token": tok}))
+    assert sorted(_groups(refs)) == [("n1", [0, 3]), ("n1", [5, 7]), ("n1", [6]),
+                                     ("n2", [2])]
 
 
 def test_importing_the_client_does_not_import_pyspark() -> None:

@@ -3,11 +3,12 @@ batch of tasks, instead of one ``GET`` per task.
 
 The client library reads one payload per call (``LeasedTask.payload()``); a stage leasing
 hundreds of small tasks per batch would spend its time on those round trips. Here the
-payloads up to ``BATCH_BLOB_BYTES`` are grouped by their first live replica and fetched
-with ``squall.common.payload.get_batch`` (one read token per blob, as the master handed
-them out); each frame is checked against the size and CRC32C the master recorded. Anything
-that does not come back whole (a node down, a blob missing or corrupt there, a large blob)
-falls back to ``fallback(i)``: the client's own read, with failover across replicas.
+payloads up to ``BATCH_BLOB_BYTES`` are grouped by their first live replica (and long
+read token: a lease answer's) and fetched with ``squall.common.payload.get_batch`` (the
+lease answer's one read token, sent once); each frame is checked against the size and
+CRC32C the master recorded. Anything that does not come back whole (a node down, a blob
+missing or corrupt there, a large blob) falls back to ``fallback(i)``: the client's own
+read, with failover across replicas.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import httpx
 
 from squall.common.errors import SquallError
 from squall.common.models import PayloadRef
-from squall.common.payload import OK, get_batch
+from squall.common.payload import OK, batch_group, get_batch
 
 log = logging.getLogger("squall.spark")
 BATCH_BLOB_BYTES = 256 << 10
@@ -31,18 +32,18 @@ BATCH_IDS_MAX = 1000
 def _groups(refs: Sequence[PayloadRef | None]) -> list[tuple[str, list[int]]]:
     """(node, indexes) of the small payloads, each group within the batch-get limits."""
     out: list[tuple[str, list[int]]] = []
-    open_: dict[str, tuple[list[int], int]] = {}
+    open_: dict[tuple[str, str], tuple[list[int], int]] = {}
     for i, ref in enumerate(refs):
         if ref is None or ref.size > BATCH_BLOB_BYTES or not ref.replicas or not ref.token:
             continue
-        node = ref.replicas[0]
-        idx, size = open_.get(node, ([], 0))
+        key = batch_group(ref.replicas[0], ref.token)
+        idx, size = open_.get(key, ([], 0))
         if idx and (len(idx) >= BATCH_IDS_MAX or size + ref.size > BATCH_BODY_BYTES):
-            out.append((node, idx))
+            out.append((key[0], idx))
             idx, size = [], 0
         idx.append(i)
-        open_[node] = (idx, size + ref.size)
-    out += [(node, idx) for node, (idx, _) in open_.items()]
+        open_[key] = (idx, size + ref.size)
+    out += [(key[0], idx) for key, (idx, _) in open_.items()]
     return out
 
 
