@@ -122,7 +122,7 @@ async def test_an_update_that_acks_and_waits_is_durable_before_it_parks(env: Env
     [second] = await asyncio.wait_for(waiting, 5)
     assert second.pid == "second" and second.payload_ref is not None
     # the answer's one read token, as the update that waited got it, covers the payload
-    assert tokens.verify(m.key, second.payload_ref.token, "read", "blob-2", time.time())
+    assert tokens.verify(m.key, second.payload_ref.token, "read", "blob-2", m.clock.now())
 
     blockers = [asyncio.create_task(c.lease("w#u", 1, 30, wait_secs=10)) for _ in range(2)]
     await _parked(m, 2)  # the queue's limit of parked leases
