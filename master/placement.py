@@ -138,25 +138,25 @@ class Placement:
         if payload is None:
             return None
         token = sign(self.key, "read", [payload["blob_id"]], until + READ_TOKEN_MARGIN_SECS)
-        return {**payload, "replicas": self._replicas(payload), "token": token}
+        return {**payload, "replicas": self._replicas(payload, self.cluster.clock.now()),
+                "token": token}
 
     def for_lease(self, tasks: list[dict[str, Any]]) -> str | None:
         """Put the live replicas first in each leased task's payload (which carries no
         token of its own) and return one read token covering every payload of `tasks`,
         valid past their leases' expiry; None when none has a payload."""
         ids: dict[str, None] = {}
-        until = 0.0
+        until, now = 0.0, self.cluster.clock.now()
         for t in tasks:
             p = t["payload"]
             if p is not None:
-                t["payload"] = {**p, "replicas": self._replicas(p)}
+                t["payload"] = {**p, "replicas": self._replicas(p, now)}
                 ids[p["blob_id"]] = None
                 until = max(until, t["expires_at"])
         if not ids:
             return None
         return sign(self.key, "read", list(ids), until + READ_TOKEN_MARGIN_SECS)
 
-    def _replicas(self, payload: dict[str, Any]) -> list[str]:
-        now = self.cluster.clock.now()
+    def _replicas(self, payload: dict[str, Any], now: float) -> list[str]:
         live = [n.address for n in self.cluster.live_holders(payload["blob_id"], now)]
         return live + [a for a in payload.get("replicas", ()) if a not in live]
