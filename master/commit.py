@@ -1,13 +1,16 @@
 """Group commit: one LMDB write transaction per WAL group, committed only once durable.
 
-Every mutating request runs on the event loop thread in a *child* transaction of the batch
-transaction open at that moment, and adds its WAL record to the batch. The first request of a batch
+Every mutating request runs on the event loop thread in a *child* transaction of the open
+batch transaction, and adds its WAL record to the batch. The first request of a batch
 schedules the batch's flush for the end of the current loop iteration; from then on the
 batch is closed (later requests wait for the next one). The flush hands the batch's records
 to the WAL writer as one group, waits until they are durable (one ``fdatasync``; the group
 is written whole or truncated away), then commits the batch
 transaction (with the index's own ``fdatasync`` when index sync is on, the default), and
-only then are the batch's requests answered. Hence:
+only then are the batch's requests answered, except those that may be answered once durable:
+a request that logged a record, served over HTTP (``ANSWER_WHEN_DURABLE``), is answered as
+soon as the WAL group is, and the index commit runs while the answer travels (the WAL makes
+it durable; reads of the index wait for a commit in flight first, :meth:`settled`). Hence:
 
 * **Refused means not applied.** A request that fails validation aborts only its child
   transaction (plans validate before they change anything, in LMDB or in memory). When the
@@ -15,7 +18,7 @@ only then are the batch's requests answered. Hence:
   reloaded from the last committed index, and every request of the batch is answered 503
   with nothing applied anywhere: index, counters, leases, freed blobs.
 * **Visible once durable.** Readers (read transactions) see a change only after its WAL
-  record is durable and its batch committed.
+  record is durable and its batch committed; the next batch begins after that commit.
 * **Power-loss safe at one sync per group.** The index is opened ``sync=True,
   metasync=False``: each commit fdatasyncs its data pages before writing its meta page, so a
   power loss can roll the index back by at most one commit (which the WAL replays), never
@@ -29,20 +32,18 @@ WAL group (:meth:`WAL.write_group`), commits the index, and begins the *next* ba
 transaction, which waits as a spare; the next request takes it without waiting for the
 thread (under CPU contention, that wait held the event loop a scheduler slice or more).
 
-Disk trouble: a failed WAL write is truncated away and the master refuses writes (503,
-``/readyz`` says why, a metric counts it) until a probe record is written successfully
-(``WAL.retry``); it then resumes by itself. A failed ``fdatasync`` leaves the log's state
-unknown: the master then needs a restart, and ``/readyz`` says so. A failed index commit
-after the WAL was durable acknowledges the batch (it is in the log) and refuses writes
-until :meth:`GroupCommit.catch_up` has applied those records to the index again.
+Disk trouble (a failed WAL write, a failed ``fdatasync``, an index commit failing after a
+durable WAL group; :meth:`GroupCommit.catch_up`): docs/master.md, "Refused means not applied".
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -54,6 +55,11 @@ from squall.master.wal import WAL, WALFailed
 
 log = logging.getLogger("squall.master")
 T = TypeVar("T")
+# Set by the HTTP layer for each request it serves: answer a request that logged a record as
+# soon as its batch's WAL group is durable, and let the index commit run meanwhile (reads
+# then wait in `settled`). Unset (in-process callers: tests, tools), `run` returns once the
+# batch is committed to the index too.
+ANSWER_WHEN_DURABLE: ContextVar[bool] = ContextVar("answer_when_durable", default=False)
 Work = Callable[[lmdb.Transaction, int], tuple[bytes | None, T]]
 
 
@@ -67,6 +73,13 @@ class _Batch:
     dirty: bool = False  # some child transaction committed into it
     closed: bool = False
     aborted: bool = False
+    # set once the batch's WAL group is durable, before its index commit (or with `done`)
+    durable: asyncio.Future[None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.durable = self.done.get_loop().create_future()
+        self.durable.add_done_callback(_consume)
+        self.done.add_done_callback(lambda f: _settle(self.durable, f))
 
 
 class GroupCommit:
@@ -108,7 +121,9 @@ class GroupCommit:
             if body is not None:  # handed to the WAL as one group when the batch closes
                 batch.records.append((ticket, body))
                 batch.next_ticket = ticket + 1
-            await asyncio.shield(batch.done)
+            # a request that logged a record may be answered once it is durable
+            early = body is not None and ANSWER_WHEN_DURABLE.get()
+            await asyncio.shield(batch.durable if early else batch.done)
         finally:
             batch.members -= 1
             if not (batch.members or batch.dirty or batch.closed or batch.aborted):
@@ -198,6 +213,10 @@ class GroupCommit:
         or succeeds whole), then the index commit, then the next batch's transaction."""
         if b.records:
             self.wal.write_group(b.records)  # WALFailed: the transaction is still open
+            # durable: answer who may be answered now (see ANSWER_WHEN_DURABLE); the index
+            # commit below runs while their answers travel
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody to answer
+                b.durable.get_loop().call_soon_threadsafe(_settle, b.durable, None)
         self._commit_txn(b.txn)
         try:
             self._spare = self.index.env.begin(write=True)
@@ -316,6 +335,14 @@ class GroupCommit:
         if reason is not None:
             raise Unavailable(f"{reason}; nothing was applied, retry later")
 
+    async def settled(self) -> None:
+        """Wait until no index commit is in flight: a request is answered as soon as its
+        WAL record is durable, while its batch's index commit may still run. Reads of the
+        index wait here first, so whoever got an answer reads what it wrote."""
+        closing = self._closing  # flushes run one at a time: an answered one is this one
+        if closing is not None:
+            await asyncio.shield(closing)
+
     def busy(self) -> bool:
         return (self._open is not None and not self._open.closed) or self._closing is not None
 
@@ -333,7 +360,11 @@ class GroupCommit:
             self._committed()
             if not b.done.done():
                 b.done.set_result(None)
-        if self.busy():
+        if self._closing is not None and not (self._open and not self._open.closed):
+            # a flush whose requests were answered once durable may still be committing
+            # the index: the commit thread runs in order, so this waits for it
+            self._thread.submit(int).result()
+        elif self.busy():
             raise RuntimeError("a batch is in flight: use GroupCommit.run from the loop "
                                f"({self._open!r:.300}, closing={self._closing!r})")
         txn = self._take_txn()
@@ -367,6 +398,18 @@ class GroupCommit:
         flushing = self._flushing
         self._drop_spare(also=flushing.txn if flushing is not None else None)
         self._thread.shutdown(wait=True)
+
+
+def _settle(fut: asyncio.Future[None], like: asyncio.Future[None] | None) -> None:
+    """Complete `fut` (if still pending) as `like` completed, or with None."""
+    if fut.done():
+        return
+    if like is not None and like.cancelled():
+        fut.cancel()
+    elif like is not None and like.exception() is not None:
+        fut.set_exception(like.exception())  # type: ignore[arg-type]
+    else:
+        fut.set_result(None)
 
 
 def _consume(fut: asyncio.Future[None]) -> None:

@@ -7,6 +7,10 @@ own work for them. This thin ASGI layer matches their paths, validates the body 
 pydantic's native JSON parser into the *same* models, calls the same :class:`Master`
 methods and maps errors the same way. The FastAPI routes stay the documented contract
 (OpenAPI) and serve every other path; tests run the whole API through this layer.
+
+A request served here that logged a record is answered as soon as its WAL group is durable
+(``commit.ANSWER_WHEN_DURABLE``); its batch's index commit runs while the answer travels,
+and the routes that read the index wait for it first (``GroupCommit.settled``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from squall.common.guard import PRINCIPAL
 from squall.common.http import JSON, error_response
 from squall.common.models import EnqueueRequest, LeaseRequest, UpdateRequest
 from squall.common.names import check_name
+from squall.master.commit import ANSWER_WHEN_DURABLE
 from squall.master.http import invalid
 from squall.master.routes.frontdoor import commit_updates, node_speaks
 from squall.master.routes.nodes import beat
@@ -56,6 +61,7 @@ class FastPath:
             if not msg.get("more_body"):
                 break
         master: Master = scope["app"].state.master
+        early = ANSWER_WHEN_DURABLE.set(True)
         try:
             res = await self._serve(master, m, body, scope)
             resp = JSON(res)
@@ -63,6 +69,8 @@ class FastPath:
             resp = error_response(invalid(_in_body(e.errors(include_url=False))))
         except StatusError as e:
             resp = error_response(e)
+        finally:
+            ANSWER_WHEN_DURABLE.reset(early)
         await resp(scope, receive, send)
 
     @staticmethod

@@ -4,17 +4,22 @@ the commit altogether. (Refusals and disk faults: test_refused.py; the log: test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from squall.common.clock import ManualClock
 from squall.common.models import LeaseRequest, TaskSpec
-from squall.master.records import LEASED
+from squall.master.commit import ANSWER_WHEN_DURABLE
+from squall.master.records import LEASED, task_key
 from squall.master.service import Master, MasterSettings
+from tests.crashkit import kill9, restore_index, snapshot_index
 
 G = "g"
 
@@ -101,3 +106,108 @@ async def test_closing_while_a_flush_is_on_the_commit_thread_leaves_no_transacti
     res = await asyncio.wait_for(put, 10)  # the flush in flight was durable, and answered
     assert res["enqueued"][0]["pid"] == "x"
     assert m.wal.durable_ticket >= 1
+
+
+def _hold_index_commits(m: Master) -> threading.Event:
+    """Make the master's index commits wait until the returned event is set."""
+    gate = threading.Event()
+    real = m.commit._commit_txn
+
+    def held(txn: Any) -> None:
+        assert gate.wait(30), "the test never let the index commit run"
+        real(txn)
+
+    m.commit._commit_txn = held  # type: ignore[method-assign]
+    return gate
+
+
+def _in_index(m: Master, queue: str, pid: str) -> bool:
+    """Whether the committed index pages hold the task (what a new reader sees)."""
+    q = m.queue(G, queue)
+    assert q is not None
+    with m.index.env.begin() as txn:
+        return txn.get(task_key(q.qid, q.gen, pid.encode()), db=m.index.tasks) is not None
+
+
+async def test_an_http_write_is_answered_once_durable_and_reads_wait_for_its_index_commit(
+        api: tuple[httpx.AsyncClient, Master]) -> None:
+    """Over HTTP (the fast path) a write is answered as soon as its WAL record is durable,
+    while its index commit runs; a read that comes after the answer waits for that commit,
+    so it sees the write. Without the early answer the put below waits for the gate."""
+    c, m = api
+    gate = _hold_index_commits(m)
+    try:
+        syncs = m.wal.syncs
+        r = await asyncio.wait_for(
+            c.post(f"/v1/groups/{G}/queues/q/tasks", json={"tasks": [{"pid": "a"}]}), 20)
+        assert r.status_code == 200 and r.json()["ticket"] > 0
+        assert m.wal.syncs == syncs + 1  # durable in the WAL ...
+        assert not _in_index(m, "q", "a")  # ... and answered before its index commit
+        reads = [asyncio.ensure_future(c.get(f"/v1/groups/{G}/queues/q/tasks/a")),
+                 asyncio.ensure_future(c.get(f"/v1/groups/{G}/queues/q/tasks")),
+                 asyncio.ensure_future(c.get(f"/v1/groups/{G}/queues/q"))]
+        done, _ = await asyncio.wait(reads, timeout=0.2)
+        assert not done, "a read did not wait for the index commit of an answered write"
+    finally:
+        gate.set()
+    info, listing, stats = [await asyncio.wait_for(x, 20) for x in reads]
+    assert info.status_code == 200 and info.json()["state"] == "available"
+    assert [t["pid"] for t in listing.json()["tasks"]] == ["a"]
+    assert stats.json()["available"] == 1 and _in_index(m, "q", "a")
+
+
+async def test_in_process_callers_return_once_the_index_is_committed(master: Master) -> None:
+    """Outside the HTTP layer (tests, tools) a write returns once its batch is committed to
+    the index as well, and reads right after it need no wait."""
+    m = master
+    gate = _hold_index_commits(m)
+    put = asyncio.ensure_future(m.enqueue(G, "q", [TaskSpec(pid="a")]))
+    done, _ = await asyncio.wait([put], timeout=0.2)
+    assert not done and not _in_index(m, "q", "a")
+    gate.set()
+    assert (await asyncio.wait_for(put, 20))["ticket"] > 0 and _in_index(m, "q", "a")
+    with answered_when_durable():
+        gate.clear()
+        res = await asyncio.wait_for(m.enqueue(G, "q", [TaskSpec(pid="b")]), 20)
+        assert res["ticket"] > 0 and not _in_index(m, "q", "b")
+        gate.set()
+    await m.commit.settled()
+    assert _in_index(m, "q", "b")
+
+
+async def test_a_write_answered_before_its_index_commit_survives_losing_that_commit(
+        tmp_path: Path) -> None:
+    """Answered once durable in the WAL, then the index commit is lost (a crash, or a power
+    loss that takes the index back): the restarted master replays the record."""
+    data_dir = str(tmp_path / "m")
+    settings = MasterSettings(data_dir=data_dir, require_receipts=False)
+    clock = ManualClock(1_000_000.0)
+    m = Master(settings, clock)
+    await m.enqueue(G, "q", [TaskSpec(pid="before")])
+    m.index.sync()
+    snap = str(tmp_path / "index.snap")
+    snapshot_index(data_dir, snap)
+    gate = _hold_index_commits(m)
+    with answered_when_durable():
+        res = await asyncio.wait_for(m.enqueue(G, "q", [TaskSpec(pid="answered")]), 20)
+    assert res["ticket"] > 0 and not _in_index(m, "q", "answered")
+    gate.set()
+    kill9(m)
+    restore_index(data_dir, snap)  # the index as it was before that commit
+    m2 = Master(settings, clock)
+    try:
+        assert m2.replayed >= 1
+        q = m2.queue(G, "q")
+        assert q is not None and q.available == 2 and _in_index(m2, "q", "answered")
+    finally:
+        m2.close()
+
+
+@contextlib.contextmanager
+def answered_when_durable() -> Iterator[None]:
+    """What the HTTP layer does for each request, for in-process calls."""
+    token = ANSWER_WHEN_DURABLE.set(True)
+    try:
+        yield
+    finally:
+        ANSWER_WHEN_DURABLE.reset(token)

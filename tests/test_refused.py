@@ -23,6 +23,7 @@ import pytest
 from squall.common.clock import ManualClock
 from squall.common.errors import Unavailable
 from squall.common.models import LeaseRequest, Policy, TaskRef, TaskSpec, UpdateRequest
+from squall.master.commit import ANSWER_WHEN_DURABLE
 from squall.master.service import Master, MasterSettings
 from tests.crashkit import dump_index, kill9
 from tests.helpers import ADMIN, MasterProcess, wait_for
@@ -100,8 +101,10 @@ async def test_a_failed_wal_write_refuses_the_whole_batch_and_changes_nothing(
     assert m2.index.policies.get((G, "a")) is None
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["in_process", "answered_when_durable"])
 async def test_an_index_commit_failure_after_a_durable_wal_acknowledges_and_catches_up(
-        tmp_path: Path, clock: ManualClock, opened: list[Master]) -> None:
+        tmp_path: Path, clock: ManualClock, opened: list[Master], early: bool) -> None:
+    """`early`: answered once the WAL is durable, as over HTTP (before the commit fails)."""
     m = open_master(tmp_path, clock, opened)
     calls = {"n": 0}
     real = m.commit._commit_txn
@@ -114,8 +117,13 @@ async def test_an_index_commit_failure_after_a_durable_wal_acknowledges_and_catc
         real(txn)
 
     m.commit._commit_txn = fail_once  # type: ignore[method-assign]
-    res = await m.enqueue(G, "a", [TaskSpec(pid="x"), TaskSpec(pid="y")])
+    token = ANSWER_WHEN_DURABLE.set(early)
+    try:
+        res = await m.enqueue(G, "a", [TaskSpec(pid="x"), TaskSpec(pid="y")])
+    finally:
+        ANSWER_WHEN_DURABLE.reset(token)
     assert res["ticket"] > 0  # durable in the WAL: acknowledged
+    await m.commit.settled()  # (answered early: the failed commit is being handled)
     assert "cannot be written" in (m.ready() or "")
     with pytest.raises(Unavailable, match="cannot be written"):
         await m.enqueue(G, "a", [TaskSpec(pid="z")])

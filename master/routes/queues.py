@@ -57,6 +57,7 @@ async def queue_stats(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
     if q is None:
         raise NotFound(f"queue {join_queue(group, queue)} does not exist (it has never held "
                        "a task)")
+    await m.commit.settled()  # an answered write is in the index first
     return JSON({**counts(q), **m.queue_details(q)})
 
 

@@ -106,6 +106,7 @@ async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: Mast
         raise NotFound(f"queue {join_queue(group, queue)} does not exist")
     now = time.time()
     row = t.queue_row(key, now) or {}
+    await m.commit.settled()
     details = m.queue_details(q)
     pol = m.engine.policy(q)
     dlq = policies.dead_letter_queue(pol, queue)

@@ -55,6 +55,7 @@ async def lease(group: GroupP, queue: QueueP, body: LeaseRequest, m: MasterDep,
 @router.get("/queues/{queue}/tasks/{pid:path}", response_model=TaskInfo)
 async def task_info(group: GroupP, queue: QueueP, pid: str, m: MasterDep) -> JSON:
     """Look up one task by pid: state, attempts, lease holder, payload reference."""
+    await m.commit.settled()  # an answered write is in the index first
     return JSON(m.task_info(group, queue, pid))
 
 
@@ -70,4 +71,5 @@ async def list_tasks(group: GroupP, queue: QueueP, m: MasterDep,
                      after: Annotated[str | None, Query(max_length=1024)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JSON:
     """A queue's tasks in pid order, a page at a time (pass `next` back as `after`)."""
+    await m.commit.settled()
     return JSON(m.list_tasks(group, queue, after, limit))
