@@ -7,10 +7,8 @@ batch is closed (later requests wait for the next one). The flush hands the batc
 to the WAL writer as one group, waits until they are durable (one ``fdatasync``; the group
 is written whole or truncated away), then commits the batch
 transaction (with the index's own ``fdatasync`` when index sync is on, the default), and
-only then are the batch's requests answered, except those that may be answered once durable:
-a request that logged a record, served over HTTP (``ANSWER_WHEN_DURABLE``), is answered as
-soon as the WAL group is, and the index commit runs while the answer travels (the WAL makes
-it durable; reads of the index wait for a commit in flight first, :meth:`settled`). Hence:
+then answers the batch's requests; over HTTP, one that logged a record is answered once the
+WAL group is durable, before that index commit (``ANSWER_WHEN_DURABLE``). Hence:
 
 * **Refused means not applied.** A request that fails validation aborts only its child
   transaction (plans validate before they change anything, in LMDB or in memory). When the
@@ -55,10 +53,9 @@ from squall.master.wal import WAL, WALFailed
 
 log = logging.getLogger("squall.master")
 T = TypeVar("T")
-# Set by the HTTP layer for each request it serves: answer a request that logged a record as
-# soon as its batch's WAL group is durable, and let the index commit run meanwhile (reads
-# then wait in `settled`). Unset (in-process callers: tests, tools), `run` returns once the
-# batch is committed to the index too.
+# Set by the HTTP layer per request: a request that logged a record is answered once its WAL
+# group is durable, while the index commit runs (index reads wait in `settled`). Unset (tests,
+# tools), `run` returns once the index is committed too. Why: docs/master.md.
 ANSWER_WHEN_DURABLE: ContextVar[bool] = ContextVar("answer_when_durable", default=False)
 Work = Callable[[lmdb.Transaction, int], tuple[bytes | None, T]]
 
