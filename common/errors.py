@@ -89,6 +89,10 @@ class UnsupportedMediaType(StatusError):
     status, code = 415, "unsupported_media_type"
 
 
+class HeadersTooLarge(StatusError):
+    status, code = 431, "headers_too_large"
+
+
 class RequestTimeout(StatusError):
     status, code = 408, "request_timeout"
 
@@ -117,14 +121,14 @@ _BY_CODE: dict[str, type[StatusError]] = {
     cls.code: cls
     for cls in (
         BadRequest, Unauthorized, Forbidden, NotFound, Conflict, LeaseError, LeaseLost,
-        PayloadTooLarge, UnsupportedMediaType, RequestTimeout, Overloaded, Unavailable,
-        InsufficientStorage, DataCorrupt, ServerError,
+        PayloadTooLarge, UnsupportedMediaType, HeadersTooLarge, RequestTimeout, Overloaded,
+        Unavailable, InsufficientStorage, DataCorrupt, ServerError,
     )
 }
 _BY_STATUS: dict[int, type[StatusError]] = {
     400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
     408: RequestTimeout, 413: PayloadTooLarge, 415: UnsupportedMediaType, 422: BadRequest,
-    429: Overloaded, 503: Unavailable, 507: InsufficientStorage,
+    429: Overloaded, 431: HeadersTooLarge, 503: Unavailable, 507: InsufficientStorage,
 }
 
 
