@@ -15,8 +15,9 @@ from squall.common.errors import BadRequest, Conflict, NotFound
 from squall.common.models import Policy, Schedule, TaskSpec
 from squall.common.names import check_name, check_pid, join_queue
 from squall.master import policies, schedules
-from squall.master.engine import Engine, Plan, View
+from squall.master.engine import Engine
 from squall.master.records import LEASED, STATE_NAMES, QueueRec, Task, pidkey, qprefix
+from squall.master.view import Plan, View
 
 MAX_SCHEDULES_PER_TICK = 1000
 

@@ -1,9 +1,10 @@
 """Task semantics: turn a request into WAL ops (a plan), all or nothing.
 
 Planning reads the index inside the write transaction that will apply the plan, through a
-small overlay (:class:`View`) holding what earlier items of the same request changed, so an
-update such as "dequeue X from A, enqueue X into B" sees its own effects. Any invalid item
-raises before anything is applied; the transaction then aborts and nothing is logged.
+small overlay (:class:`~squall.master.view.View`) holding what earlier items of the same
+request changed, so an update such as "dequeue X from A, enqueue X into B" sees its own
+effects. Any invalid item raises before anything is applied; the transaction then aborts
+and nothing is logged.
 
 Leases: a lease sets the task LEASED with a new token from one global sequence (tokens are
 never reused, so a token from a dequeued-and-requeued task can never match). The holder of
@@ -23,9 +24,7 @@ attempt, it moves to the dead-letter queue with its attempts, payload and a reas
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import lmdb
@@ -48,7 +47,6 @@ from squall.master import policies
 from squall.master.dedup import Dedup
 from squall.master.index import Index
 from squall.master.leasetokens import LeaseTokens
-from squall.master.ops import Op
 from squall.master.records import (
     AVAILABLE,
     DELAYED,
@@ -59,6 +57,7 @@ from squall.master.records import (
     pidkey,
     qprefix,
 )
+from squall.master.view import Plan, View
 
 AUTO_PID_DIGITS = 20
 LEASE_SCAN_FACTOR = 4  # a lease looks at most this many times max_tasks ready tasks
@@ -66,95 +65,6 @@ LEASE_SCAN_FACTOR = 4  # a lease looks at most this many times max_tasks ready t
 
 def ms(t: float) -> int:
     return int(t * 1000)
-
-
-@dataclass
-class Plan:
-    """Ops to log and apply, what to answer once they are durable, and metric events."""
-
-    ops: list[Op] = field(default_factory=list)
-    result: dict[str, Any] = field(default_factory=dict)
-    events: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    # (group, queue) -> (seconds from lease to dequeue, summed; dequeues)
-    lease_secs: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
-
-
-class View:
-    """The index as seen by one request: committed state plus this request's own changes."""
-
-    def __init__(self, engine: Engine, txn: lmdb.Transaction, group: str) -> None:
-        self.e, self.txn, self.group = engine, txn, check_name("group", group)
-        # tasks this request changed: a Task, or the wire list of one (see wire()), or None
-        self.tasks: dict[tuple[int, bytes], Task | list[Any] | None] = {}
-        self.new_queues: dict[str, QueueRec] = {}
-        self.plan = Plan()
-        self.lease_seq = engine.index.lease_seq
-        self.auto_pid = engine.index.auto_pid
-        self.keys: dict[str, tuple[str, str]] = {}  # idempotency keys used by this request
-
-    def queue(self, name: str, create: bool = False) -> QueueRec | None:
-        q = self.new_queues.get(name) or self.e.index.queues.get((self.group, name))
-        if q is None:
-            check_name("queue", name)  # known queues' names were checked when created
-        if q is None and create:
-            qid = self.e.index.next_qid + len(self.new_queues)
-            q = QueueRec(self.group, name, qid)
-            self.new_queues[name] = q
-            self.plan.ops.append(("Q", self.group, name, qid, self.e.now_ms()))
-        return q
-
-    def task(self, q: QueueRec, pid: bytes) -> Task | None:
-        w = self.wire(q, pid)
-        return None if w is None else Task(*w)
-
-    def wire(self, q: QueueRec, pid: bytes) -> list[Any] | None:
-        """The task's wire list (Task.to_wire) as this request sees it: read it, never
-        change it (it may be a pending op's)."""
-        key = (q.qid, pid)
-        if key in self.tasks:
-            t = self.tasks[key]
-            return t.to_wire() if isinstance(t, Task) else t
-        if q.name in self.new_queues:
-            return None
-        return self.e.index.get_wire(self.txn, q, pid)
-
-    def put(self, q: QueueRec, t: Task, *, enqueue: bool) -> None:
-        self.tasks[(q.qid, t.pid.encode())] = t
-        self.plan.ops.append(("P", q.qid, q.gen, t.to_wire(), enqueue))
-        if enqueue:
-            self.plan.events[(q.group, q.name, "enqueue")] += 1
-
-    def put_wire(self, q: QueueRec, pid_raw: bytes, w: list[Any], *, enqueue: bool) -> None:
-        """:meth:`put` of a task's wire list (no Task object made; nobody changes `w`
-        afterwards: it is the op's)."""
-        self.tasks[(q.qid, pid_raw)] = w
-        self.plan.ops.append(("P", q.qid, q.gen, w, enqueue))
-        if enqueue:
-            self.plan.events[(q.group, q.name, "enqueue")] += 1
-
-    def delete(self, q: QueueRec, pid: str, *, completed: bool = True) -> None:
-        self.tasks[(q.qid, pid.encode())] = None
-        self.plan.ops.append(("D", q.qid, q.gen, pid, completed))
-        if completed:
-            self.plan.events[(q.group, q.name, "dequeue")] += 1
-
-    def dead_letter(self, q: QueueRec, t: Task, reason: str) -> None:
-        """Move `t` from `q` to its dead-letter queue (same group), keeping its payload."""
-        dlq = self.queue(policies.dead_letter_queue(self.e.policy(q), q.name), create=True)
-        assert dlq is not None
-        self.delete(q, t.pid, completed=False)
-        d = t.copy()
-        d.state, d.live, d.expiry_ms, d.not_before_ms = AVAILABLE, False, 0, 0
-        d.error, d.origin = reason, q.name
-        self.put(dlq, d, enqueue=True)
-        self.plan.events[(q.group, q.name, "dead_letter")] += 1
-
-    def finish(self, result: dict[str, Any]) -> Plan:
-        idx = self.e.index
-        if self.lease_seq != idx.lease_seq or self.auto_pid != idx.auto_pid:
-            self.plan.ops.append(("M", self.lease_seq, self.auto_pid))
-        self.plan.result = result
-        return self.plan
 
 
 def _plain_payload(p: PayloadRef) -> dict[str, Any]:

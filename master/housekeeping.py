@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     from squall.master.cluster import Cluster
     from squall.master.commit import GroupCommit
     from squall.master.dedup import Dedup
-    from squall.master.engine import Engine, Plan
+    from squall.master.engine import Engine
     from squall.master.index import Index
     from squall.master.service import MasterSettings
     from squall.master.stats import Meters
+    from squall.master.view import Plan
     from squall.master.waiters import Waiters
     from squall.master.wal import WAL
 

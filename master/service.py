@@ -49,7 +49,7 @@ from squall.master.blobscan import blob_ids_after
 from squall.master.cluster import Cluster, ClusterSettings
 from squall.master.commit import GroupCommit
 from squall.master.dedup import Dedup
-from squall.master.engine import Engine, Plan
+from squall.master.engine import Engine
 from squall.master.housekeeping import Housekeeping
 from squall.master.index import Index
 from squall.master.leasetokens import LeaseTokens, load_or_make_key
@@ -57,6 +57,7 @@ from squall.master.ops import apply, replay
 from squall.master.placement import Placement
 from squall.master.records import LEASED, QueueRec
 from squall.master.stats import Meters
+from squall.master.view import Plan
 from squall.master.waiters import Waiters
 from squall.master.wal import WAL
 from squall.master.walfile import Tail, read_records
