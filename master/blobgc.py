@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from squall.common.cluster import DeleteCommand
 
 if TYPE_CHECKING:
-    from squall.master.cluster import Cluster, Node
+    from squall.master.cluster import Cluster
+    from squall.master.nodes import Node
 
 DELETE_BATCH = 1000
 

@@ -10,7 +10,7 @@ import typer
 
 from squall.common.auth import check_bind, cluster_key_configured, load_auth_keys
 from squall.common.tls import TLSConfig
-from squall.master.cluster import ClusterSettings
+from squall.master.nodes import ClusterSettings
 from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
 

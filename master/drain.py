@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 from squall.common.errors import Conflict, NotFound
 
 if TYPE_CHECKING:
-    from squall.master.cluster import Cluster, Node
+    from squall.master.cluster import Cluster
+    from squall.master.nodes import Node
 
 DRAINING, DECOMMISSIONED = "draining", "decommissioned"
 REFERENCED_BATCH = 10_000
