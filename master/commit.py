@@ -17,18 +17,13 @@ WAL group is durable, before that index commit (``ANSWER_WHEN_DURABLE``). Hence:
   with nothing applied anywhere: index, counters, leases, freed blobs.
 * **Visible once durable.** Readers (read transactions) see a change only after its WAL
   record is durable and its batch committed; the next batch begins after that commit.
-* **Power-loss safe at one sync per group.** The index is opened ``sync=True,
-  metasync=False``: each commit fdatasyncs its data pages before writing its meta page, so a
-  power loss can roll the index back by at most one commit (which the WAL replays), never
-  leave a half-written B-tree. That costs one fdatasync per *group*, not per request.
+* **Power-loss safe at one sync per group** (the index's own; docs/master.md, "Power loss").
 
-LMDB's writer lock belongs to the thread that began the write transaction, so one dedicated
-thread begins, commits and aborts batch transactions; the event loop uses a transaction only
-between those steps, never concurrently with them. The index's fdatasync therefore never
-blocks the event loop. A flush is one hop to that thread: it writes and syncs the batch's
-WAL group (:meth:`WAL.write_group`), commits the index, and begins the *next* batch's
-transaction, which waits as a spare; the next request takes it without waiting for the
-thread (under CPU contention, that wait held the event loop a scheduler slice or more).
+One dedicated thread begins, commits and aborts batch transactions (LMDB's writer lock
+belongs to the thread that began the transaction); the event loop uses a transaction only
+between those steps, so no fdatasync blocks it. A flush is one hop to that thread: the WAL
+group (:meth:`WAL.write_group`), the index commit, and the *next* batch's transaction,
+which waits as a spare for the next request (docs/master.md, "Commit path").
 
 Disk trouble (a failed WAL write, a failed ``fdatasync``, an index commit failing after a
 durable WAL group; :meth:`GroupCommit.catch_up`): docs/master.md, "Refused means not applied".
