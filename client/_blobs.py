@@ -41,7 +41,7 @@ from squall.common.models import AllocateResponse, Allocation, PayloadRef
 from squall.common.payload import (
     OK,
     batch_get_body,
-    batch_group,
+    batch_groups,
     decode_frames,
     encode_frame,
 )
@@ -279,19 +279,9 @@ class Blobs:
     def _read_groups(self, refs: list[PayloadRef]) -> list[tuple[str, list[int]]]:
         """(node, indexes): each blob goes to its best replica, requests within the
         batch-get bounds (ids and bytes)."""
-        out: list[tuple[str, list[int]]] = []
-        open_: dict[tuple[str, str], tuple[list[int], int]] = {}
-        for i, ref in enumerate(refs):
-            if not ref.replicas or not ref.token:
-                continue
-            key = batch_group(self.nodes.order(ref.replicas)[0], ref.token)
-            idx, size = open_.get(key, ([], 0))
-            if idx and (len(idx) >= BATCH_GET_IDS or size + ref.size > BATCH_BODY_BYTES):
-                out.append((key[0], idx))
-                idx, size = [], 0
-            idx.append(i)
-            open_[key] = (idx, size + ref.size)
-        return out + [(key[0], idx) for key, (idx, _) in open_.items()]
+        return batch_groups(((i, self.nodes.order(r.replicas)[0], r.token, r.size)
+                             for i, r in enumerate(refs) if r.replicas and r.token),
+                            BATCH_GET_IDS, BATCH_BODY_BYTES)
 
     def iter_read(self, ref: PayloadRef, chunk_bytes: int) -> Proto[None]:
         """Stream the payload (Emit per chunk). A replica that breaks mid-way is replaced by

@@ -205,11 +205,23 @@ def put_batch(client: httpx.Client, node: str, items: Iterable[tuple[str, bytes]
     return BatchPutResult.model_validate_json(r.content)
 
 
-def batch_group(node: str, token: str) -> tuple[str, str]:
-    """Which batch-gets of `node` a read with `token` may join: a token short enough for a
-    ``tokens`` list joins any of them; a longer one (a lease answer's, covering many ids)
-    only those with the same token, which send it once."""
-    return node, (token if len(token) > TOKEN_ITEM_CHARS else "")
+def batch_groups(reads: Iterable[tuple[int, str, str, int]], max_ids: int, max_bytes: int
+                 ) -> list[tuple[str, list[int]]]:
+    """Batch-gets for `reads` of (index, node, read token, size): (node, indexes) groups of
+    at most `max_ids` ids and `max_bytes` bytes. A token short enough for a ``tokens`` list
+    joins any group of its node; a longer one (a lease answer's, covering many ids) only a
+    group with the same token, which then sends it once (:func:`batch_get_body`)."""
+    out: list[tuple[str, list[int]]] = []
+    open_: dict[tuple[str, str], tuple[list[int], int]] = {}
+    for i, node, token, size in reads:
+        key = (node, token if len(token) > TOKEN_ITEM_CHARS else "")
+        idx, total = open_.get(key, ([], 0))
+        if idx and (len(idx) >= max_ids or total + size > max_bytes):
+            out.append((node, idx))
+            idx, total = [], 0
+        idx.append(i)
+        open_[key] = (idx, total + size)
+    return out + [(key[0], idx) for key, (idx, _) in open_.items()]
 
 
 def batch_get_body(blob_ids: list[str], tokens: list[str]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import httpx
 
 from squall.common.errors import SquallError
 from squall.common.models import PayloadRef
-from squall.common.payload import OK, batch_group, get_batch
+from squall.common.payload import OK, batch_groups, get_batch
 
 log = logging.getLogger("squall.spark")
 BATCH_BLOB_BYTES = 256 << 10
@@ -31,20 +31,9 @@ BATCH_IDS_MAX = 1000
 
 def _groups(refs: Sequence[PayloadRef | None]) -> list[tuple[str, list[int]]]:
     """(node, indexes) of the small payloads, each group within the batch-get limits."""
-    out: list[tuple[str, list[int]]] = []
-    open_: dict[tuple[str, str], tuple[list[int], int]] = {}
-    for i, ref in enumerate(refs):
-        if ref is None or ref.size > BATCH_BLOB_BYTES or not ref.replicas or not ref.token:
-            continue
-        key = batch_group(ref.replicas[0], ref.token)
-        idx, size = open_.get(key, ([], 0))
-        if idx and (len(idx) >= BATCH_IDS_MAX or size + ref.size > BATCH_BODY_BYTES):
-            out.append((key[0], idx))
-            idx, size = [], 0
-        idx.append(i)
-        open_[key] = (idx, size + ref.size)
-    out += [(key[0], idx) for key, (idx, _) in open_.items()]
-    return out
+    return batch_groups(((i, r.replicas[0], r.token, r.size) for i, r in enumerate(refs)
+                         if r is not None and r.size <= BATCH_BLOB_BYTES and r.replicas
+                         and r.token), BATCH_IDS_MAX, BATCH_BODY_BYTES)
 
 
 def _fetch_group(http: httpx.Client, node: str, idx: list[int],
