@@ -64,7 +64,13 @@ class WAL:
         self.records = 0
         # metrics hook, called on the writer thread: (write secs, fdatasync secs, records)
         self.on_write: Callable[[float, float, int], None] | None = None
-        self._cv = threading.Condition()
+        # one lock, two conditions: `_cv` wakes who waits for a group to be written (durable,
+        # flush, write_group), `_work` wakes the writer thread when appends are queued. A
+        # group written by write_group then wakes no idle writer thread (a switch and a GIL
+        # handover per group on a master serving one request at a time).
+        lock = threading.RLock()
+        self._cv = threading.Condition(lock)
+        self._work = threading.Condition(lock)
         self._writing = False  # a group is being written (by the writer thread or a caller)
         self._pending: list[bytes] = []
         self._pending_last = 0
@@ -145,7 +151,7 @@ class WAL:
             self._pending.extend(frames)
             self._pending_last = last
             self.last_ticket = last
-            self._cv.notify()
+            self._work.notify()
 
     async def durable(self, ticket: int) -> None:
         """Return once every record up to `ticket` is fsynced."""
@@ -166,7 +172,7 @@ class WAL:
         """Block until everything appended so far is durable (for sync callers and shutdown)."""
         target = self.last_ticket
         with self._cv:
-            self._cv.notify()
+            self._work.notify()
             while self.durable_ticket < target and self._error is None:
                 self._cv.wait(0.5)
         if self._error is not None:
@@ -181,7 +187,7 @@ class WAL:
         while True:
             with self._cv:
                 while (not self._pending or self._writing) and not self._closed:
-                    self._cv.wait()
+                    self._work.wait()
                 if not self._pending and self._closed:
                     return
                 frames, last = self._pending, self._pending_last
@@ -198,7 +204,11 @@ class WAL:
                 self._error, self.last_ticket = error, self.durable_ticket
                 self._pending = []  # appended after the failed group: refused with it
             self._cv.notify_all()
-        self._wake(error)
+            if self._pending:  # queued while a write_group wrote: the writer's turn
+                self._work.notify()
+            wake = bool(self._waiters)
+        if wake:  # only durable() callers wait on the loop (a GroupCommit is told itself)
+            self._wake(error)
 
     def _write(self, frames: list[bytes], last: int) -> str | None:
         """Write and sync one group. On failure, cut it off the file and say why."""
@@ -325,6 +335,7 @@ class WAL:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+            self._work.notify_all()
         self._thread.join(timeout=30)
         with contextlib.suppress(OSError):
             os.close(self._fd)

@@ -15,6 +15,7 @@ import errno
 import os
 import shutil
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -673,3 +674,61 @@ async def test_write_group_on_the_callers_thread_keeps_ticket_order_and_fails_wh
     records, _ = read_records(str(tmp_path))  # the torn group (5, 6) is gone; 5 is the probe
     assert records == [(1, b"queued first"), (2, b"queued too"), (3, b"mine"),
                        (4, b"mine too"), (5, PROBE_BODY), (6, b"after")]
+
+
+class _CountingCondition(threading.Condition):
+    """A Condition that counts how often a wait returned (the WAL's writer thread waits on
+    its own one)."""
+
+    def __init__(self, lock: Any = None) -> None:
+        super().__init__(lock)
+        self.woken = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        got = super().wait(timeout)
+        self.woken += 1
+        return got
+
+
+async def test_write_group_wakes_no_idle_writer_and_hands_queued_appends_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group the commit thread writes itself does not wake the idle writer thread (a
+    context switch and a GIL handover per group, measured on a master serving one request
+    at a time). What must still happen: a `durable()` waiter is released by such a group,
+    and appends queued while it was being written are written after it (the writer is
+    woken for them), with no flush to nudge it."""
+    monkeypatch.setattr(wal_mod.threading, "Condition", _CountingCondition)
+    w = WAL(str(tmp_path), Tail(0, None, 0))
+    monkeypatch.undo()
+    work = w._work
+    assert isinstance(work, _CountingCondition)
+    try:
+        waiter = asyncio.ensure_future(w.durable(1))
+        await asyncio.sleep(0)  # one loop turn: the waiter is registered
+        assert not waiter.done()
+        await asyncio.to_thread(w.write_group, [(1, b"one")])
+        await asyncio.wait_for(waiter, 10)
+        for t in range(2, 12):
+            await asyncio.to_thread(w.write_group, [(t, body(t))])
+        assert work.woken == 0  # ten groups, the writer slept through them
+        # an append queued while a group is being written: the writer writes it next
+        syncing, release = threading.Event(), threading.Event()
+        real = w._os_fdatasync
+
+        def held_sync(fd: int) -> None:
+            syncing.set()
+            assert release.wait(10)
+            real(fd)
+
+        w._os_fdatasync = held_sync  # type: ignore[method-assign]
+        group = asyncio.ensure_future(asyncio.to_thread(w.write_group, [(12, b"g")]))
+        assert await asyncio.to_thread(syncing.wait, 10)
+        w._os_fdatasync = real  # type: ignore[method-assign]
+        w.append_many([(13, b"queued meanwhile")])
+        release.set()
+        await asyncio.wait_for(group, 10)
+        await asyncio.wait_for(w.durable(13), 10)  # durable() does not nudge the writer
+        assert work.woken >= 1
+    finally:
+        w.close()
+    assert tickets_of(tmp_path) == list(range(1, 14))
