@@ -46,6 +46,7 @@ async def _on_disconnect(request: Request, _: Exception) -> Response:
 FAST_ROUTES = [(re.compile(r"^/v1/blobs/[^/:]+$"), "/v1/blobs/{blob_id}"),
                (re.compile(r"^/v1/replicate/[^/:]+$"), "/v1/replicate/{blob_id}"),
                (re.compile(r"^/v1/replicate:batch-put$"), "/v1/replicate:batch-put"),
+               (re.compile(r"^/v1/blobs:batch-get$"), "/v1/blobs:batch-get"),
                (re.compile(r"^/v1/groups/[^/]+/queues/[^/]+/tasks$"),
                 "/v1/groups/{group}/queues/{queue}/tasks"),
                (re.compile(r"^/static/"), "/static/{path}")]

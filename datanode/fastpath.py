@@ -1,6 +1,8 @@
 """The hot blob routes served without the framework's machinery: ``PUT /v1/blobs/{id}``,
 ``PUT /v1/replicate/{id}``, ``GET /v1/blobs/{id}``, and the small-payload POSTs: the front
-door (``/v1/groups/{g}/queues/{q}/tasks``) and ``/v1/replicate:batch-put``.
+door (``/v1/groups/{g}/queues/{q}/tasks``), ``/v1/replicate:batch-put`` and
+``/v1/blobs:batch-get`` (answered with a Content-Length when its blobs fit one read group,
+the common case, else streamed chunked group by group, as the FastAPI route streams).
 
 Every payload write and read goes through one of these, and FastAPI's routing, dependency
 resolution (headers, query, path) and response classes cost a data node about as much CPU
@@ -20,15 +22,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qsl
 
+from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from squall.common.checksum import CRC_HEADER, parse_crc
-from squall.common.cluster import REPAIR_HEADER
+from squall.common.cluster import REPAIR_HEADER, BatchGetRequest
 from squall.common.errors import BadRequest, StatusError
-from squall.common.http import JSON, error_response
+from squall.common.http import JSON, body_errors, error_response, parse_body, validation_error
 from squall.datanode.replication import store_and_forward
 from squall.datanode.routes import frontdoor
+from squall.datanode.routes.batch import may_read, read_frames
 from squall.datanode.routes.blobs import (
     MAX_REPLICAS,
     StreamAborted,
@@ -41,7 +45,8 @@ from squall.datanode.service import DataNode
 log = logging.getLogger("squall.datanode.blobs")
 _ROUTE = re.compile(r"^/v1/(blobs|replicate)/([A-Za-z0-9][A-Za-z0-9_.\-]{0,127})$")
 _SERVED = {("PUT", "blobs"), ("PUT", "replicate"), ("GET", "blobs")}
-_POSTS = re.compile(r"^/v1/(?:groups/([^/]+)/queues/([^/]+)/tasks|replicate:batch-put)$")
+_POSTS = re.compile(r"^/v1/(?:groups/([^/]+)/queues/([^/]+)/tasks|replicate:batch-put"
+                    r"|blobs:(batch-get))$")
 _RECEIPTS = {b"": "blob", b"receipt=blob": "blob", b"receipt=batch": "batch"}
 # client work (and peers' forwards of it): while it goes on, repair copies are paced
 _CLIENT_WORK = ("/v1/blobs", "/v1/groups/", "/v1/replicate")
@@ -60,7 +65,7 @@ class FastPath:
         if m is not None and (scope["method"], m[1]) in _SERVED:
             return True
         p = _POSTS.match(scope["path"]) if scope["method"] == "POST" else None
-        return p is not None and (p[1] is not None
+        return p is not None and (p[1] is not None or p[3] is not None
                                   or scope.get("query_string", b"") in _RECEIPTS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -99,6 +104,10 @@ class FastPath:
         node: DataNode = scope["app"].state.node
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
+            if p[3] is not None:
+                body = b"".join([b async for b in _body(receive)])  # BodyLimit bounds it
+                await _batch_get(node, body, headers.get("authorization"), send)
+                return
             if p[1] is not None:
                 body = b"".join([b async for b in _body(receive)])  # BodyLimit bounds it
                 resp = JSON(await frontdoor.serve(node, p[1], p[2], body,
@@ -109,12 +118,39 @@ class FastPath:
                 resp = JSON(await replicate_frames(
                     node, claims, body, _RECEIPTS[scope.get("query_string", b"")],
                     headers.get(REPAIR_HEADER) == "1"))
+        except ValidationError as e:
+            resp = error_response(validation_error(body_errors(e)))
         except StatusError as e:
             resp = error_response(e)
         except ClientDisconnect:
             log.info("POST %s: client disconnected mid-body; nothing done", scope["path"])
             return
         await resp(scope, receive, send)
+
+
+async def _batch_get(node: DataNode, body: bytes, authorization: str | None, send: Send
+                     ) -> None:
+    """Answer a batch-get as the FastAPI route does (the same frames). Errors before the
+    first group is read are raised (a clean error answer); a storage error after it cuts
+    the connection (StreamAborted), as the route's stream would."""
+    req = parse_body(BatchGetRequest, body)
+    may_read(node, req, authorization)
+    ids = req.blob_ids
+    data, n = await node.store.run(read_frames, node, ids)
+    ids = ids[n:]
+    head = [(b"content-type", b"application/octet-stream")]
+    if not ids:  # the common case: one group, one answer with its length
+        head.append((b"content-length", str(len(data)).encode()))
+    await send({"type": "http.response.start", "status": 200, "headers": head})
+    while ids:
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+        try:
+            data, n = await node.store.run(read_frames, node, ids)
+        except StatusError as e:  # headers are gone: the only honest answer is a cut
+            log.error("aborting a batch-get mid-stream: %s", e.message)
+            raise StreamAborted(f"batch-get: {e.message}") from None
+        ids = ids[n:]
+    await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 async def _body(receive: Receive) -> AsyncIterator[bytes]:

@@ -15,17 +15,16 @@ and the routes that read the index wait for it first (``GroupCommit.settled``).
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from squall.common.cluster import HeartbeatRequest, NodeCommitRequest
-from squall.common.errors import BadRequest, StatusError
+from squall.common.errors import StatusError
 from squall.common.guard import PRINCIPAL
-from squall.common.http import JSON, error_response
+from squall.common.http import JSON, body_errors, error_response, parse_body
 from squall.common.models import EnqueueRequest, LeaseRequest, UpdateRequest
 from squall.common.names import check_name
 from squall.master.commit import ANSWER_WHEN_DURABLE
@@ -35,7 +34,6 @@ from squall.master.routes.nodes import beat
 from squall.master.security import check_update
 from squall.master.service import Master
 
-M = TypeVar("M", bound=BaseModel)
 _ROUTE = re.compile(r"^/v1/groups/([^/]+)/(?:update|queues/([^/]+)/(tasks|lease))$"
                     r"|^/v1/nodes/(commit|heartbeat)$")
 
@@ -66,7 +64,7 @@ class FastPath:
             res = await self._serve(master, m, body, scope)
             resp = JSON(res)
         except ValidationError as e:
-            resp = error_response(invalid(_in_body(e.errors(include_url=False))))
+            resp = error_response(invalid(body_errors(e)))
         except StatusError as e:
             resp = error_response(e)
         finally:
@@ -81,42 +79,21 @@ class FastPath:
         if m[4] == "heartbeat":  # a data node's heartbeat and block report
             auth = next((v.decode("latin-1") for k, v in scope.get("headers", ())
                          if k == b"authorization"), None)
-            return beat(master, _parse(HeartbeatRequest, body), scope.get(PRINCIPAL), auth,
+            return beat(master, parse_body(HeartbeatRequest, body), scope.get(PRINCIPAL), auth,
                         scope["app"].state.credentials.revoked)
         if m[4] is not None:  # a data node's group commit of front-door enqueues
-            req_c = _parse(NodeCommitRequest, body)
+            req_c = parse_body(NodeCommitRequest, body)
             auth = next((v.decode("latin-1") for k, v in scope.get("headers", ())
                          if k == b"authorization"), None)
             node_speaks(master, scope.get(PRINCIPAL), auth, req_c.node_id)
             return await commit_updates(master, req_c, addr)
         group = check_name("group", m[1])
         if m[2] is None:
-            req = _parse(UpdateRequest, body)
+            req = parse_body(UpdateRequest, body)
             check_update(scope.get(PRINCIPAL), bool(req.enqueue),
                          bool(req.dequeue or req.renew or req.release or req.lease))
             return await master.update(group, req, addr)
         queue = check_name("queue", m[2])
         if m[3] == "tasks":
-            return await master.enqueue(group, queue, _parse(EnqueueRequest, body).tasks)
-        return await master.lease(group, queue, _parse(LeaseRequest, body), addr)
-
-
-def _parse(model: type[M], body: bytes) -> M:
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as e:
-        if not any(x["type"] == "json_invalid" for x in e.errors()):
-            raise
-    # not JSON to pydantic's strict parser (e.g. a lone surrogate escape): parse as the
-    # documented route does, so the answer names the real problem
-    try:
-        data = json.loads(body)
-    except ValueError as e:
-        raise BadRequest(f"invalid request: body: JSON decode error ({e})") from None
-    except RecursionError:
-        raise BadRequest("invalid request: body: JSON nested too deeply") from None
-    return model.model_validate(data)
-
-
-def _in_body(errors: list[Any]) -> list[Any]:
-    return [{**e, "loc": ("body", *e.get("loc", ()))} for e in errors]
+            return await master.enqueue(group, queue, parse_body(EnqueueRequest, body).tasks)
+        return await master.lease(group, queue, parse_body(LeaseRequest, body), addr)

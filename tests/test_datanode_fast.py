@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from squall.common.errors import Forbidden, NotFound, Unauthorized
 from squall.datanode.peers import Peers, PeerUnreachable
 from squall.datanode.store import BlobStore
 from tests.dn_kit import node_processes, tok
-from tests.helpers import DataNodeProcess, free_port
+from tests.helpers import ADMIN, DataNodeProcess, free_port
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +145,52 @@ def test_batch_get_with_one_token_for_every_blob(nodes: list[DataNodeProcess],
     assert r.status_code == 401
     r = post({"blob_ids": ids[:2]})  # no credential at all
     assert r.status_code == 401
+
+
+def test_batch_get_fast_path_answers_as_the_route_did(nodes: list[DataNodeProcess],
+                                                     client: httpx.Client) -> None:
+    """The fast path's batch-get: one read group is one answer with its Content-Length;
+    more than one read group (over 8 MiB of blobs) is streamed chunked, group by group, the
+    frames in request order either way; bad bodies get 400 naming the field, the route is
+    counted under its template, and a forged token is refused before anything is read."""
+    url = nodes[0].url
+    big = [(f"bg-big-{i}", os.urandom((1 << 20) + i)) for i in range(10)]
+    small = [(f"bg-small-{i}", os.urandom(10 + i)) for i in range(3)]
+    payload.put_batch(client, url, big, tok("write", [b for b, _ in big]))
+    payload.put_batch(client, url, small, tok("write", [b for b, _ in small]))
+
+    def get(ids: list[str]) -> httpx.Response:
+        r = client.post(f"{url}/v1/blobs:batch-get", json={"blob_ids": ids,
+                                                           "token": tok("read", ids)})
+        assert r.status_code == 200, r.text
+        return r
+
+    want = dict(big + small)
+    one = get([b for b, _ in small] + ["bg-missing"])
+    assert int(one.headers["content-length"]) == len(one.content)
+    frames = list(payload.decode_frames(one.content))
+    assert [f.blob_id for f in frames] == [b for b, _ in small] + ["bg-missing"]
+    assert [f.data for f in frames[:3]] == [d for _, d in small]
+    assert frames[3].status == payload.MISSING
+    ids = [small[0][0], *(b for b, _ in big), small[1][0]]
+    many = get(ids)
+    assert "content-length" not in many.headers
+    assert many.headers["transfer-encoding"] == "chunked"
+    frames = list(payload.decode_frames(many.content))
+    assert [f.blob_id for f in frames] == ids
+    assert all(f.status == payload.OK and f.data == want[f.blob_id] for f in frames)
+    for body, field in (({"blob_ids": []}, "blob_ids"), ({"blob_ids": ["bad id!"]}, "blob_ids"),
+                        ({"blob_ids": "x"}, "blob_ids"), ({"ids": ["a"]}, "blob_ids")):
+        r = client.post(f"{url}/v1/blobs:batch-get", json=body,
+                        headers={"Authorization": "Bearer " + tok("read", "a")})
+        assert r.status_code == 400, (body, r.text)
+        assert field in r.json()["error"]["message"], r.text
+    r = client.post(f"{url}/v1/blobs:batch-get", json={"blob_ids": ["a"]},
+                    headers={"Authorization": "Bearer sqt1.forged.token"})
+    assert r.status_code == 401
+    metrics = client.get(f"{url}/metrics", headers=ADMIN).text
+    assert re.search(r'^squall_datanode_http_requests_total\{method="POST",'
+                     r'route="/v1/blobs:batch-get",status="2xx"\} [1-9]', metrics, re.M)
 
 
 async def test_data_file_is_preallocated_and_counted_free(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -115,7 +115,7 @@ def answers(node: DataNode, metas: list[BlobMeta], peers: list[dict[str, dict[st
              "errors": errors} for m in metas]
 
 
-def _may_read(node: DataNode, req: BatchGetRequest, authorization: str | None) -> None:
+def may_read(node: DataNode, req: BatchGetRequest, authorization: str | None) -> None:
     """Every id of a batch-get is covered: by the Authorization header, by one `token` in the
     body (a lease answer's), or by its own entry of `tokens`."""
     if req.token is not None:
@@ -137,37 +137,36 @@ def _may_read(node: DataNode, req: BatchGetRequest, authorization: str | None) -
                 raise Forbidden(f"token does not cover blob {blob_id!r}")
 
 
+def read_frames(node: DataNode, ids: list[str]) -> tuple[bytes, int]:
+    """On a read thread: the answer frames of the first `ids` of a batch-get (about
+    ``BATCH_READ_BYTES`` of data, in one read transaction) and how many ids they answer."""
+    out = []
+    got = node.store.read_small(ids, node.settings.batch_blob_bytes_max, BATCH_READ_BYTES)
+    for r in got:
+        if r.too_large:
+            assert r.meta is not None
+            out.append(encode_frame(r.blob_id, b"", TOO_LARGE, r.meta.crc32c))
+        elif r.error is None and r.meta is not None:
+            out.append(encode_frame(r.blob_id, r.data, OK, r.meta.crc32c))
+            node.gets += 1
+        elif isinstance(r.error, DataCorrupt):
+            out.append(encode_frame(r.blob_id, b"", CORRUPT, 0))
+        else:  # not here, or deleted while being read
+            out.append(encode_frame(r.blob_id, b"", MISSING, 0))
+    return b"".join(out), len(got)
+
+
 @router.post("/v1/blobs:batch-get", responses={200: RAW_ANSWER, **ERRORS})
 async def batch_get(req: BatchGetRequest, node: NodeDep,
                     authorization: AuthH = None) -> StreamingResponse:
     """Fetch many small blobs in one answer: a body of frames in request order; a missing,
     corrupt or too-large blob is a frame with that status and no data."""
-    _may_read(node, req, authorization)
-    limit = node.settings.batch_blob_bytes_max
-    store = node.store
-
-    def frames(ids: list[str]) -> tuple[bytes, int]:
-        """Frames for the first ids (about BATCH_READ_BYTES of data); how many ids."""
-        out = []
-        got = store.read_small(ids, limit, BATCH_READ_BYTES)
-        for r in got:
-            if r.too_large:
-                assert r.meta is not None
-                out.append(encode_frame(r.blob_id, b"", TOO_LARGE, r.meta.crc32c))
-            elif r.error is None and r.meta is not None:
-                out.append(encode_frame(r.blob_id, r.data, OK, r.meta.crc32c))
-                node.gets += 1
-            elif isinstance(r.error, DataCorrupt):
-                out.append(encode_frame(r.blob_id, b"", CORRUPT, 0))
-            else:  # not here, or deleted while being read
-                out.append(encode_frame(r.blob_id, b"", MISSING, 0))
-        return b"".join(out), len(got)
+    may_read(node, req, authorization)  # (the fast path serves this route; see fastpath.py)
 
     async def body() -> AsyncIterator[bytes]:
-        # one read transaction and one thread hop per group of about BATCH_READ_BYTES
         ids = req.blob_ids
-        while ids:
-            data, n = await store.run(frames, ids)
+        while ids:  # one read transaction and one thread hop per group
+            data, n = await node.store.run(read_frames, node, ids)
             ids = ids[n:]
             yield data
 
