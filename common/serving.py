@@ -27,8 +27,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from squall.common.errors import HeadersTooLarge
 
-HEADER_TIMEOUT_S = float(os.environ.get("SQUALL_HEADER_TIMEOUT_S", "10"))
-MAX_HEAD_BYTES = int(os.environ.get("SQUALL_MAX_HEADER_BYTES", str(512 << 10)))
+HEADER_TIMEOUT_S = 10.0  # defaults; SQUALL_HEADER_TIMEOUT_S and SQUALL_MAX_HEADER_BYTES
+MAX_HEAD_BYTES = 512 << 10  # set them when a server starts (uvicorn_options)
 MAX_HEAD_READS = 64
 
 
@@ -100,8 +100,29 @@ class HeaderDeadline(HttpToolsProtocol):
             self.transport.close()
 
 
+def env_number(name: str, default: float, minimum: float) -> float:
+    """A number from the environment, or `default` when unset; a value that is not a finite
+    number >= `minimum` stops the server with a message saying so (SystemExit)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not minimum <= value < float("inf"):
+        raise SystemExit(f"squall: {name}={raw[:40]!r} is not a number >= {minimum:g}; set "
+                         f"it to one, or unset it for the default ({default:g})")
+    return value
+
+
 def uvicorn_options(tls_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The `uvicorn.run` / `uvicorn.Config` options both servers use."""
+    """The `uvicorn.run` / `uvicorn.Config` options both servers use (read when a server
+    starts: the head bounds' environment variables are checked here)."""
+    HeaderDeadline.header_timeout_s = env_number("SQUALL_HEADER_TIMEOUT_S", HEADER_TIMEOUT_S,
+                                                 0.1)
+    HeaderDeadline.max_head_bytes = int(env_number("SQUALL_MAX_HEADER_BYTES", MAX_HEAD_BYTES,
+                                                   1024))
     return {"loop": "uvloop", "http": HeaderDeadline, "access_log": False,
             "log_level": "warning", "lifespan": "on", "timeout_keep_alive": 5,
             **(tls_kwargs or {})}

@@ -15,10 +15,16 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from squall.common.serving import MAX_HEAD_BYTES, HeaderDeadline
+from squall.common.serving import (
+    HEADER_TIMEOUT_S,
+    MAX_HEAD_BYTES,
+    HeaderDeadline,
+    uvicorn_options,
+)
 from squall.master.app import create_master_app
 from squall.master.service import MasterSettings
 from tests.helpers import running_app, until
@@ -180,3 +186,24 @@ def test_an_oversized_head_over_a_socket_is_cut_early(tmp_path) -> None:  # type
         assert got == b"" or got.startswith(b"HTTP/1.1 431"), got[:200]
         with httpx.Client(base_url=url, timeout=10) as c:
             assert c.get("/healthz").status_code == 200
+
+
+def test_head_bounds_from_the_environment_are_checked_at_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head bounds' environment variables are read when a server starts; a value that
+    is not a number stops it with a message naming the variable, not a traceback."""
+    monkeypatch.setattr(HeaderDeadline, "header_timeout_s", HeaderDeadline.header_timeout_s)
+    monkeypatch.setattr(HeaderDeadline, "max_head_bytes", HeaderDeadline.max_head_bytes)
+    monkeypatch.setenv("SQUALL_HEADER_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("SQUALL_MAX_HEADER_BYTES", "65536")
+    assert uvicorn_options()["http"] is HeaderDeadline
+    assert (HeaderDeadline.header_timeout_s, HeaderDeadline.max_head_bytes) == (2.5, 65536)
+    for name, bad in (("SQUALL_HEADER_TIMEOUT_S", "ten"), ("SQUALL_HEADER_TIMEOUT_S", "0"),
+                      ("SQUALL_MAX_HEADER_BYTES", "inf"), ("SQUALL_MAX_HEADER_BYTES", "1e2")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(SystemExit, match=f"{name}='{bad}' is not a number"):
+            uvicorn_options()
+        monkeypatch.delenv(name)
+    uvicorn_options()  # unset: the defaults
+    assert (HeaderDeadline.header_timeout_s, HeaderDeadline.max_head_bytes) == (
+        HEADER_TIMEOUT_S, MAX_HEAD_BYTES)
