@@ -50,8 +50,21 @@ def read_chunks(store: BlobStore, meta: BlobMeta, first: int, count: int
     return out, err
 
 
+Group = tuple[list[bytes], StatusError | None, list[int]]  # chunks, error, running CRC32Cs
+
+
+def stat_and_head(store: BlobStore, blob_id: str) -> tuple[BlobMeta | None, Group | None]:
+    """On a read thread: a blob's metadata and, when it has bytes, its first chunk as a
+    whole-blob :func:`stream` reads it first (its ``head``): a small blob's read in one
+    thread hop instead of two."""
+    meta = store.stat(blob_id)
+    if meta is None or meta.size == 0:
+        return meta, None
+    return meta, _read_group(store, meta, 0, 1, 0)
+
+
 def _read_group(store: BlobStore, meta: BlobMeta, first: int, count: int, crc: int | None
-                ) -> tuple[list[bytes], StatusError | None, list[int]]:
+                ) -> Group:
     """read_chunks, and when `crc` is not None the running whole-blob CRC32C after each
     good chunk (computed here, in the reader thread, while the data is in cache)."""
     out: list[bytes] = []
@@ -73,10 +86,11 @@ def _read_group(store: BlobStore, meta: BlobMeta, first: int, count: int, crc: i
     return out, None, crcs
 
 
-async def stream(store: BlobStore, meta: BlobMeta, start: int = 0, end: int | None = None
-                 ) -> AsyncIterator[bytes]:
+async def stream(store: BlobStore, meta: BlobMeta, start: int = 0, end: int | None = None,
+                 head: Group | None = None) -> AsyncIterator[bytes]:
     """The verified bytes [start, end) of a blob, chunk by chunk (one group read ahead).
-    On corruption the replica is dropped and DataCorrupt raised, before any wrong byte."""
+    On corruption the replica is dropped and DataCorrupt raised, before any wrong byte.
+    `head`: the first group of a whole-blob read, read already (:func:`stat_and_head`)."""
     end = meta.size if end is None else end
     if start >= end:
         return
@@ -86,8 +100,13 @@ async def stream(store: BlobStore, meta: BlobMeta, start: int = 0, end: int | No
     group_max = max(1, store.read_bytes // cb)
     group, i = 1, first
     loop = asyncio.get_running_loop()
-    nxt = loop.run_in_executor(store.pool, _read_group, store, meta, first, 1,
-                               0 if whole else None)
+    nxt: asyncio.Future[Group]
+    if head is not None and whole:
+        nxt = loop.create_future()
+        nxt.set_result(head)
+    else:
+        nxt = loop.run_in_executor(store.pool, _read_group, store, meta, first, 1,
+                                   0 if whole else None)
     try:
         while i <= last:
             chunks, err, crcs = await nxt

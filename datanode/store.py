@@ -128,9 +128,13 @@ class BlobStore:
                     ) -> tuple[list[bytes], StatusError | None]:
         return reads.read_chunks(self, meta, first, count)
 
-    def stream(self, meta: BlobMeta, start: int = 0, end: int | None = None
-               ) -> AsyncIterator[bytes]:
-        return reads.stream(self, meta, start, end)
+    def stream(self, meta: BlobMeta, start: int = 0, end: int | None = None,
+               head: reads.Group | None = None) -> AsyncIterator[bytes]:
+        return reads.stream(self, meta, start, end, head)
+
+    async def stat_and_head(self, blob_id: str) -> tuple[BlobMeta | None, reads.Group | None]:
+        """The blob's metadata and its first chunk, in one thread hop (see reads.py)."""
+        return await self.run(reads.stat_and_head, self, blob_id)
 
     def read_small(self, blob_ids: list[str], limit: int, budget: int = 16 << 20
                    ) -> list[reads.Small]:

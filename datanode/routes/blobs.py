@@ -125,7 +125,10 @@ def _headers(meta: BlobMeta, length: int) -> dict[str, str]:
 
 
 async def _meta(node: DataNode, blob_id: str) -> BlobMeta:
-    meta = await node.store.run(node.store.stat, blob_id)
+    return _here(node, blob_id, await node.store.run(node.store.stat, blob_id))
+
+
+def _here(node: DataNode, blob_id: str, meta: BlobMeta | None) -> BlobMeta:
     if meta is None:
         raise NotFound(f"blob {blob_id} is not on this node ({node.address})")
     return meta
@@ -166,7 +169,12 @@ async def open_read(node: DataNode, blob_id: str, authorization: str | None,
     the byte stream, its first part — read already, so a corrupt first chunk is still a
     clean error answer). Shared by this route and the fast path."""
     node.authorize(authorization, "read", blob_id)
-    meta = await _meta(node, blob_id)
+    head = None
+    if range_ is None:  # a whole read: the metadata and the first chunk in one thread hop
+        found, head = await node.store.stat_and_head(blob_id)
+        meta = _here(node, blob_id, found)
+    else:
+        meta = await _meta(node, blob_id)
     try:
         rng = parse_range(range_, meta.size)
     except ValueError:
@@ -178,7 +186,7 @@ async def open_read(node: DataNode, blob_id: str, authorization: str | None,
     headers = _headers(meta, end - start)
     if rng:
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{meta.size}"
-    stream = node.store.stream(meta, start, end)
+    stream = node.store.stream(meta, start, end, head)
     first = await anext(stream, None)
     node.gets += 1
     return (206 if rng else 200), headers, stream, first
