@@ -3,9 +3,9 @@
 Every mutating request runs on the event loop thread in a *child* transaction of the open
 batch transaction, and adds its WAL record to the batch. The first request of a batch
 schedules the batch's flush for the end of the current loop iteration; from then on the
-batch is closed (later requests wait for the next one). The flush hands the batch's records
-to the WAL writer as one group, waits until they are durable (one ``fdatasync``; the group
-is written whole or truncated away), then commits the batch
+batch is closed (later requests wait for the next one). The flush writes the batch's records
+to the WAL as one group on the commit thread, durable once written (one ``fdatasync``; the
+group is written whole or truncated away), then commits the batch
 transaction (with the index's own ``fdatasync`` when index sync is on, the default), and
 then answers the batch's requests; over HTTP, one that logged a record is answered once the
 WAL group is durable, before that index commit (``ANSWER_WHEN_DURABLE``). Hence:
