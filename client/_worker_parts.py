@@ -1,11 +1,12 @@
 """Pieces of the worker runtime (``worker.py``): its counters, the blocking face of the
-async client for sync handlers, the daemon thread pool they run in, and the reading of a
-handler's return value as follow-up tasks."""
+async client for sync handlers, the daemon thread pool they run in, the reading of a
+handler's return value as follow-up tasks, and the renewal of a batch of leases."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import queue
 import threading
 import traceback
@@ -17,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from squall.client._tasks import NewTask, TaskBase
+from squall.common.errors import Conflict, NotFound, SquallError
 from squall.common.names import split_queue
 
 if TYPE_CHECKING:
     from squall.client._async import AsyncClient
 
 Handler = Callable[[Any], Any]
+log = logging.getLogger("squall.worker")
 
 
 @dataclass
@@ -148,6 +151,30 @@ async def _aclose(agen: AsyncIterator[bytes]) -> None:
     close = getattr(agen, "aclose", None)
     if close is not None:
         await close()
+
+
+async def renew(client: AsyncClient, tasks: list[TaskBase], lease_secs: float, now: float,
+                lost: set[int]) -> None:
+    """Renew the leases of `tasks` in one update; when it is refused, one task at a time,
+    so one lost lease (added to `lost` by id) does not keep the others from being renewed.
+    Other failures (the master away) are logged: the next pass tries again."""
+    try:
+        await client._run(client._core.renew(tasks, lease_secs))
+    except SquallError as e:
+        if len(tasks) > 1:
+            for t in tasks:
+                await renew(client, [t], lease_secs, now, lost)
+            return
+        t = tasks[0]
+        if isinstance(e, NotFound | Conflict):
+            if not t.finished:
+                log.warning("task %s %r: lease lost (%s)", t.queue, t.pid, e)
+                lost.add(id(t))
+        else:
+            log.warning("renewing %s %r failed, will retry: %s", t.queue, t.pid, e)
+        return
+    for t in tasks:
+        t.leased_at = now
 
 
 def is_async(handler: Handler) -> bool:

@@ -13,8 +13,10 @@ loop, see :class:`Bridge`). The pieces, each a small coroutine:
 - one coroutine per task: run the handler, then hand the outcome to the acker;
 - acker: dequeues finished tasks together with the follow-up tasks their handlers
   returned, one atomic update per group for everything that finished within
-  ``ack_linger_s`` or while the previous update was in flight; a task is counted done only
-  once its update is durable. An update the master refused is retried task by task, so
+  ``ack_linger_s`` or while the previous update was in flight, or in the next lease's
+  update (a finished task frees its slot while its ack is on its way, so the lease that
+  fills the slot carries the ack; at most 2 x ``concurrency`` tasks are held in all); a
+  task is counted done only once its update is durable. An update the master refused is retried task by task, so
   one lost lease never blocks the others; one that could not reach the master (restart)
   is retried as it is while the leases last (then the results are dropped: ``lost``);
 - renewer: renews every lease in flight when a third of ``lease_secs`` has passed since
@@ -51,12 +53,9 @@ from squall.client._worker_parts import (
     describe_error,
     followups,
     is_async,
+    renew,
 )
-from squall.common.errors import (
-    Conflict,
-    NotFound,
-    SquallError,
-)
+from squall.common.errors import NotFound, SquallError
 from squall.common.models import MAX_BATCH
 from squall.common.models import LeasedTask as WireTask
 from squall.common.names import split_queue
@@ -228,7 +227,7 @@ class Worker:
         assert self._client is not None
         got, short = 0, False
         for q in await self._queue_names():
-            free = self.concurrency - len(self._running)
+            free = self._free()
             if free <= 0 or self._stop_requested.is_set():
                 break
             assert self._acker is not None
@@ -259,10 +258,16 @@ class Worker:
         self.stats.leased += got
         return got, short
 
+    def _free(self) -> int:
+        """Slots for new tasks. A finished task frees its slot while its ack is on its way
+        (the ack rides on the lease that fills the slot); at most 2 x ``concurrency`` tasks
+        are held in all, counting those."""
+        held = len(self._running)
+        return min(self.concurrency - (held - len(self._acking)), 2 * self.concurrency - held)
+
     def _rides(self) -> bool:
         """Whether the next lease comes soon and can carry acks (between leases, free slots)."""
-        return (not self._leasing and not self._stop_requested.is_set()
-                and len(self._running) < self.concurrency)
+        return not self._leasing and not self._stop_requested.is_set() and self._free() > 0
 
     async def _lease_loop(self) -> None:
         assert self._wake is not None
@@ -270,7 +275,7 @@ class Worker:
         while not self._stop_requested.is_set():
             self._wake.clear()
             delay = None
-            if len(self._running) < self.concurrency:
+            if self._free() > 0:
                 try:
                     got, short = await self._lease_round(self._may_wait(idle))
                 except SquallError as e:
@@ -374,28 +379,9 @@ class Worker:
                    if not t.finished and id(t) not in self._lost and id(t) not in self._acking
                    and now - t.leased_at >= self.lease_secs / 3]
             if due:
-                await self._renew(due, now)
+                assert self._client is not None
+                await renew(self._client, due, self.lease_secs, now, self._lost)
             self._renew_passes += 1
-
-    async def _renew(self, tasks: list[TaskBase], now: float) -> None:
-        assert self._client is not None
-        try:
-            await self._client._run(self._client._core.renew(tasks, self.lease_secs))
-        except SquallError as e:
-            if len(tasks) > 1:
-                for t in tasks:
-                    await self._renew([t], now)
-                return
-            t = tasks[0]
-            if isinstance(e, NotFound | Conflict):
-                if not t.finished:
-                    log.warning("task %s %r: lease lost (%s)", t.queue, t.pid, e)
-                    self._lost.add(id(t))
-            else:
-                log.warning("renewing %s %r failed, will retry: %s", t.queue, t.pid, e)
-            return
-        for t in tasks:
-            t.leased_at = now
 
     # -- shutdown ------------------------------------------------------------------------
     async def _drain(self) -> None:

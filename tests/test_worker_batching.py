@@ -123,6 +123,68 @@ async def test_acks_ride_on_the_next_lease(app: Any) -> None:
         assert flaky.rode >= 15, (flaky.rode, flaky.dequeued)  # at most a few on their own
 
 
+async def test_a_full_worker_acks_on_the_lease_that_refills_it(app: Any) -> None:
+    """A backlog and one slot: a finished task frees its slot while its ack is on its way,
+    so each ack rides on the update that leases the next task (two requests per task with
+    the payload read, not three)."""
+    flaky = Flaky(app)
+    async with AsyncClient("http://127.0.0.1", transport=flaky) as c:
+        await c.put_many("wk#one", [NewTask(pid=f"{i:02d}") for i in range(30)])
+        done: list[str] = []
+
+        async def handler(task: sc.AsyncLeasedTask) -> None:
+            done.append(task.pid)
+
+        stats = await asyncio.wait_for(Worker(c, "wk#one", handler, concurrency=1,
+                                              burst=True).arun(install_signals=False), 60)
+        assert stats.done == 30 and done == [f"{i:02d}" for i in range(30)]
+        assert sum(flaky.dequeued) == 30 and (await c.stats("wk#one")).completed == 30
+        # every dequeue but at most the last one or two went with the next lease
+        assert flaky.rode >= 28 and len(flaky.dequeued) <= 30, (flaky.rode, flaky.dequeued)
+
+
+async def test_a_worker_whose_acks_fail_holds_at_most_twice_its_slots(app: Any) -> None:
+    """Finished tasks whose acks are refused (503, retried while their leases last) free
+    their slots; the worker does not pile up leases meanwhile (the acks ride on each lease
+    it tries, and fail with it) and every task is done once the master takes the acks."""
+    flaky = Flaky(app, fail_dequeues=10**6)
+    async with AsyncClient("http://127.0.0.1", transport=flaky, retries=0) as c:
+        await c.put_many("wk#hold", [NewTask(pid=f"{i:02d}") for i in range(30)])
+
+        async def handler(task: sc.AsyncLeasedTask) -> None:
+            return None
+
+        w = Worker(c, "wk#hold", handler, concurrency=2, burst=True, lease_secs=30)
+        run = asyncio.create_task(w.arun(install_signals=False))
+        await until(lambda: len(w._acking) >= 4, 10, interval=0.005,
+                    what="four finished tasks waiting for their acks")
+        alone = len(flaky.dequeued) - flaky.rode  # acks sent on their own, refused
+        await until(lambda: len(flaky.dequeued) - flaky.rode >= alone + 3, 10,
+                    interval=0.005, what="three more refusals of the acker's own retries")
+        # meanwhile (their backoff) the lease loop had free slots and looked again
+        assert len(w._running) == 4, len(w._running)
+        flaky.fail_dequeues = 0
+        stats = await asyncio.wait_for(run, 60)
+        assert (stats.done, stats.failed, stats.lost) == (30, 0, 0)
+        assert (await c.stats("wk#hold")).completed == 30
+
+
+def test_free_slots_count_finished_tasks_up_to_twice_the_concurrency() -> None:
+    """The slot rule itself: a task waiting for its ack frees its slot, and no more than
+    2 x concurrency tasks are held in all (the bound when acks are slow to be saved)."""
+    with Client("http://127.0.0.1:9") as c:  # never called
+        w = Worker(c, "wk#rule", lambda t: None, concurrency=2)
+    fut: Any = None
+
+    def free(running: int, acking: int) -> int:
+        w._running = {i: (None, fut) for i in range(running)}
+        w._acking = set(range(acking))
+        return w._free()
+
+    assert [free(0, 0), free(1, 0), free(2, 0), free(2, 1), free(2, 2)] == [2, 1, 0, 1, 2]
+    assert [free(3, 2), free(3, 3), free(4, 3), free(4, 4), free(5, 5)] == [1, 1, 0, 0, -1]
+
+
 async def test_a_finished_task_whose_ack_waits_on_a_lease_is_not_renewed(
         app: Any, caplog: pytest.LogCaptureFixture) -> None:
     """Its dequeue is applied when the long poll carrying it parks; renewing it then would
