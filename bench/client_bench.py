@@ -10,7 +10,9 @@ Run ``python -m bench.client_bench [--quick] [--only B,D,A,M,C] [--async-handler
      handler, long-lived: long polling while idle, stopped once the queue is empty) at
      once; first put to last ack.
 - A  one client, one task at a time: ``put`` and ``lease(1)`` → ``payload()`` → ``done()``;
-     the HTTP round trips of each are counted and timed (httpx event hooks).
+     the HTTP round trips of each are counted and timed (httpx event hooks). A.worker1
+     (no target): the same through a ``Worker(concurrency=1)``, its requests to the master
+     counted from the master's metrics.
 - M  master only (no payloads), batches of 100: ``put_many`` and ``lease(100, done=prev)``.
 - C  4 MiB payloads: ``put`` one at a time, then ``lease(1)`` → ``payload()`` → ``done()``.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -33,8 +36,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench.dn_cluster import Cluster, ClusterSpec, running_cluster
 from bench.harness import (
+    AUTH,
     DEFAULT_OUT,
     Row,
     exit_code,
@@ -48,7 +54,7 @@ from bench.harness import (
     self_cpu_s,
     write_results,
 )
-from squall.client import Client
+from squall.client import Client, Worker
 
 WORKLOADS = ("B", "D", "A", "M", "C")
 TITLE = "squall client benchmark (master + 3 data nodes, RF 2, fsync on, 1 KiB payloads)"
@@ -256,7 +262,43 @@ def workload_a(ctx: Ctx) -> list[CRow]:
                         "time", n, el, lats, self_cpu_s() - c0, ctx.server_cpu() - s0,
                         trunc=trunc, errors=int(n != z.a_tasks),
                         note="round trips: " + trips.text(n)))
+        rows.append(_worker_one(ctx, c))
     return rows
+
+
+def _worker_one(ctx: Ctx, c: Client) -> CRow:
+    """A.worker1 (no target of its own): the same one-at-a-time consumption through a
+    ``Worker(concurrency=1)``, whose acks ride on the lease that fills the slot."""
+    z, q = ctx.sizes, "cb#worker1"
+    c.put_many(q, [os.urandom(z.payload_bytes)] * z.a_tasks)
+    sizes: list[int] = []
+
+    def handler(task: Any) -> None:
+        sizes.append(len(task.payload()))
+
+    before = _master_requests(ctx.cluster.url)
+    s0, c0, t0 = ctx.server_cpu(), self_cpu_s(), time.perf_counter()
+    stats = Worker(c, q, handler, concurrency=1, burst=True).run()
+    el = time.perf_counter() - t0
+    after = _master_requests(ctx.cluster.url)
+    per = "; ".join(f"{k} {(after[k] - before.get(k, 0)) / max(1, stats.done):.2f}/task"
+                    for k in sorted(after))
+    return row(ctx, "A.worker1", "Worker(concurrency=1, no-op handler reading its payload), "
+               "one task at a time", stats.done, el, [], self_cpu_s() - c0,
+               ctx.server_cpu() - s0, errors=int(stats.done != z.a_tasks or
+                                                 sizes != [z.payload_bytes] * z.a_tasks),
+               note="requests to the master: " + per)
+
+
+def _master_requests(url: str) -> dict[str, float]:
+    """POSTs the master served so far, by route (its request-duration histogram counts),
+    for the lease and update routes."""
+    text = httpx.get(url + "/metrics", timeout=30.0, headers=AUTH).text
+    out: dict[str, float] = {}
+    for m in re.finditer(r'^squall_master_http_request_duration_seconds_count\{method="POST",'
+                         r'route="[^"]*/(lease|update)"\} ([\d.e+]+)$', text, re.M):
+        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def _more(name: str) -> Any:
