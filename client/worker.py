@@ -16,9 +16,10 @@ loop, see :class:`Bridge`). The pieces, each a small coroutine:
   ``ack_linger_s`` or while the previous update was in flight, or in the next lease's
   update (a finished task frees its slot while its ack is on its way, so the lease that
   fills the slot carries the ack; at most 2 x ``concurrency`` tasks are held in all); a
-  task is counted done only once its update is durable. An update the master refused is retried task by task, so
-  one lost lease never blocks the others; one that could not reach the master (restart)
-  is retried as it is while the leases last (then the results are dropped: ``lost``);
+  task is counted done only once its update is durable. An update the master refused is
+  retried task by task, so one lost lease never blocks the others; one that could not
+  reach the master (restart) is retried as it is while the leases last (then the results
+  are dropped: ``lost``);
 - renewer: renews every lease in flight when a third of ``lease_secs`` has passed since
   its last renewal, so a long task never loses its lease while its worker lives (on
   ``clock``, ``time.monotonic`` unless a test gives its own);
