@@ -78,8 +78,11 @@ class Conn:
     reused: bool = False
 
     def close(self) -> None:
+        """Close now, dropping what was not sent: a connection is closed when it broke,
+        was cancelled, went unused or its answer was left unread, never with a request
+        still to deliver (a graceful close waited for a peer that may no longer read)."""
         with contextlib.suppress(RuntimeError):  # its event loop is closed: so is it
-            self.writer.close()
+            self.writer.transport.abort()
 
 
 class Pool:

@@ -280,3 +280,28 @@ def test_a_pool_used_from_another_event_loop_opens_a_new_connection() -> None:
         first.close()
         second.close()
         srv.close()
+
+
+async def test_a_connection_closed_with_unsent_bytes_is_closed_at_once() -> None:
+    """A connection is closed when it is broken, cancelled or its answer was not read: what
+    it has not sent yet is dropped, and its socket closes now. (Closing it gracefully
+    waited for a peer that no longer reads: the socket stayed open, and was reported as
+    an unclosed transport when the event loop ended first.)"""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def never_reads(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        accepted.append(w)
+
+    server = await asyncio.start_server(never_reads, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        conn = await Pool()._connect(("http", "127.0.0.1", port), 5)
+        conn.writer.write(b"x" * (64 << 20))  # more than the socket buffers take
+        assert conn.writer.transport.get_write_buffer_size() > 0
+        conn.close()
+        await asyncio.wait_for(conn.writer.wait_closed(), 5)
+    finally:
+        for w in accepted:
+            w.transport.abort()
+        server.close()
+        await server.wait_closed()
