@@ -166,6 +166,11 @@ def test_a_master_on_a_full_disk_refuses_cleanly_and_resumes(tmp_path: Path) -> 
 
 
 def _fill_and_check(master: MasterProcess, mnt: Path) -> None:
+    # made before the master writes anything: on a slow machine the master may fill the
+    # disk by itself before the test fills it, and then creating a file fails (ENOSPC);
+    # its first 4 MiB, freed at the end, leave the master room to resume
+    filler = mnt / "filler"
+    filler.write_bytes(b"\0" * (4 << 20))
     master.start()
     acked: set[str] = set()
     refused: set[str] = set()
@@ -190,10 +195,9 @@ def _fill_and_check(master: MasterProcess, mnt: Path) -> None:
     threads = [threading.Thread(target=produce, args=(w,), daemon=True) for w in range(3)]
     for t in threads:
         t.start()
-    filler = mnt / "filler"
     try:
         wait_for(lambda: len(acked) >= 1000, 60, what="a first thousand acknowledged tasks")
-        with open(filler, "wb") as f:  # eat the rest of the disk
+        with open(filler, "ab") as f:  # eat the rest of the disk
             try:
                 while True:
                     f.write(b"\0" * (256 << 10))
