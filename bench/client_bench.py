@@ -37,17 +37,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.dn_cluster import Cluster, ClusterSpec, running_cluster
 from bench.harness import (
-    AUTH,
     DEFAULT_OUT,
     Row,
     exit_code,
     fdatasync_latency,
     load1,
     machine_info,
+    metrics_text,
     ms,
     pct,
     print_table,
@@ -300,7 +298,7 @@ def _worker_one(ctx: Ctx, c: Client) -> CRow:
 def _master_requests(url: str) -> dict[str, float]:
     """POSTs the master served so far, by route (its request-duration histogram counts),
     for the lease and update routes."""
-    text = httpx.get(url + "/metrics", timeout=30.0, headers=AUTH).text
+    text = metrics_text(url)
     out: dict[str, float] = {}
     for m in re.finditer(r'^squall_master_http_request_duration_seconds_count\{method="POST",'
                          r'route="[^"]*/(lease|update)"\} ([\d.e+]+)$', text, re.M):

@@ -325,8 +325,13 @@ def get_json(url: str, path: str) -> dict[str, Any]:
     return out
 
 
+def metrics_text(url: str) -> str:
+    """A server's Prometheus metrics, as text."""
+    return httpx.get(url + "/metrics", timeout=30.0, headers=AUTH).text
+
+
 def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=30.0, headers=AUTH).text
+    text = metrics_text(url)
     m = re.search(rf"^{name}(?:_total)? ([\d.e+]+)$", text, re.M)
     return float(m.group(1)) if m else -1.0
 
