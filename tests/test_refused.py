@@ -197,11 +197,13 @@ def _fill_and_check(master: MasterProcess, mnt: Path) -> None:
         t.start()
     try:
         wait_for(lambda: len(acked) >= 1000, 60, what="a first thousand acknowledged tasks")
-        with open(filler, "ab") as f:  # eat the rest of the disk
+        # eat the rest of the disk, unbuffered: a buffered file keeps what a partial write
+        # left and flushes it again on close, which raises ENOSPC a second time (when the
+        # free space is not a multiple of the file's buffer)
+        with open(filler, "ab", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * (256 << 10))
-                    f.flush()
             except OSError as e:
                 assert e.errno == errno.ENOSPC
         wait_for(lambda: len(refused) >= 200, 60, what="refusals on the full disk")
