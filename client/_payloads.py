@@ -26,10 +26,10 @@ class PayloadVerbs:
         raise NotImplementedError  # pragma: no cover - Core's
 
     def payload(self, task: TaskBase) -> Proto[bytes]:
-        if task.payload_ref is None:
-            return b""
-        if task._data is not None:
-            return task._data
+        held = task.held_payload()
+        if held is not None:
+            return held
+        assert task.payload_ref is not None
         try:
             return (yield from self.blobs.read(task.payload_ref))
         except _STALE:

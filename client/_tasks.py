@@ -152,6 +152,10 @@ class TaskBase:
         """True when the payload is held in memory (``payload()`` needs no request)."""
         return self._data is not None or self.payload_ref is None
 
+    def held_payload(self) -> bytes | None:
+        """The payload if it needs no request (b"" without one), else None."""
+        return b"" if self.payload_ref is None else self._data
+
     @property
     def size(self) -> int:
         """Payload size in bytes (0 without a payload)."""
