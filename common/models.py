@@ -53,7 +53,7 @@ class PayloadRef(_M):
     size: Annotated[int, Field(ge=0, lt=1 << 53)]
     crc32c: Annotated[int, Field(ge=0, lt=1 << 32)]
     # `[]` made by a factory: pydantic deep-copies a literal `[]` default for every model it
-    # validates (~0.6 us each), and a lease answer validates one PayloadRef per task
+    # validates (~0.8 us each here), and a lease answer validates one PayloadRef per task
     replicas: Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=16)] = (
         Field(default_factory=list, json_schema_extra={"default": []}))
     receipts: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=16)] = (

@@ -198,8 +198,8 @@ def _fill_and_check(master: MasterProcess, mnt: Path) -> None:
     try:
         wait_for(lambda: len(acked) >= 1000, 60, what="a first thousand acknowledged tasks")
         # eat the rest of the disk, unbuffered: a buffered file keeps what a partial write
-        # left and flushes it again on close, which raises ENOSPC a second time (when the
-        # free space is not a multiple of the file's buffer)
+        # left and flushes it again on close, which then raises ENOSPC a second time
+        # (depending on where the free space ends)
         with open(filler, "ab", buffering=0) as f:
             try:
                 while True:
