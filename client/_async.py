@@ -146,7 +146,7 @@ class AsyncLeasedTask(TaskBase):
 
     async def payload(self) -> bytes:
         """The payload's bytes (b"" without one), checksum-verified, from a live replica."""
-        held = self.held_payload()  # loaded already, or none: no trip through the client
+        held = self._held_payload()  # loaded already, or none: no trip through the client
         return held if held is not None else bytes(await self._client.payload(self))
 
     def iter_payload(self, chunk_bytes: int = 1 << 20) -> AsyncIterator[bytes]:

@@ -26,7 +26,7 @@ class PayloadVerbs:
         raise NotImplementedError  # pragma: no cover - Core's
 
     def payload(self, task: TaskBase) -> Proto[bytes]:
-        held = task.held_payload()
+        held = task._held_payload()
         if held is not None:
             return held
         assert task.payload_ref is not None

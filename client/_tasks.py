@@ -150,10 +150,11 @@ class TaskBase:
     @property
     def payload_loaded(self) -> bool:
         """True when the payload is held in memory (``payload()`` needs no request)."""
-        return self._data is not None or self.payload_ref is None
+        return self._held_payload() is not None
 
-    def held_payload(self) -> bytes | None:
-        """The payload if it needs no request (b"" without one), else None."""
+    def _held_payload(self) -> bytes | None:
+        """The payload if it needs no request (b"" without one), else None (the verbs'
+        shortcut; not public API)."""
         return b"" if self.payload_ref is None else self._data
 
     @property
