@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import lmdb
 import msgpack
@@ -196,7 +196,7 @@ class Index:
         if limit <= 0 or not cur.set_range(prefix):
             return out
         bound = prefix + max_key if max_key is not None else None
-        for k in cur.iternext(keys=True, values=False):
+        for k in cast(Iterator[bytes], cur.iternext(keys=True, values=False)):
             if not k.startswith(prefix) or (bound is not None and k > bound):
                 break
             out.append(k)
@@ -212,7 +212,7 @@ class Index:
         if not cur.set_range(prefix + after):
             return
         n = 0
-        for k, v in cur:
+        for k, v in cast(Iterator[tuple[bytes, bytes]], cur):
             if not k.startswith(prefix) or n >= limit:
                 return
             if after and bytes(k[8:]) == after:
@@ -223,7 +223,7 @@ class Index:
     def oldest_available_ms(self, txn: lmdb.Transaction, q: QueueRec) -> int | None:
         prefix = qprefix(q.qid, q.gen)
         cur = txn.cursor(db=self.avail)
-        if not cur.set_range(prefix) or not cur.key().startswith(prefix):
+        if not cur.set_range(prefix) or not bytes(cur.key()).startswith(prefix):
             return None
         return int(U64.unpack_from(cur.key(), 8)[0])
 
@@ -376,7 +376,7 @@ class Index:
         n = 0
         cur = txn.cursor(db=self.tasks)
         if cur.set_range(prefix):
-            while n < limit and cur.key().startswith(prefix):
+            while n < limit and bytes(cur.key()).startswith(prefix):
                 v = cur.value()
                 if v[-3:] != b"\xc0\xa0\xa0":  # payload, error, origin not nil, "", ""
                     p = msgpack.unpackb(v)[11]
@@ -389,7 +389,7 @@ class Index:
             c = txn.cursor(db=db)
             m = 0
             if c.set_range(prefix):
-                while m < limit and c.key().startswith(prefix) and c.delete():
+                while m < limit and bytes(c.key()).startswith(prefix) and c.delete():
                     m += 1
         if n < limit:
             txn.delete(prefix, db=self.reap_db)

@@ -23,8 +23,8 @@ with a queue deletion replays the same way it applied.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import lmdb
 import msgpack
@@ -42,7 +42,7 @@ def reset_leases(index: Index, txn: lmdb.Transaction, q: QueueRec) -> int:
     revoked: list[Task] = []
     cur = txn.cursor(db=index.tasks)
     if cur.set_range(prefix):
-        for k, v in cur:
+        for k, v in cast(Iterator[tuple[bytes, bytes]], cur):
             if not k.startswith(prefix):
                 break
             t = Task.unpack(v)
