@@ -19,13 +19,16 @@ DELETE_BATCH = 1000
 
 def free(c: Cluster, freed: list[str], now: float) -> None:
     """Delete every copy of blobs whose last reference went away (no orphan grace)."""
+    if not freed:
+        return
     freed = list(dict.fromkeys(freed))
-    for b, ref in zip(freed, c.referenced(freed) if freed else [], strict=True):
+    alive = c.not_dead(now)
+    for b, ref in zip(freed, c.referenced(freed), strict=True):
         if not ref:
             c.under.discard(b)
             c.lost.discard(b)
             c.repair.forget(b)
-            delete(c, b, c.live_holders(b, now))
+            delete(c, b, c.live_holders(b, alive=alive))
 
 
 def examine(c: Cluster, b: str, live: list[Node]) -> None:

@@ -32,6 +32,7 @@ from squall.common.tokens import (
     verify_receipt,
 )
 from squall.master.cluster import Cluster
+from squall.master.nodes import Node
 
 WRITE_TOKEN_SECS = 300.0
 READ_TOKEN_MARGIN_SECS = 600.0
@@ -146,17 +147,20 @@ class Placement:
         token of its own) and return one read token covering every payload of `tasks`,
         valid past their leases' expiry; None when none has a payload."""
         ids: dict[str, None] = {}
-        until, now = 0.0, self.cluster.clock.now()
+        until, alive = 0.0, None
         for t in tasks:
             p = t["payload"]
             if p is not None:
-                t["payload"] = {**p, "replicas": self._replicas(p, now)}
+                if alive is None:  # one liveness check per node for the whole answer
+                    alive = self.cluster.not_dead(self.cluster.clock.now())
+                t["payload"] = {**p, "replicas": self._replicas(p, alive=alive)}
                 ids[p["blob_id"]] = None
                 until = max(until, t["expires_at"])
         if not ids:
             return None
         return sign(self.key, "read", list(ids), until + READ_TOKEN_MARGIN_SECS)
 
-    def _replicas(self, payload: dict[str, Any], now: float) -> list[str]:
-        live = [n.address for n in self.cluster.live_holders(payload["blob_id"], now)]
+    def _replicas(self, payload: dict[str, Any], now: float | None = None,
+                  alive: dict[str, Node] | None = None) -> list[str]:
+        live = [n.address for n in self.cluster.live_holders(payload["blob_id"], now, alive)]
         return live + [a for a in payload.get("replicas", ()) if a not in live]

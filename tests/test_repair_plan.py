@@ -21,6 +21,7 @@ from squall.common.cluster import (
 from squall.common.tokens import verify
 from squall.master import drain
 from squall.master.cluster import CHECK_BATCH, Cluster, ClusterSettings
+from squall.master.placement import Placement
 from squall.master.repair import BATCH_BYTES, PLAN_SCAN, Repair
 
 KEY = b"repair-plan-test-key-0123456789"
@@ -526,3 +527,41 @@ def test_copies_in_flight_end_at_their_deadline_or_with_their_node() -> None:
     assert r.expire(9.5, lambda n: False) == ["b5"]
     assert r.in_flight() == (0, 0) and r.inflight == {}
     assert r.node_bytes == {} and r.node_count == {}  # every budget given back
+
+
+def test_lease_answers_and_frees_count_only_holders_not_dead() -> None:
+    """A lease answer lists live (and suspect) holders first and a dead one only after
+    them; a freed blob's deletes go to its holders not dead. Both take each node's state
+    once per batch (Cluster.not_dead), which must agree with Cluster.state."""
+    w = World()
+    placement = Placement(w.c, KEY, require_receipts=False)
+    w.refs.update(["x", "y"])
+    w.beat("a", full=["x", "y"], sizes=[10, 10])
+    w.beat("b", full=["x", "y"], sizes=[10, 10])
+    w.beat("c", full=[])
+    w.settle()
+    kill(w, "a", ["b", "c"])
+    w.clock.advance(2 * BEAT)  # b and c missed two beats: suspect, not dead
+    now = w.clock.now()
+    assert [w.c.state(w.c.nodes[n], now) for n in "abc"] == ["dead", "suspect", "suspect"]
+
+    def answer(blob: str, listed: list[str]) -> list[str]:
+        tasks = [{"expires_at": now + 60, "payload": {
+            "blob_id": blob, "size": 10, "crc32c": 0, "replicas": listed}}]
+        token = placement.for_lease(tasks)
+        assert token is not None and verify(KEY, token, "read", blob, now).op == "read"
+        return list(tasks[0]["payload"]["replicas"])
+
+    assert "a" in w.c.holders["x"] and live(w, "x") == w.c.holders["x"] - {"a"}
+    got = answer("x", ["http://a", "http://b"])
+    assert got[-1] == "http://a" and set(got[:-1]) == {f"http://{n}" for n in live(w, "x")}
+    assert placement.for_lease([{"expires_at": now, "payload": None}]) is None
+
+    w.refs.discard("y")
+    w.c.commands.clear()
+    holders = set(w.c.holders["y"])
+    assert "a" in holders and "b" in holders
+    w.c.tick(["y"])
+    sent = {n for n, cmds in w.c.commands.items()
+            for c in cmds if isinstance(c, DeleteCommand) and "y" in c.blob_ids}
+    assert sent == holders - {"a"}
