@@ -267,7 +267,7 @@ class Cluster:
             self._later_at = now + LATER_S
         batch = [self.check.pop() for _ in range(min(CHECK_BATCH, len(self.check)))]
         refs = self.referenced(batch) if batch else []
-        alive = self.not_dead(now)  # no node's state changes in this loop
+        alive = self.not_dead(now) if batch else {}  # no node's state changes in this loop
         for b, ref in zip(batch, refs, strict=True):
             live = self.live_holders(b, alive=alive)
             if ref:
@@ -348,7 +348,7 @@ class Cluster:
         ready = all(n.node_id in self.full_reports for n in self.live(now))
         ids = self.scan.step(now, ready)
         unreported = []
-        alive = self.not_dead(now)
+        alive = self.not_dead(now) if ids else {}
         for b in ids:
             live = self.live_holders(b, alive=alive)
             if len(live) < self.s.replication_factor and not self.inflight.get(b):
