@@ -1,6 +1,7 @@
-"""Pieces of the worker runtime (``worker.py``): its counters, the blocking face of the
-async client for sync handlers, the daemon thread pool they run in, the reading of a
-handler's return value as follow-up tasks, and the renewal of a batch of leases."""
+"""Pieces of the worker runtime (``worker.py``): its counters, its event loop, the async
+twin of a sync client, the blocking face of the async client for sync handlers, the daemon
+thread pool they run in, the reading of a handler's return value as follow-up tasks, the
+renewal of a batch of leases and burst mode's check for remaining tasks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 import queue
 import threading
 import traceback
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from squall.common.names import split_queue
 
 if TYPE_CHECKING:
     from squall.client._async import AsyncClient
+    from squall.client._sync import Client
 
 Handler = Callable[[Any], Any]
 log = logging.getLogger("squall.worker")
@@ -206,3 +208,42 @@ def followups(task: TaskBase, result: Any) -> list[NewTask]:
                              "queues of the task's group can be updated atomically with it")
         out.append(r)
     return out
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The worker's own event loop: uvloop's where it is installed (with the servers)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop comes with the servers' dependencies
+        return None
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
+def async_twin(c: Client) -> AsyncClient:
+    """An async client like `c`, on its transport (a sync one runs on threads)."""
+    from squall.client._async import AsyncClient
+
+    t = c.transport
+    if t is not None and not hasattr(t, "handle_async_request"):
+        t = ThreadTransport(t)
+    return AsyncClient(c.master, transport=t, **c.options)  # type: ignore[arg-type]
+
+
+async def queues_empty(client: AsyncClient, names: Callable[[], Awaitable[list[str]]],
+                       pattern: bool) -> bool:
+    """Burst mode's end: none of the queues holds a task (available, leased or delayed);
+    with a pattern, none matches any more."""
+    try:
+        found = await names()
+        if pattern:
+            return not found
+        for q in found:
+            try:
+                if (await client.stats(q)).total:
+                    return False
+            except NotFound:
+                continue
+    except SquallError as e:
+        log.warning("checking for remaining tasks failed: %s", e)
+        return False
+    return True

@@ -49,14 +49,16 @@ from squall.client._worker_parts import (
     Bridge,
     DaemonPool,
     Handler,
-    ThreadTransport,
     WorkerStats,
+    async_twin,
     describe_error,
     followups,
     is_async,
+    loop_factory,
+    queues_empty,
     renew,
 )
-from squall.common.errors import NotFound, SquallError
+from squall.common.errors import SquallError
 from squall.common.models import MAX_BATCH
 from squall.common.models import LeasedTask as WireTask
 from squall.common.names import split_queue
@@ -67,14 +69,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("squall.worker")
 RIDE_WAIT_S = 0.005  # a drained queue: wait this long for acks to ride on the next lease
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop comes with the servers' dependencies
-        return None
-    return uvloop.new_event_loop  # type: ignore[no-any-return]
 
 
 class Worker:
@@ -125,7 +119,7 @@ class Worker:
         """Run until stopped (SIGTERM / SIGINT / :meth:`stop`), or drained in burst mode.
         On its own event loop: uvloop's where it is installed (with the servers), else
         asyncio's."""
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             return runner.run(self.arun())
 
     def stop(self) -> None:
@@ -145,7 +139,7 @@ class Worker:
         if isinstance(self._given, AsyncClient):
             self._client = self._given
         else:
-            self._client, self._owns_client = self._twin(self._given), True
+            self._client, self._owns_client = async_twin(self._given), True
         if not self._async_handler:
             self._pool = DaemonPool(self.concurrency)
         signals = self._install_signals() if install_signals else []
@@ -171,15 +165,6 @@ class Worker:
         return self.stats
 
     # -- setup ---------------------------------------------------------------------------
-    @staticmethod
-    def _twin(c: Client) -> AsyncClient:
-        from squall.client._async import AsyncClient
-
-        t = c.transport
-        if t is not None and not hasattr(t, "handle_async_request"):
-            t = ThreadTransport(t)
-        return AsyncClient(c.master, transport=t, **c.options)  # type: ignore[arg-type]
-
     def _install_signals(self) -> list[int]:
         if threading.current_thread() is not threading.main_thread():
             return []
@@ -275,7 +260,6 @@ class Worker:
         idle = 0
         while not self._stop_requested.is_set():
             self._wake.clear()
-            delay = None
             if self._free() > 0:
                 try:
                     got, short = await self._lease_round(self._may_wait(idle))
@@ -285,43 +269,44 @@ class Worker:
                     idle = max(idle, 3)
                 if got and short and self._may_wait(1):
                     # the queue ran dry: the next lease waits for tasks, and the acks of
-                    # what finishes meanwhile ride on it (the acker wakes this loop)
-                    idle, delay = 1, RIDE_WAIT_S
-                elif got:
+                    # what finishes meanwhile ride on it
+                    idle = 1
+                    await self._ride_wait()
+                    continue
+                if got:
                     idle = 0
                     continue
-                else:
-                    if self.burst and not self._running and await self._drained():
-                        return
-                    idle += 1
-            if delay is None:
-                delay = min(self.poll_max_s, 0.005 * 2 ** min(idle, 20))
+                if self.burst and not self._running and await queues_empty(
+                        self._client, lambda: self._queue_names(refresh=True),
+                        isinstance(self.queues, re.Pattern)):
+                    return
+                idle += 1
+            delay = min(self.poll_max_s, 0.005 * 2 ** min(idle, 20))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _ride_wait(self) -> None:
+        """Wait up to ``RIDE_WAIT_S`` for an ack to ride on the next lease (the acker wakes
+        this loop), while a handler still runs. Other wake-ups (an earlier task's ack
+        settled by the last answer, a freed slot) do not end the wait: the lease they would
+        send now would go without the acks of the tasks just leased."""
+        assert self._wake is not None and self._acker is not None
+        loop = asyncio.get_running_loop()
+        end = loop.time() + RIDE_WAIT_S
+        while (not self._acker.pending and not self._stop_requested.is_set()
+               and len(self._acking) < len(self._running)):
+            self._wake.clear()
+            left = end - loop.time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), left)
 
     def _may_wait(self, idle: int) -> bool:
         """Long-poll when idle with a single queue (several queues are polled in priority
         order: waiting on one would starve the others) and not in burst mode."""
         return (idle > 0 and self.wait_s > 0 and not self.burst
                 and not isinstance(self.queues, re.Pattern) and len(self.queues) == 1)
-
-    async def _drained(self) -> bool:
-        """Burst mode's end: none of the queues holds a task (available, leased or delayed)."""
-        assert self._client is not None
-        try:
-            names = await self._queue_names(refresh=True)
-            if isinstance(self.queues, re.Pattern):
-                return not names
-            for q in names:
-                try:
-                    if (await self._client.stats(q)).total:
-                        return False
-                except NotFound:
-                    continue
-        except SquallError as e:
-            log.warning("checking for remaining tasks failed: %s", e)
-            return False
-        return True
 
     # -- one task ------------------------------------------------------------------------
     async def _handle(self, task: TaskBase) -> None:

@@ -123,6 +123,32 @@ async def test_acks_ride_on_the_next_lease(app: Any) -> None:
         assert flaky.rode >= 15, (flaky.rode, flaky.dequeued)  # at most a few on their own
 
 
+async def test_a_sync_handlers_acks_ride_too(app: Any, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    """As above with a sync handler (run on a thread, so it finishes after the answer that
+    settled the previous task's ack has woken the lease loop): that wake-up must not send
+    the next lease before the task just leased is acked, or every ack goes alone."""
+    monkeypatch.setattr(sc.worker, "RIDE_WAIT_S", 10.0)  # however slow the machine
+    flaky = Flaky(app)
+    async with AsyncClient("http://127.0.0.1", transport=flaky) as c:
+        done: list[str] = []
+        w = Worker(c, "wk#sync", lambda task: done.append(task.pid), concurrency=8,
+                   wait_s=10.0)
+        run = asyncio.create_task(w.arun(install_signals=False))
+        m = app.state.master
+        for i in range(20):
+            await until(lambda: m.waiters.total >= 1, 10, what="the worker's lease parked")
+            await c.put("wk#sync", pid=f"{i:02d}")
+            await until(lambda i=i: len(done) > i, 10, interval=0.005, what=f"task {i} ran")
+        await until(lambda: m.waiters.total >= 1, 10, what="the last ack rode on a lease")
+        w.stop()
+        stats = await asyncio.wait_for(run, 30)
+        assert stats.done == 20 and (await c.stats("wk#sync")).completed == 20
+        assert sum(flaky.dequeued) == 20
+        # plain leases: the first, and a few whose ack the acker sent alone (it waits 2 ms)
+        assert flaky.seen["lease"] <= 5 and flaky.rode >= 16, (flaky.seen, flaky.dequeued)
+
+
 async def test_a_full_worker_acks_on_the_lease_that_refills_it(app: Any) -> None:
     """A backlog and one slot: a finished task frees its slot while its ack is on its way,
     so each ack rides on the update that leases the next task (two requests per task with
