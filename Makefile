@@ -45,7 +45,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy master common client datanode
+	$(BIN)/mypy master common client datanode bench
 
 ## bench: every benchmark; results in bench/results/ (takes a while: run on a quiet machine)
 bench: $(STAMP)

@@ -151,8 +151,9 @@ def workload_l(ctx: Ctx) -> list[Row]:
         rare = [("/v1/queues", {"regex": f"#{qname(rng.randrange(z.queues))}$"})
                 for _ in range(z.list_reqs)]
         common = [("/v1/queues", {"regex": "[05]$", "limit": 1000})] * z.list_reqs
-        stats = [(f"/v1/groups/{gname(i, per_group)}/queues/{qname(i)}", {})
-                 for i in (rng.randrange(z.queues) for _ in range(z.stats_reqs))]
+        stats: list[tuple[str, dict[str, Any]]] = [
+            (f"/v1/groups/{gname(i, per_group)}/queues/{qname(i)}", {})
+            for i in (rng.randrange(z.queues) for _ in range(z.stats_reqs))]
         timed_gets(c, rare[:5] + common[:5] + stats[:z.warmup], z.loop_limit_s)  # warm-up
         r_rare = metered_run(srv.pid, timed_gets, c, rare, z.loop_limit_s)
         r_common = metered_run(srv.pid, timed_gets, c, common, z.loop_limit_s)

@@ -53,7 +53,7 @@ from bench.harness import (
     self_cpu_s,
     write_results,
 )
-from squall.client import Client, Worker
+from squall.client import Client, LeasedTask, Worker
 
 WORKLOADS = ("B", "D", "A", "M", "C")
 TITLE = "squall client benchmark (master + 3 data nodes, RF 2, fsync on, 1 KiB payloads)"
@@ -165,7 +165,8 @@ def _drain(ctx: Ctx, c: Client, q: str, n: int, payloads: bool
     elapsed, client CPU at start, server CPU at start, payloads of the wrong size)."""
     z = ctx.sizes
     lats: list[float] = []
-    got, bad, prev = 0, 0, []
+    got, bad = 0, 0
+    prev: list[LeasedTask] = []
     s0, c0 = ctx.server_cpu(), self_cpu_s()
     t0 = time.perf_counter()
     while got < n and time.perf_counter() - t0 < z.limit_s:
