@@ -1,15 +1,20 @@
-"""Workloads D (4 producers + 4 Workers), M (master only, batched) and C (4 MiB payloads)
-of the client benchmark (``bench/client_bench.py`` runs them: ``--only D,M,C``)."""
+"""Workloads D (4 producers + 4 Workers), M (master only, batched) and C (4 MiB payloads;
+C.rf1.put on a second cluster at replication factor 1) of the client benchmark
+(``bench/client_bench.py`` runs them: ``--only D,M,C``)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import tempfile
 import threading
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from bench.client_bench import TARGETS, CRow, Ctx, _drain, _one_by_one, row
+from bench.dn_cluster import ClusterSpec, running_cluster
 from bench.harness import self_cpu_s
 from squall.client import Client, Worker
 
@@ -190,7 +195,25 @@ def workload_c(ctx: Ctx) -> list[CRow]:
                 "done()", n, el, lats, self_cpu_s() - c0, ctx.server_cpu() - s0,
                 trunc=trunc, errors=int(n != z.c_tasks))
         rows.append(_in_mb(r, mib))
+    rows.append(_c_put_rf1(ctx, data))
     return rows
+
+
+def _c_put_rf1(ctx: Ctx, data: bytes) -> CRow:
+    """C.put on a cluster of its own at replication factor 1 (3 data nodes, fsync on): the
+    issue's RF 1 target; the RF 2 cluster stays up, idle."""
+    mib = len(data) / (1 << 20)
+    with tempfile.TemporaryDirectory(prefix="squall-clibench-rf1-") as tmp, \
+            running_cluster(ClusterSpec(nodes=3, rf=1), Path(tmp)) as cl, \
+            Client(cl.url) as c:
+        one = replace(ctx, cluster=cl)
+        c.put("cb#large1", data)  # warm-up: connections, paths
+        s0, c0 = one.server_cpu(), self_cpu_s()
+        lats, n, el, trunc = _one_by_one(one, ctx.sizes.c_tasks,
+                                         lambda i: c.put("cb#large1", data))
+        r = row(one, "C.rf1.put", f"put(queue, {mib:.0f} MiB), one at a time, RF 1", n, el,
+                lats, self_cpu_s() - c0, one.server_cpu() - s0, trunc=trunc)
+    return _in_mb(r, mib)
 
 
 def _in_mb(r: CRow, mib: float) -> CRow:
