@@ -115,7 +115,7 @@ async def test_acks_ride_on_the_next_lease(app: Any, monkeypatch: pytest.MonkeyP
             done.append(task.pid)
 
         w = Worker(c, "wk#trickle", (lambda task: done.append(task.pid)) if sync else handler,
-                   concurrency=8, wait_s=10.0)
+                   concurrency=8, wait_s=2.0)
         run = asyncio.create_task(w.arun(install_signals=False))
         m = app.state.master
         for i in range(20):
