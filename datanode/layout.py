@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from squall.common.checksum import crc32c
+from squall.common.checksum import crc32c, crc32c_combine
 from squall.common.errors import DataCorrupt
 
 U32 = struct.Struct(">I")
@@ -48,3 +48,14 @@ def chunk_key(upload: int, index: int) -> bytes:
     return _CHUNK.pack(upload, index)
 
 
+def running_crc(crc: int, own: int, data: bytes | bytearray | memoryview, index: int,
+                chunk_bytes: int) -> int:
+    """A blob's CRC32C over its chunks up to chunk `index` (`data`, whose own CRC32C is
+    `own`), from the CRC32C over the chunks before it (`crc`). A full chunk's is combined
+    (no second pass over its bytes); only the short last chunk is passed over again (the
+    combining operator is cached for the chunk size, not for every length)."""
+    if index == 0:
+        return own
+    if len(data) == chunk_bytes:
+        return crc32c_combine(crc, own, chunk_bytes)
+    return crc32c(data, crc)

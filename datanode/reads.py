@@ -3,8 +3,11 @@
 - :func:`read_chunks`: a group of a blob's chunks in one read transaction, each copied once
   out of the map and checked against its CRC32C and expected length.
 - :func:`stream`: a blob's bytes [start, end) as verified chunks, reading one group ahead
-  (groups double from one chunk up to ``read_bytes``: the first bytes leave early, then few
-  thread hops); a full read also checks the blob's CRC32C before its last chunk leaves.
+  (the first group is one chunk, so the first bytes leave early; the next ones are
+  ``read_bytes`` each, so a 4 MiB blob is two thread hops, not three); a full read also
+  checks the blob's CRC32C before its last chunk leaves. That whole-blob CRC is combined
+  from the chunks' own CRCs (``layout.running_crc``), so each byte is checksummed once: only
+  a short last chunk is passed over twice.
 - :func:`read_small`: many small blobs in one read transaction and one thread hop (batch
   reads), each fully verified.
 
@@ -23,7 +26,7 @@ import lmdb
 
 from squall.common.checksum import crc32c
 from squall.common.errors import DataCorrupt, NotFound, StatusError
-from squall.datanode.layout import HEADER, U32, BlobMeta, chunk_key
+from squall.datanode.layout import HEADER, U32, BlobMeta, chunk_key, running_crc
 
 if TYPE_CHECKING:
     from squall.datanode.store import BlobStore
@@ -76,11 +79,12 @@ def _read_group(store: BlobStore, meta: BlobMeta, first: int, count: int, crc: i
             if raw is None:
                 return out, _missing(store, txn, meta, i), crcs
             data = bytes(raw[HEADER:])  # the one copy out of the map
-            if len(data) != meta.chunk_len(i) or crc32c(data) != U32.unpack_from(raw)[0]:
+            own = crc32c(data)
+            if len(data) != meta.chunk_len(i) or own != U32.unpack_from(raw)[0]:
                 return out, _corrupt_chunk(meta, i), crcs
             out.append(data)
             if crc is not None:
-                crc = crc32c(data, crc)
+                crc = running_crc(crc, own, data, i, meta.chunk_bytes)
                 crcs.append(crc)
     store.bytes_read += sum(len(d) for d in out)
     return out, None, crcs
@@ -98,7 +102,7 @@ async def stream(store: BlobStore, meta: BlobMeta, start: int = 0, end: int | No
     first, last = start // cb, (end - 1) // cb
     whole = start == 0 and end == meta.size
     group_max = max(1, store.read_bytes // cb)
-    group, i = 1, first
+    i = first
     loop = asyncio.get_running_loop()
     nxt: asyncio.Future[Group]
     if head is not None and whole:
@@ -112,9 +116,8 @@ async def stream(store: BlobStore, meta: BlobMeta, start: int = 0, end: int | No
             chunks, err, crcs = await nxt
             after = i + len(chunks)
             if err is None and after <= last:  # read the next group while this one goes
-                group = min(2 * group, group_max)
                 nxt = loop.run_in_executor(store.pool, _read_group, store, meta, after,
-                                           min(group, last + 1 - after),
+                                           min(group_max, last + 1 - after),
                                            crcs[-1] if whole else None)
             for j, data in enumerate(chunks, i):
                 if whole and j == last and crcs[-1] != meta.crc32c:
@@ -172,18 +175,21 @@ def read_small(store: BlobStore, blob_ids: list[str], limit: int, budget: int = 
                 continue
             parts: list[bytes] = []
             err: StatusError | None = None
+            whole = 0
             for i in range(meta.nchunks):
                 rec = txn.get(chunk_key(meta.upload, i), db=chunks)
                 if rec is None:
                     err = _missing(store, txn, meta, i)
                     break
                 data = bytes(rec[HEADER:])
-                if len(data) != meta.chunk_len(i) or crc32c(data) != U32.unpack_from(rec)[0]:
+                own = crc32c(data)
+                if len(data) != meta.chunk_len(i) or own != U32.unpack_from(rec)[0]:
                     err = _corrupt_chunk(meta, i)
                     break
                 parts.append(data)
+                whole = running_crc(whole, own, data, i, meta.chunk_bytes)
             data = parts[0] if len(parts) == 1 else b"".join(parts)
-            if err is None and crc32c(data) != meta.crc32c:
+            if err is None and whole != meta.crc32c:
                 err = DataCorrupt(f"blob {blob_id} fails its CRC32C check")
             if isinstance(err, DataCorrupt):
                 bad.append(meta)

@@ -32,7 +32,8 @@ match, else :class:`Conflict`.
 Read path: chunks are read in groups (one read transaction and one thread hop for up to
 ``read_bytes``; the first group is one chunk, so the first bytes leave early), copied once
 out of the map, and each is checked against its CRC32C (and its expected length); a full
-read also checks the blob's CRC32C before its last chunk leaves. A mismatch raises
+read also checks the blob's CRC32C, combined from the chunks' CRCs, before its last chunk
+leaves. A mismatch raises
 :class:`DataCorrupt` and drops the replica (it is reported in the next heartbeat), so a
 read never returns wrong bytes.
 """

@@ -16,8 +16,9 @@ import functools
 import struct
 from typing import TYPE_CHECKING
 
-from squall.common.checksum import Crc32c, crc32c
+from squall.common.checksum import crc32c
 from squall.common.errors import BadRequest
+from squall.datanode.layout import running_crc
 
 if TYPE_CHECKING:
     from squall.datanode.store import BlobMeta, BlobStore
@@ -27,9 +28,11 @@ BACKGROUND_TXN_BYTES = 1 << 20  # a repair copy's chunks per transaction
 _U32 = struct.Struct(">I")
 
 
-def seal(record: bytearray) -> None:
-    """Write the CRC32C of a chunk record's data into its header."""
-    _U32.pack_into(record, 0, crc32c(memoryview(record)[HEADER:]))
+def seal(record: bytearray) -> int:
+    """Write the CRC32C of a chunk record's data into its header; return it."""
+    crc = crc32c(memoryview(record)[HEADER:])
+    _U32.pack_into(record, 0, crc)
+    return crc
 
 
 def records_of(data: bytes, chunk_bytes: int) -> list[bytes | bytearray]:
@@ -59,7 +62,9 @@ class Upload:
         # ... in small transactions (a client's write may wait for one that started)
         self.txn_bytes = min(store.txn_bytes, BACKGROUND_TXN_BYTES) if background \
             else store.txn_bytes
-        self.crc = Crc32c()
+        self.size = 0  # bytes received
+        self.crc = 0  # CRC32C of the sealed chunks, combined from theirs (layout.running_crc)
+        self._sealed = 0  # chunks sealed
         self.upload = store.new_upload_id()
         self._rec: bytearray | None = None  # the chunk record being filled
         self._fill = 0
@@ -71,15 +76,11 @@ class Upload:
         self._finished = self._done = False
         store.uploads_open += 1
 
-    @property
-    def size(self) -> int:
-        return self.crc.size
-
     def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview]:
         """Copy `data` into chunk records; the data of each chunk it completed."""
         if not data:
             return []
-        self.crc.update(data)
+        self.size += len(data)
         cb = self.store.chunk_bytes
         view, pos, n = memoryview(data), 0, len(data)
         done: list[memoryview] = []
@@ -100,10 +101,12 @@ class Upload:
         assert rec is not None
         if len(rec) > HEADER + self._fill:
             del rec[HEADER + self._fill:]
-        seal(rec)
+        data = memoryview(rec)[HEADER:]
+        self.crc = running_crc(self.crc, seal(rec), data, self._sealed, self.store.chunk_bytes)
+        self._sealed += 1
         self._records.append(rec)
         self._rec_bytes += len(rec)
-        return memoryview(rec)[HEADER:]
+        return data
 
     def finish(self) -> memoryview | None:
         """The body is complete: seal the last, short chunk and return its data."""
@@ -132,15 +135,15 @@ class Upload:
 
     async def commit(self) -> tuple[BlobMeta, bool]:
         self.finish()
-        if self.declared_crc is not None and self.declared_crc != self.crc.value:
+        if self.declared_crc is not None and self.declared_crc != self.crc:
             await self.abort()
             raise BadRequest(f"blob {self.blob_id}: CRC32C of the {self.size} bytes received "
-                             f"is {self.crc.value}, the declared one {self.declared_crc}; "
+                             f"is {self.crc}, the declared one {self.declared_crc}; "
                              "nothing was stored")
         records, self._records, nbytes = self._records, [], self._rec_bytes
         op = functools.partial(self.store._op_commit, self.blob_id, self.upload,
                                self._flushed, self._next_index, records, self.size,
-                               self.crc.value)
+                               self.crc)
         try:
             if self._inflight is not None:
                 fut, self._inflight = self._inflight, None

@@ -33,8 +33,9 @@ CB = 4096  # small chunks, so a few KiB exercise every multi-chunk path
 
 @pytest.fixture
 async def store(tmp_path) -> AsyncIterator[BlobStore]:  # type: ignore[no-untyped-def]
+    # reads after the first chunk in groups of two: a few chunks cross group boundaries
     s = BlobStore(str(tmp_path / "blobs"), chunk_bytes=CB, txn_bytes=4 * CB,
-                  map_size=1 << 20, map_size_max=64 << 20)
+                  map_size=1 << 20, map_size_max=64 << 20, read_bytes=2 * CB)
     try:
         yield s
     finally:
@@ -179,9 +180,16 @@ async def test_metadata_and_first_chunk_in_one_hop_read_the_same_bytes(store: Bl
     assert await store.stat_and_head("absent") == (None, None)
 
 
-async def test_blob_checksum_checked_before_the_last_chunk(store: BlobStore) -> None:
-    data = os.urandom(3 * CB)
+@pytest.mark.parametrize("size", [3 * CB, 3 * CB + 5])  # full chunks; a short last one
+async def test_blob_checksum_checked_before_the_last_chunk(store: BlobStore, size: int
+                                                           ) -> None:
+    """Every chunk matches its own CRC32C, the blob's does not: a whole read (streamed, or
+    batched) fails before the last chunk leaves; the blob's CRC is combined from the
+    chunks' CRCs, so this also checks the combining."""
+    data = os.urandom(size)
     meta, _ = await store.put("w", data)
+    assert b"".join([p async for p in store.stream(meta)]) == data
+    assert store.read_small(["w"], size)[0].data == data
     lying = BlobMeta("w", meta.upload, meta.size, meta.crc32c ^ 1, meta.nchunks,
                      meta.chunk_bytes, meta.committed_ms)
     with store.env.env.begin(write=True) as txn:
@@ -190,7 +198,14 @@ async def test_blob_checksum_checked_before_the_last_chunk(store: BlobStore) -> 
     with pytest.raises(DataCorrupt, match="fails its CRC32C"):
         async for part in store.stream(lying):
             got += part
-    assert len(got) == 2 * CB
+    assert len(got) == 3 * CB if size % CB else 2 * CB
+    await store.put("w2", data)
+    with store.env.env.begin(write=True) as txn:
+        txn.put(b"w2", BlobMeta("w2", *[getattr(store.stat("w2"), f) for f in (
+            "upload", "size")], meta.crc32c ^ 1, meta.nchunks, meta.chunk_bytes,
+            meta.committed_ms).pack(), db=store.db[b"blobs"])
+    small = store.read_small(["w2"], size)[0]
+    assert isinstance(small.error, DataCorrupt) and small.data == b""
 
 
 async def test_corrupt_metadata_record(store: BlobStore) -> None:

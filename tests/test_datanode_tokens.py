@@ -7,9 +7,11 @@ import random
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from squall.common import payload, tokens
-from squall.common.checksum import Crc32c, crc32c, crc_of, parse_crc
+from squall.common.checksum import Crc32c, crc32c, crc32c_combine, crc_of, parse_crc
 from squall.common.errors import BadRequest, DataCorrupt, Forbidden, Unauthorized
 from squall.datanode.routes.blobs import parse_range
 
@@ -177,6 +179,12 @@ def test_checksum_helpers() -> None:
     for bad in ("-1", "x", str(1 << 32), "1.5"):
         with pytest.raises(BadRequest):
             parse_crc(bad)
+
+
+@given(st.binary(max_size=300), st.binary(max_size=300), st.sampled_from([0, 1, 4096, 1 << 20]))
+def test_crc_of_joined_pieces_from_the_pieces_crcs(a: bytes, b: bytes, pad: int) -> None:
+    b = b + bytes(pad)  # lengths whose operators the data node caches (a chunk's)
+    assert crc32c_combine(crc32c(a), crc32c(b), len(b)) == crc32c(a + b)
 
 
 def test_frame_codec() -> None:
