@@ -32,7 +32,9 @@ map growth, and the translation of storage failures into squall errors.
   ~200-600 MB/s and overwrites at ~1-2 GB/s). Best effort: it never takes the last
   ``DISK_FULL_SLACK_BYTES`` of the disk or goes past ``map_size_max``, and a failure just
   leaves LMDB to grow the file itself. LMDB ignores the file beyond its last page, and the
-  space accounting counts that tail as free.
+  space accounting counts that tail as free. Before each batch the writer also has the
+  ``prealloc_bytes`` past LMDB's last page read into the page cache by a background thread
+  (``prefill.py``), so LMDB's writes of new pages do not wait for page allocation.
 - Read transactions are short (one record) and pass through a gate, so that growing the map
   or reopening after a panic can wait until no transaction is open in this process.
 """
@@ -55,6 +57,7 @@ from typing import Any
 import lmdb
 
 from squall.common.errors import InsufficientStorage, StatusError, Unavailable
+from squall.datanode.prefill import Prefill
 
 log = logging.getLogger("squall.datanode.lmdb")
 _OPEN_PATHS: set[str] = set()  # LMDB: one environment per path per process
@@ -96,6 +99,8 @@ class Env:
         self.ops_seconds = self.commit_seconds = self.sync_seconds = 0.0  # writer thread time
         self._fd = -1
         self._file_size = 0
+        self.prefill = (Prefill(os.path.join(path, "data.mdb"), prealloc_bytes)
+                        if prealloc_bytes > 0 else None)
         self.env: lmdb.Environment
         self.dbs: dict[bytes, Any] = {}
         try:
@@ -259,6 +264,8 @@ class Env:
 
     def _execute(self, batch: list[_Op]) -> None:
         self._reserve(sum(op.nbytes for op in batch))
+        if self.prefill is not None:
+            self.prefill.ahead_of(self.extent_bytes(), self._file_size)
         while True:
             err: BaseException
             try:
@@ -359,6 +366,8 @@ class Env:
             self._queue.append(None)
             self._qcond.notify()
         self._thread.join(60)
+        if self.prefill is not None:
+            self.prefill.close()
         with self._alone():
             self.env.close()
             if self._fd >= 0:
