@@ -16,8 +16,9 @@ do no disk I/O; the kernel fills the pages with zeros and keeps them, clean. LMD
 write then lands on a cached page. Bounded: at most ``window`` bytes ahead (the
 preallocation size, 64 MiB by default; clean pages the kernel may drop under memory
 pressure), one thread, one buffer; a read error stops it (the writer is unaffected).
-The cost elsewhere: on hardware that backs memory up front the kernel zeroes each page
-once more than it would have; it is a few percent of a write's system time.
+The cost, not measured on other hardware: where memory is backed up front, the thread
+spends a zero-fill and a copy per page, off the synced path, and saves the writer only
+the page's allocation.
 """
 
 from __future__ import annotations

@@ -33,9 +33,8 @@ Read path: chunks are read in groups (one read transaction and one thread hop fo
 ``read_bytes``; the first group is one chunk, so the first bytes leave early), copied once
 out of the map, and each is checked against its CRC32C (and its expected length); a full
 read also checks the blob's CRC32C, combined from the chunks' CRCs, before its last chunk
-leaves. A mismatch raises
-:class:`DataCorrupt` and drops the replica (it is reported in the next heartbeat), so a
-read never returns wrong bytes.
+leaves. A mismatch raises :class:`DataCorrupt` and drops the replica (it is reported in
+the next heartbeat), so a read never returns wrong bytes.
 """
 
 from __future__ import annotations
