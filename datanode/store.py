@@ -52,7 +52,6 @@ from typing import Any, TypeVar
 import lmdb
 import msgpack
 
-from squall.common.checksum import crc32c
 from squall.common.errors import (
     BadRequest,
     Conflict,
@@ -62,7 +61,7 @@ from squall.common.errors import (
 )
 from squall.datanode import reads
 from squall.datanode.journal import Journal
-from squall.datanode.layout import U32, U64, BlobMeta, chunk_key
+from squall.datanode.layout import HEADER, U32, U64, BlobMeta, chunk_key, running_crc
 from squall.datanode.lmdbenv import RECORD_COST_BYTES, Env
 from squall.datanode.upload import Upload, records_of
 
@@ -216,7 +215,10 @@ class BlobStore:
         cb = self.chunk_bytes
         for blob_id, data, declared in items:
             records = records_of(data, cb)
-            crc = _U32.unpack_from(records[0])[0] if len(records) == 1 else crc32c(data)
+            crc = 0  # the blob's, from its chunks' (each byte checksummed once)
+            for i, rec in enumerate(records):
+                crc = running_crc(crc, _U32.unpack_from(rec)[0], memoryview(rec)[HEADER:], i,
+                                  cb)
             if declared is not None and declared != crc:
                 raise BadRequest(f"blob {blob_id}: CRC32C of the bytes received is {crc}, "
                                  f"the declared one {declared}; nothing was stored")

@@ -89,7 +89,9 @@ async def test_concurrent_small_writes_are_group_committed(store: BlobStore) -> 
 
 
 async def test_batch_is_all_or_nothing(store: BlobStore) -> None:
-    items = [(f"x{i}", os.urandom(50), None) for i in range(5)]
+    big = os.urandom(2 * CB + 9)  # several chunks: the declared CRC is the whole blob's
+    items = [(f"x{i}", os.urandom(50), None) if i != 2 else ("x2", big, crc32c(big))
+             for i in range(5)]
     bad = [*items, ("x9", b"abc", crc32c(b"abd"))]
     with pytest.raises(BadRequest, match="x9"):
         await store.put_batch(bad)
@@ -100,6 +102,9 @@ async def test_batch_is_all_or_nothing(store: BlobStore) -> None:
     assert store.all_ids() == ["x2"]
     out = await store.put_batch([i for i in items if i[0] != "x2"])
     assert len(out) == 4 and store.space().blob_count == 5
+    await store.delete(["x2"])
+    await store.put_batch([items[2]])
+    assert await read_all(store, "x2") == big
 
 
 async def test_declared_crc_mismatch_stores_nothing(store: BlobStore) -> None:
