@@ -40,6 +40,8 @@ from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from squall.common.http1 import Head, parse_head, request_head
+
 Body = bytes | bytearray | memoryview | AsyncIterable[bytes | bytearray | memoryview] | None
 Key = tuple[str, str, int]  # (scheme, host, port)
 Phase = Literal["connect", "send", "read"]
@@ -47,7 +49,6 @@ CHUNK = 1 << 20  # a streamed body is handed up in parts of at most this
 COALESCE_BYTES = 64 << 10  # a body up to this goes out with its head in one write
 _FAIL = (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
          TimeoutError, ValueError)
-_NO_BODY = ("GET", "HEAD", "DELETE", "OPTIONS")
 
 
 class Broken(Exception):
@@ -215,21 +216,11 @@ class Pool:
                         headers: list[tuple[str, str]], content: Body,
                         write_timeout: float | None, read_timeout: float | None) -> Response:
         w = conn.writer
-        head = [f"{method} {target} HTTP/1.1"]
-        head += [f"{k}: {v}" for k, v in headers]
-        lower = {k.lower(): v for k, v in headers}
         size = (0 if content is None else len(content)
                 if isinstance(content, bytes | bytearray | memoryview) else None)
-        chunked = "chunked" in lower.get("transfer-encoding", "").lower() or (
-            size is None and "content-length" not in lower)
-        if chunked and "transfer-encoding" not in lower:
-            head.append("Transfer-Encoding: chunked")
-        elif size is not None and "content-length" not in lower and (
-                size or method not in _NO_BODY):
-            head.append(f"Content-Length: {size}")
+        raw, chunked = request_head(method, target, headers, size)
         sent: Broken | None = None
         try:
-            raw = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
             if size and size <= COALESCE_BYTES:  # one send: a segment (and syscall) less
                 w.write(raw + bytes(content))  # type: ignore[arg-type]
                 content = None
@@ -240,11 +231,10 @@ class Pool:
             sent = Broken("send", e, conn.reused)  # the server may have answered early
         try:
             async with asyncio.timeout(read_timeout):
-                status, reason, hdrs, keep = await _read_head(conn.reader)
+                head = parse_head(await conn.reader.readuntil(b"\r\n\r\n"), method)
         except _FAIL as e:
             raise (sent or Broken("read", e, conn.reused)) from e
-        return Response(self, key, conn, status, reason, hdrs, keep and sent is None,
-                        read_timeout, head_only=method == "HEAD")
+        return Response(self, key, conn, head, sent is None, read_timeout)
 
 
 async def _send_body(w: asyncio.StreamWriter, content: Body, chunked: bool,
@@ -269,43 +259,15 @@ async def _send_body(w: asyncio.StreamWriter, content: Body, chunked: bool,
         await w.drain()
 
 
-async def _read_head(r: asyncio.StreamReader
-                     ) -> tuple[int, str, list[tuple[str, str]], bool]:
-    block = await r.readuntil(b"\r\n\r\n")
-    lines = block[:-4].decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    if not version.startswith("HTTP/1."):
-        raise ValueError(f"not an HTTP/1.x answer: {lines[0][:60]!r}")
-    status, reason = int(rest[:3]), rest[4:]
-    headers = []
-    conn_close = False
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        name, value = name.strip(), value.strip()
-        headers.append((name, value))
-        if name.lower() == "connection" and value.lower() == "close":
-            conn_close = True
-    return status, reason, headers, version == "HTTP/1.1" and not conn_close
-
-
 class Response:
     """An answer whose head was read; read its body, then :meth:`release` it (always)."""
 
-    def __init__(self, pool: Pool, key: Key, conn: Conn, status: int, reason: str,
-                 headers: list[tuple[str, str]], keep: bool, timeout: float | None,
-                 head_only: bool = False) -> None:
-        self.pool, self.key, self.conn = pool, key, conn
-        self.status, self.reason, self.headers = status, reason, headers
-        self.keep, self.timeout = keep, timeout
-        lower = {k.lower(): v for k, v in headers}
-        self.length: int | None = None  # None: chunked or until EOF
-        self.chunked = "chunked" in lower.get("transfer-encoding", "").lower()
-        if head_only or status in (204, 304) or 100 <= status < 200:
-            self.length = 0
-        elif not self.chunked and "content-length" in lower:
-            self.length = int(lower["content-length"])
-        elif not self.chunked:
-            self.keep = False  # framed by the connection's end
+    def __init__(self, pool: Pool, key: Key, conn: Conn, head: Head, sent: bool,
+                 timeout: float | None) -> None:
+        self.pool, self.key, self.conn, self.timeout = pool, key, conn, timeout
+        self.status, self.reason, self.headers = head.status, head.reason, head.headers
+        self.length, self.chunked = head.length, head.chunked  # length None: chunked or EOF
+        self.keep = head.keep and sent  # a request not sent whole leaves the stream unknown
         self.complete = self.length == 0
         self._released = False
 

@@ -1,7 +1,8 @@
-"""The sync client's http.client transport (client/_leanhttp.py) against a raw HTTP/1.1
-server on 127.0.0.1: keep-alive reuse, an idle connection the server closed, a response
-left half-read, chunked bodies both ways, large bodies in one piece, and errors mapped to
-httpx's exceptions."""
+"""The sync client's transport (client/_leanhttp.py) against a raw HTTP/1.1 server on
+127.0.0.1: keep-alive reuse, an idle connection the server closed, a response left
+half-read, chunked bodies both ways, large bodies in one piece, and errors mapped to
+httpx's exceptions; for the direct path (its own reads and writes on the socket) also
+every answer framing, interim answers, and malformed or cut-off answers."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from squall.client._direct import Direct
 from squall.client._leanhttp import LeanTransport
 from tests.helpers import wait_for
 from tests.rawhttp import Answer, RawServer, chunked_echo, ok
@@ -135,4 +137,102 @@ def test_at_most_max_connections_requests_at_once() -> None:
         assert [c.get(f"/{i}").status_code for i in range(4, 8)] == [200] * 4
     finally:
         c.close()
+        srv.close()
+
+
+# -- the direct path (LeanTransport.exchange): its own reads and writes on the socket ---------
+def _direct(srv: RawServer, method: str = "GET", path: str = "/x", body: bytes | None = None,
+            read_s: float = 5) -> Direct:
+    port = int(srv.url.rsplit(":", 1)[1])
+    return Direct(("http", "127.0.0.1", port), method, path,
+                  [("Host", f"127.0.0.1:{port}")], body, {"connect": 5, "read": read_s})
+
+
+FRAMINGS = {  # answer -> (status, body, the connection is reused afterwards)
+    "length": (ok(b"0123456789"), 200, b"0123456789", True),
+    "chunked": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n"
+                b"2\r\nde\r\n0\r\nx-trailer: " + b"t" * (20 << 10) + b"\r\n\r\n", 200, b"abcde",
+                True),  # (a trailer longer than one buffered read: all of it is read)
+    "to the end": (b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil EOF", 200,
+                   b"until EOF", False),
+    "HTTP/1.0": (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok", 200, b"ok", False),
+    "interim 100": (b"HTTP/1.1 100 Continue\r\n\r\n" + ok(), 200, b'{"ok":true}', True),
+    "no content": (b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n", 204, b"", True),
+    "error status": (b"HTTP/1.1 404 Not Found\r\nx-a: 1\r\nx-b: 2\r\ncontent-length: 1\r\n\r\n?",
+                   404, b"?", True),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FRAMINGS))
+def test_direct_exchange_reads_every_framing(kind: str) -> None:
+    raw, status, body, reused = FRAMINGS[kind]
+    srv = RawServer(lambda req: raw)
+    t = LeanTransport(ssl.create_default_context())
+    try:
+        for _ in range(2):
+            got = t.exchange(_direct(srv, "POST", "/up", b"\x00\xff" * 10))
+            assert (got.status_code, got.content) == (status, body)
+        assert srv.connections == (1 if reused else 2)
+        assert srv.requests[-1].lower().endswith(b"content-length: 20\r\n\r\n" + b"\x00\xff" * 10)
+        head = t.exchange(_direct(srv, "HEAD"))  # a HEAD answer's length names no body
+        assert head.status_code == status and head.content == b""
+    finally:
+        t.close()
+        srv.close()
+
+
+def test_direct_exchange_bodies_of_a_payload_size_both_ways() -> None:
+    blob = bytes(range(256)) * (4 << 12)  # 4 MiB: sent after its head, read in one piece
+    srv = RawServer(lambda req: ok(req.partition(b"\r\n\r\n")[2]))
+    t = LeanTransport(ssl.create_default_context())
+    try:
+        assert t.exchange(_direct(srv, "PUT", "/blob", blob)).content == blob
+        assert t.exchange(_direct(srv, "GET", "/x")).content == b""
+        assert srv.connections == 1 and b"content-length" not in srv.requests[-1].lower()
+    finally:
+        t.close()
+        srv.close()
+
+
+BROKEN = {  # answer -> the httpx error the direct path raises (as httpx's path would)
+    "no answer": (None, httpx.RemoteProtocolError),
+    "not HTTP": (b"SSH-2.0-OpenSSH\r\n\r\n", httpx.RemoteProtocolError),
+    "bad length": (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", httpx.RemoteProtocolError),
+    "head too long": (b"HTTP/1.1 200 OK\r\n" + b"x-pad: " + b"p" * (70 << 10) + b"\r\n\r\n",
+                      httpx.RemoteProtocolError),
+    "short body": (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\nconnection: close\r\n\r\nabc",
+                   httpx.ReadError),
+    "bad chunk": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n"
+                  b"\r\nzz\r\n", httpx.ReadError),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN))
+def test_direct_exchange_failures_are_httpx_errors_and_drop_the_connection(kind: str) -> None:
+    raw, error = BROKEN[kind]
+    srv = RawServer(lambda req: raw if b"/bad" in req else ok())
+    t = LeanTransport(ssl.create_default_context())
+    try:
+        with pytest.raises(error) as e:
+            t.exchange(_direct(srv, "GET", "/bad"))
+        if kind == "no answer":  # the words http.client (httpx's path here) uses
+            assert "Remote end closed connection without response" in str(e.value)
+        assert sum(b"/bad" in r for r in srv.requests) == 1  # never resent
+        assert t.exchange(_direct(srv)).content == b'{"ok":true}'
+        assert srv.connections == 2  # the broken connection was not pooled
+    finally:
+        t.close()
+        srv.close()
+
+
+def test_direct_exchange_read_timeout() -> None:
+    gate = threading.Event()
+    srv = RawServer(lambda req: ok() if gate.wait(10) else None)
+    t = LeanTransport(ssl.create_default_context())
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            t.exchange(_direct(srv, read_s=0.2))
+    finally:
+        gate.set()
+        t.close()
         srv.close()
