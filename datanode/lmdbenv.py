@@ -24,17 +24,10 @@ map growth, and the translation of storage failures into squall errors.
   :class:`InsufficientStorage` (map bound or disk full) or :class:`Unavailable`
   (read-only or I/O error). A full disk shows up as a short ``write()`` that LMDB reports as
   EIO, so EIO with little free space left counts as "disk full".
-- **Preallocation**: before a batch that would write past the end of the data file, the
-  writer extends the file with ``posix_fallocate`` (by ``prealloc_bytes`` or 1/8 of the
-  data, whichever is more). LMDB then overwrites blocks the file already has instead of
-  appending, and an ``fdatasync`` of an overwrite does not wait for the filesystem to
-  allocate blocks and grow the file (on this project's ext4 machine, appends synced at
-  ~200-600 MB/s and overwrites at ~1-2 GB/s). Best effort: it never takes the last
-  ``DISK_FULL_SLACK_BYTES`` of the disk or goes past ``map_size_max``, and a failure just
-  leaves LMDB to grow the file itself. LMDB ignores the file beyond its last page, and the
-  space accounting counts that tail as free. Before each batch the writer also has the
-  ``prealloc_bytes`` past LMDB's last page read into the page cache by a background thread
-  (``prefill.py``), so LMDB's writes of new pages do not wait for page allocation.
+- **The file's tail** (``filetail.py``): before each batch the writer has room for it
+  preallocated in the data file (``posix_fallocate``) and the ``prealloc_bytes`` past
+  LMDB's last page read into the page cache, so LMDB overwrites allocated blocks and
+  cached pages instead of growing the file.
 - Read transactions are short (one record) and pass through a gate, so that growing the map
   or reopening after a panic can wait until no transaction is open in this process.
 """
@@ -57,12 +50,11 @@ from typing import Any
 import lmdb
 
 from squall.common.errors import InsufficientStorage, StatusError, Unavailable
-from squall.datanode.prefill import Prefill
+from squall.datanode.filetail import DISK_FULL_SLACK_BYTES, Tail
 
 log = logging.getLogger("squall.datanode.lmdb")
 _OPEN_PATHS: set[str] = set()  # LMDB: one environment per path per process
 _OPEN_LOCK = threading.Lock()
-DISK_FULL_SLACK_BYTES = 64 << 20  # EIO with less free disk than this means "disk full"
 
 
 BACKGROUND_BATCH_BYTES = 4 << 20  # background data per transaction
@@ -93,14 +85,10 @@ class Env:
         self.db_names = dbs
         self.map_size_max = max(map_size_max, map_size)
         self.batch_ops_max, self.batch_bytes_max = batch_ops_max, batch_bytes_max
-        self.prealloc_bytes = prealloc_bytes
-        self.commits = self.syncs = self.ops = self.failures = self.preallocs = 0
+        self.commits = self.syncs = self.ops = self.failures = 0
         self.background_ops = 0  # of `ops`: repair copies, written behind client writes
         self.ops_seconds = self.commit_seconds = self.sync_seconds = 0.0  # writer thread time
-        self._fd = -1
-        self._file_size = 0
-        self.prefill = (Prefill(os.path.join(path, "data.mdb"), prealloc_bytes)
-                        if prealloc_bytes > 0 else None)
+        self.tail = Tail(path, prealloc_bytes, self.map_size_max, self.disk_free)
         self.env: lmdb.Environment
         self.dbs: dict[bytes, Any] = {}
         try:
@@ -124,9 +112,7 @@ class Env:
                              writemap=False, sync=True, metasync=False, max_readers=256)
         self.dbs = {n: self.env.open_db(n) for n in self.db_names}
         self._psize = int(self.env.stat()["psize"])
-        if self._fd < 0:
-            self._fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDWR | os.O_CLOEXEC)
-        self._file_size = os.fstat(self._fd).st_size
+        self.tail.open()
 
     @property
     def map_size(self) -> int:
@@ -178,32 +164,7 @@ class Env:
 
     def prealloc_tail(self) -> int:
         """Preallocated bytes past LMDB's last page (free space, already reserved)."""
-        return max(0, self._file_size - self.extent_bytes())
-
-    def _reserve(self, nbytes: int) -> None:
-        """Writer thread: make sure the file has room for a batch of `nbytes` (see above)."""
-        if self.prealloc_bytes <= 0 or self._fd < 0:
-            return
-        end = self.extent_bytes()
-        need = end + nbytes + nbytes // 16 + (1 << 20)  # page headers, branch pages, meta
-        if need <= self._file_size:
-            return
-        with contextlib.suppress(OSError):
-            self._file_size = os.fstat(self._fd).st_size  # LMDB may have grown it itself
-        if need <= self._file_size:
-            return
-        grow = max(need - self._file_size, self.prealloc_bytes, end // 8)
-        grow = min(grow, self.disk_free() - DISK_FULL_SLACK_BYTES,
-                   self.map_size_max - self._file_size)
-        if grow < need - self._file_size:
-            return  # no room to spare: LMDB meets the full disk itself, as without this
-        try:
-            os.posix_fallocate(self._fd, self._file_size, grow)
-        except OSError as e:
-            log.debug("preallocation of %d bytes failed: %s", grow, e)
-            return
-        self._file_size += grow
-        self.preallocs += 1
+        return self.tail.free(self.extent_bytes())
 
     def free_pages_bytes(self) -> int:
         """Bytes inside the file that LMDB can reuse (file pages no database uses)."""
@@ -263,9 +224,7 @@ class Env:
                         op.future.set_exception(_classify(e, self))
 
     def _execute(self, batch: list[_Op]) -> None:
-        self._reserve(sum(op.nbytes for op in batch))
-        if self.prefill is not None:
-            self.prefill.ahead_of(self.extent_bytes(), self._file_size)
+        self.tail.ahead_of(self.extent_bytes(), sum(op.nbytes for op in batch))
         while True:
             err: BaseException
             try:
@@ -366,13 +325,9 @@ class Env:
             self._queue.append(None)
             self._qcond.notify()
         self._thread.join(60)
-        if self.prefill is not None:
-            self.prefill.close()
         with self._alone():
             self.env.close()
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            self.tail.close()
         with _OPEN_LOCK:
             _OPEN_PATHS.discard(self._real)
 

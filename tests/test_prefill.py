@@ -62,11 +62,11 @@ async def test_lmdb_writes_into_prefilled_pages_keep_every_blob(tmp_path: Path) 
     s = BlobStore(str(tmp_path / "blobs"), chunk_bytes=64 << 10, txn_bytes=256 << 10,
                   map_size=1 << 20, map_size_max=256 << 20)
     try:
-        assert s.env.prefill is not None
+        assert s.env.tail.prefill is not None
         blobs = {f"b{i}": os.urandom(300_000 + i) for i in range(60)}  # ~18 MiB
         for k, v in blobs.items():
             await s.put(k, v)
-        assert s.env.prefill.bytes > 0
+        assert s.env.tail.prefill.bytes > 0
         for k, v in blobs.items():
             meta = s.stat(k)
             assert meta is not None

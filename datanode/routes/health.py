@@ -65,7 +65,7 @@ class NodeCollector:
             ("commits", "LMDB write transactions", s.env.commits),
             ("syncs", "LMDB syncs (group commits)", s.env.syncs),
             ("write_failures", "failed writes (disk full, I/O)", s.env.failures),
-            ("preallocations", "data file extensions ahead of LMDB", s.env.preallocs),
+            ("preallocations", "data file extensions ahead of LMDB", s.env.tail.preallocs),
             ("repair_write_ops", "write ops of repair copies (behind client writes)",
              s.env.background_ops),
             ("repair_pace_wait_seconds", "time repair copies sent waited for their pace",
