@@ -253,7 +253,7 @@ def _read_body(fp: BinaryIO, head: Head) -> bytes:
         return data
     if not head.chunked:
         return fp.read()  # up to the connection's end
-    parts = []
+    parts: list[bytes] = []
     while True:
         line = fp.readline(MAX_HEAD_BYTES + 1)
         size = int(line.split(b";", 1)[0].strip(), 16)
