@@ -49,6 +49,7 @@ Key = tuple[str, str, int]
 # faults per read on fresh memory, half the read's CPU)
 CHUNK = 8 << 20
 COALESCE_BYTES = 64 << 10  # a body up to this goes out with its head in one send
+MAX_INTERIM = 8  # interim (1xx) answers skipped before the answer, at most
 
 
 class LeanTransport(httpx.BaseTransport):
@@ -229,8 +230,9 @@ def _mapped(conn: http.client.HTTPConnection, other: type[httpx.TransportError]
 
 
 def _read_head(fp: BinaryIO, method: str) -> Head:
-    """The answer's head (an interim 1xx answer is skipped), at most MAX_HEAD_BYTES."""
-    while True:
+    """The answer's head, at most MAX_HEAD_BYTES; interim 1xx answers (at most
+    MAX_INTERIM) are skipped."""
+    for _ in range(MAX_INTERIM + 1):
         lines, size = [], 0
         while (line := fp.readline(MAX_HEAD_BYTES + 1)) not in (b"\r\n", b"\n"):
             if not line:  # as http.client says it
@@ -243,6 +245,7 @@ def _read_head(fp: BinaryIO, method: str) -> Head:
         head = parse_head(b"".join(lines), method)
         if not 100 <= head.status < 200 or head.status == 101:
             return head
+    raise http.client.HTTPException(f"more than {MAX_INTERIM} interim answers")
 
 
 def _read_body(fp: BinaryIO, head: Head) -> bytes:

@@ -57,9 +57,9 @@ class Head:
 
 
 def parse_head(block: bytes, method: str) -> Head:
-    """The answer head in `block` (its lines, with or without the blank line) to a
-    request made with `method`."""
-    lines = block.decode("latin-1").rstrip("\r\n").split("\r\n")
+    """The answer head in `block` (its lines, with or without the blank line; a bare LF
+    ends a line too, as most clients allow) to a request made with `method`."""
+    lines = [line.rstrip("\r") for line in block.decode("latin-1").rstrip("\r\n").split("\n")]
     version, _, rest = lines[0].partition(" ")
     if not version.startswith("HTTP/1.") or len(rest) < 3 or not rest[:3].isdigit():
         raise ValueError(f"not an HTTP/1.x answer: {lines[0][:60]!r}")

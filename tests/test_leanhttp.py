@@ -158,6 +158,7 @@ FRAMINGS = {  # answer -> (status, body, the connection is reused afterwards)
     "HTTP/1.0": (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok", 200, b"ok", False),
     "interim 100": (b"HTTP/1.1 100 Continue\r\n\r\n" + ok(), 200, b'{"ok":true}', True),
     "no content": (b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n", 204, b"", True),
+    "bare LF": (b"HTTP/1.1 200 OK\nx-a: 1\ncontent-length: 2\n\nok", 200, b"ok", True),
     "error status": (b"HTTP/1.1 404 Not Found\r\nx-a: 1\r\nx-b: 2\r\ncontent-length: 1\r\n\r\n?",
                    404, b"?", True),
 }
@@ -200,6 +201,7 @@ BROKEN = {  # answer -> the httpx error the direct path raises (as httpx's path 
     "bad length": (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", httpx.RemoteProtocolError),
     "head too long": (b"HTTP/1.1 200 OK\r\n" + b"x-pad: " + b"p" * (70 << 10) + b"\r\n\r\n",
                       httpx.RemoteProtocolError),
+    "endless interim": (b"HTTP/1.1 100 Continue\r\n\r\n" * 9 + ok(), httpx.RemoteProtocolError),
     "short body": (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\nconnection: close\r\n\r\nabc",
                    httpx.ReadError),
     "bad chunk": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n"
