@@ -41,14 +41,13 @@ from typing import BinaryIO, cast
 import httpx
 
 from squall.client._direct import Direct, Plain
-from squall.common.http1 import MAX_HEAD_BYTES, Head, parse_head, request_head
+from squall.common.http1 import COALESCE_BYTES, MAX_HEAD_BYTES, Head, parse_head, request_head
 
 Key = tuple[str, str, int]
 # a streamed body is handed up in reads of at most this: a payload up to 8 MiB in one
 # piece (in 1 MiB parts, httpx joined a 4 MiB payload again: a copy and ~2,000 page
 # faults per read on fresh memory, half the read's CPU)
 CHUNK = 8 << 20
-COALESCE_BYTES = 64 << 10  # a body up to this goes out with its head in one send
 MAX_INTERIM = 8  # interim (1xx) answers skipped before the answer, at most
 
 

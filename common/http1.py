@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 NO_BODY = ("GET", "HEAD", "DELETE", "OPTIONS")  # methods that send no Content-Length: 0
 MAX_HEAD_BYTES = 64 << 10  # an answer's head (status line and headers) is at most this
+COALESCE_BYTES = 64 << 10  # a body up to this goes out with its head in one send
 
 
 def request_head(method: str, target: str, headers: list[tuple[str, str]],

@@ -40,13 +40,12 @@ from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from squall.common.http1 import Head, parse_head, request_head
+from squall.common.http1 import COALESCE_BYTES, Head, parse_head, request_head
 
 Body = bytes | bytearray | memoryview | AsyncIterable[bytes | bytearray | memoryview] | None
 Key = tuple[str, str, int]  # (scheme, host, port)
 Phase = Literal["connect", "send", "read"]
 CHUNK = 1 << 20  # a streamed body is handed up in parts of at most this
-COALESCE_BYTES = 64 << 10  # a body up to this goes out with its head in one write
 _FAIL = (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
          TimeoutError, ValueError)
 
@@ -264,7 +263,7 @@ class Response:
 
     def __init__(self, pool: Pool, key: Key, conn: Conn, head: Head, sent: bool,
                  timeout: float | None) -> None:
-        self.pool, self.key, self.conn, self.timeout = pool, key, conn, timeout
+        self.pool, self.key, self.conn, self.timeout, self.head = pool, key, conn, timeout, head
         self.status, self.reason, self.headers = head.status, head.reason, head.headers
         self.length, self.chunked = head.length, head.chunked  # length None: chunked or EOF
         self.keep = head.keep and sent  # a request not sent whole leaves the stream unknown
@@ -272,7 +271,7 @@ class Response:
         self._released = False
 
     def header_dict(self) -> dict[str, str]:
-        return {k.lower(): v for k, v in self.headers}
+        return self.head.header_dict()
 
     async def parts(self) -> AsyncIterator[bytes]:
         """The body in parts of at most :data:`CHUNK` bytes; :class:`Broken` on failure."""
