@@ -15,7 +15,7 @@ from squall.client import _http
 from squall.client._direct import Shortcut
 from squall.client._effects import Call, Close, Emit, Gather, Read, Reply, Retry, Sleep
 from squall.client._leanasync import LeanAsyncTransport
-from squall.client._protocol import Core, default_master, first_failure, held_wire
+from squall.client._protocol import IN_FLIGHT, Core, default_master, first_failure, held_wire
 from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder
 from squall.common.errors import SquallError
 from squall.common.models import (
@@ -244,11 +244,12 @@ class AsyncClient:
     async def put_many(self, queue: str, items: Iterable[Payload | NewTask], *,
                        batch_size: int = 100,
                        progress: Callable[[list[EnqueueResult]], Any] | None = None,
-                       in_flight: int = 4) -> int:
+                       in_flight: int = IN_FLIGHT) -> int:
         """Enqueue many tasks, batch by batch; returns how many were new. `in_flight`
-        batches are sent at once (pid-less tasks still get pids in the order of `items`;
-        after a failure, later batches are not sent, but others of the same round may
-        have been enqueued: sending everything again collapses them, by pid)."""
+        batches are sent at once, fewer when they hold 64 MiB of payload bytes (pid-less
+        tasks still get pids in the order of `items`; after a failure, later batches are
+        not sent, but others of the same round may have been enqueued: sending everything
+        again collapses them, by pid)."""
         return await self._run(self._core.put_many(queue, items, batch_size, progress,
                                                    in_flight))
 

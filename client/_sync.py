@@ -17,6 +17,7 @@ import httpx
 from squall.client import _http
 from squall.client._effects import Retry
 from squall.client._protocol import (
+    IN_FLIGHT,
     Core,
     default_master,
     held_wire,
@@ -155,11 +156,12 @@ class Client:
 
     def put_many(self, queue: str, items: Iterable[Payload | NewTask], *, batch_size: int = 100,
                  progress: Callable[[list[EnqueueResult]], Any] | None = None,
-                 in_flight: int = 4) -> int:
+                 in_flight: int = IN_FLIGHT) -> int:
         """Enqueue many tasks, batch by batch; returns how many were new. `in_flight`
-        batches are sent at once (pid-less tasks still get pids in the order of `items`;
-        after a failure, later batches are not sent, but others of the same round may
-        have been enqueued: sending everything again collapses them, by pid)."""
+        batches are sent at once, fewer when they hold 64 MiB of payload bytes (pid-less
+        tasks still get pids in the order of `items`; after a failure, later batches are
+        not sent, but others of the same round may have been enqueued: sending everything
+        again collapses them, by pid)."""
         return self._run(self._core.put_many(queue, items, batch_size, progress, in_flight))
 
     def lease(self, queue: str, max_tasks: int = 1, lease_secs: float | None = None,

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from squall.client import Client, NewTask, NotFound
+from squall.client import Client, NewTask, NotFound, _protocol
 from squall.client._blobs import BATCH_BLOB_BYTES
 from squall.client._cli_dev import DevCluster
 from squall.client._frontdoor import MAX_BYTES as INLINE
@@ -267,7 +267,7 @@ def test_the_sync_client_sends_small_requests_without_nagle_delay(cluster: DevCl
         assert conns[0].sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
 
-@pytest.mark.parametrize("in_flight", [1, 4])
+@pytest.mark.parametrize("in_flight", [1, 4, 16])
 def test_put_many_in_flight_keeps_order_and_stops_at_a_failure(cluster: DevCluster,
                                                                in_flight: int) -> None:
     """Batches sent at once still give pid-less tasks pids in the order of the items (front
@@ -291,5 +291,39 @@ def test_put_many_in_flight_keeps_order_and_stops_at_a_failure(cluster: DevClust
             c.put_many(q + "x", bad, batch_size=50, in_flight=in_flight)
         st = c.stats(q + "x")
         # batches 0-1 went before the failing one (batch 2); with 4 in flight its round
-        # (batches 0-3) was sent at once; no later round was
-        assert st.total == (100 if in_flight == 1 else 150)
+        # (batches 0-3) was sent at once, with 16 batches 0-7 (the 400 tasks); no later
+        # round was
+        assert st.total == {1: 100, 4: 150, 16: 350}[in_flight]
+
+
+def test_put_many_holds_at_most_a_wave_of_payload_bytes(cluster: DevCluster,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """A round of put_many batches stops taking items once it holds WAVE_BYTES of payload
+    bytes (at least one batch), so many batches in flight never hold many large payloads;
+    payloads read as they go (files, streams) count nothing."""
+    monkeypatch.setattr(_protocol, "WAVE_BYTES", 100_000)
+    taken: list[int] = []
+    seen: list[int] = []
+
+    def items(make: Any) -> Iterator[Any]:
+        for i in range(40):
+            taken.append(i)
+            yield make(i)
+
+    with Client(cluster.master_url) as c:
+        # batches of two 30 KB payloads: the second batch takes the round past 100 KB
+        c.put_many("pm#wave", items(lambda i: os.urandom(30_000)), batch_size=2,
+                   progress=lambda res: seen.append(len(taken)))
+        assert seen[:2] == [4, 4] and len(seen) == 20
+        taken.clear()
+        seen.clear()
+        c.put_many("pm#wave", items(lambda i: memoryview(os.urandom(30_000))), batch_size=2,
+                   progress=lambda res: seen.append(len(taken)))
+        assert seen[:2] == [4, 4]
+        taken.clear()
+        seen.clear()
+        c.put_many("pm#wave", items(lambda i: io.BytesIO(os.urandom(30_000))), batch_size=2,
+                   progress=lambda res: seen.append(len(taken)))
+        assert seen[:2] == [32, 32]  # streams: full rounds of 16 batches
+        assert c.stats("pm#wave").total == 120
