@@ -66,7 +66,8 @@ WAVE_BYTES = 64 << 20  # payload bytes put_many holds at once (at least one batc
 
 
 def _held(payload: object) -> int:
-    """Bytes a payload holds in memory (streams, files and paths are read as they go)."""
+    """Bytes a payload holds in memory, a str counted by its length (streams, files and
+    paths are read as they go: 0)."""
     if isinstance(payload, memoryview):
         return payload.nbytes
     return len(payload) if isinstance(payload, bytes | bytearray | str) else 0
