@@ -26,6 +26,7 @@ from squall.client._tasks import (
     TxBuilder,
     as_source,
     fifo_pids,
+    held_bytes,
 )
 from squall.common.errors import (
     BadRequest,
@@ -64,13 +65,6 @@ MAX_IN_FLIGHT = 16  # put_many batches sent at once
 IN_FLIGHT = 16
 WAVE_BYTES = 64 << 20  # payload bytes put_many holds at once (at least one batch)
 
-
-def _held(payload: object) -> int:
-    """Bytes a payload holds in memory, a str counted by its length (streams, files and
-    paths are read as they go: 0)."""
-    if isinstance(payload, memoryview):
-        return payload.nbytes
-    return len(payload) if isinstance(payload, bytes | bytearray | str) else 0
 
 
 def _spec(t: NewTask, generated: set[str], fifo: Iterator[str]) -> dict[str, Any]:
@@ -191,7 +185,7 @@ class Core(AdminVerbs, PayloadVerbs):
             while len(wave) < in_flight and held < WAVE_BYTES \
                     and (batch := list(islice(it, batch_size))):
                 wave.append([x if isinstance(x, NewTask) else NewTask(x) for x in batch])
-                held += sum(_held(t.payload) for t in wave[-1])
+                held += sum(held_bytes(t.payload) for t in wave[-1])
             if not wave:
                 return added
             made = [_specs(tasks) for tasks in wave]  # pids in the order of `items`

@@ -100,6 +100,26 @@ def as_source(payload: Payload) -> bytes | Stream | None:
                      f"bytes, not {type(payload).__name__}")
 
 
+def held_bytes(payload: Payload) -> int:
+    """Bytes :func:`as_source` holds of a payload until it is sent: bytes-like and str
+    payloads (a str by its length), and files and paths it reads whole (at most
+    SMALL_FILE_BYTES); 0 for one it streams. A path it cannot stat counts 0 (sending it
+    reports the error)."""
+    if isinstance(payload, memoryview):
+        return payload.nbytes
+    if isinstance(payload, bytes | bytearray | str):
+        return len(payload)
+    size: int | None = None
+    if isinstance(payload, Path):
+        try:
+            size = payload.stat().st_size
+        except OSError:
+            return 0
+    elif hasattr(payload, "read"):
+        size = _remaining(payload)  # type: ignore[arg-type]
+    return size if size is not None and size <= SMALL_FILE_BYTES else 0
+
+
 def _remaining(f: IO[bytes]) -> int | None:
     try:
         return os.fstat(f.fileno()).st_size - f.tell()

@@ -6,6 +6,7 @@ nodes as subprocesses)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -296,34 +297,33 @@ def test_put_many_in_flight_keeps_order_and_stops_at_a_failure(cluster: DevClust
         assert st.total == {1: 100, 4: 150, 16: 350}[in_flight]
 
 
-def test_put_many_holds_at_most_a_wave_of_payload_bytes(cluster: DevCluster,
+def test_put_many_holds_at_most_a_wave_of_payload_bytes(cluster: DevCluster, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
     """A round of put_many batches stops taking items once it holds WAVE_BYTES of payload
-    bytes (at least one batch), so many batches in flight never hold many large payloads;
-    payloads read as they go (files, streams) count nothing."""
+    bytes (at least one batch), so many batches in flight never hold many large payloads.
+    Files and paths the client reads whole count; payloads it streams count nothing."""
     monkeypatch.setattr(_protocol, "WAVE_BYTES", 100_000)
     taken: list[int] = []
     seen: list[int] = []
+    f = tmp_path / "30k"
+    f.write_bytes(os.urandom(30_000))
 
     def items(make: Any) -> Iterator[Any]:
         for i in range(40):
             taken.append(i)
             yield make(i)
 
-    with Client(cluster.master_url) as c:
-        # batches of two 30 KB payloads: the second batch takes the round past 100 KB
-        c.put_many("pm#wave", items(lambda i: os.urandom(30_000)), batch_size=2,
-                   progress=lambda res: seen.append(len(taken)))
-        assert seen[:2] == [4, 4] and len(seen) == 20
-        taken.clear()
-        seen.clear()
-        c.put_many("pm#wave", items(lambda i: memoryview(os.urandom(30_000))), batch_size=2,
-                   progress=lambda res: seen.append(len(taken)))
-        assert seen[:2] == [4, 4]
-        taken.clear()
-        seen.clear()
-        c.put_many("pm#wave", items(lambda i: io.BytesIO(os.urandom(30_000))), batch_size=2,
-                   progress=lambda res: seen.append(len(taken)))
-        assert seen[:2] == [32, 32]  # streams: full rounds of 16 batches
-        assert c.stats("pm#wave").total == 120
+    # batches of two 30 KB payloads: the second batch takes the round past 100 KB
+    held = [lambda i: os.urandom(30_000), lambda i: memoryview(os.urandom(30_000)),
+            lambda i: f, lambda i: opened.enter_context(f.open("rb"))]
+    # an iterable, and a file object of unknown size
+    streamed = [lambda i: iter([os.urandom(30_000)]), lambda i: io.BytesIO(os.urandom(30_000))]
+    with Client(cluster.master_url) as c, contextlib.ExitStack() as opened:
+        for make, first in [(m, 4) for m in held] + [(m, 32) for m in streamed]:
+            taken.clear()
+            seen.clear()
+            c.put_many("pm#wave", items(make), batch_size=2,
+                       progress=lambda res: seen.append(len(taken)))
+            assert seen[:2] == [first, first] and len(seen) == 20  # 32: rounds of 16
+        assert c.stats("pm#wave").total == 240
