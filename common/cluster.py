@@ -188,6 +188,13 @@ class NodeUpdate(_M):
 
     group: Annotated[str, Field(min_length=1, max_length=128)]
     enqueue: Annotated[list[EnqueueItem], Field(min_length=1, max_length=MAX_BATCH)]
+    # shared by every payload of the update that names none of its own (a front-door
+    # request's blobs are on the same nodes, with one batch receipt per node): sent once,
+    # not once per payload
+    replicas: Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=16)] = (
+        Field(default_factory=list, json_schema_extra={"default": []}))
+    receipts: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=16)] = (
+        Field(default_factory=list, json_schema_extra={"default": []}))
 
 
 class NodeCommitRequest(_M):

@@ -7,10 +7,11 @@ payloads (issue 9; DESIGN §2).
       2. store the payloads here (one transaction, synced) and on the block's peers
          (``/v1/replicate:batch-put?receipt=batch``) at once; every node signs one batch
          receipt for the request's blobs (the master checks one MAC per node, not per blob)
-      3. the write quorum holds every payload: hand the enqueue (payload refs with their
-         receipts) to the committer, which sends everything waiting at that moment to the
-         master in one ``POST /v1/nodes/commit`` (each client request is its own update,
-         all or nothing; the master group-commits them under one fsync)
+      3. the write quorum holds every payload: hand the enqueue (payload refs, and the
+         replicas and batch receipts they share, once per request) to the committer, which
+         sends everything waiting at that moment to the master in one
+         ``POST /v1/nodes/commit`` (each client request is its own update, all or nothing;
+         the master group-commits them under one fsync)
       4. answer the client with the master's answer
 
 Invariants (DESIGN §4): an enqueue is answered only after the master answered, i.e. its
@@ -150,15 +151,17 @@ class FrontDoor:
                       ) -> dict[str, Any]:
         fields = ("pid", "not_before", "delay_secs", "idempotency_key")
         items = [{k: t[k] for k in fields if t.get(k) is not None} for t in tasks]
+        update: dict[str, Any] = {"group": group, "enqueue": items}
         with_payload = [i for i, t in enumerate(tasks) if t.get("payload") is not None]
         if with_payload:
-            refs = await self._store([tasks[i]["payload"] for i in with_payload])
+            refs, update["replicas"], update["receipts"] = await self._store(
+                [tasks[i]["payload"] for i in with_payload])
             for i, ref in zip(with_payload, refs, strict=True):
                 items[i]["payload"] = ref
         self._hook("after_store")
         for it in items:
             it["queue"] = queue
-        res = await self._commit({"group": group, "enqueue": items})
+        res = await self._commit(update)
         self._hook("after_commit")
         return res
 
@@ -167,7 +170,10 @@ class FrontDoor:
             log.warning("SQUALL_TEST_CRASH=%s: killing myself", where)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    async def _store(self, payloads: list[bytes]) -> list[dict[str, Any]]:
+    async def _store(self, payloads: list[bytes]
+                     ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+        """Store `payloads` on the write quorum: their references (blob id, size, CRC32C),
+        and the replicas and receipts they all share (one batch receipt per node)."""
         node = self.node
         ids, peers, quorum = await self.take_ids(len(payloads))
         frames = [Frame(b, d, crc32c(d)) for b, d in zip(ids, payloads, strict=True)]
@@ -195,10 +201,10 @@ class FrontDoor:
                                              1 + len(good), 1 + len(peers), quorum, errors),
                               retry_after=1)
         mine = node.batch_receipt(m for m, _ in local)  # one per node for the batch
-        return [{"blob_id": m.blob_id, "size": m.size, "crc32c": m.crc32c,
-                 "replicas": [node.address, *(p[m.blob_id]["address"] for p in good)],
-                 "receipts": [mine, *(p[m.blob_id]["receipt"] for p in good)]}
-                for m, _ in local]
+        first = frames[0].blob_id  # a peer's entry is the same for every blob of the batch
+        return ([{"blob_id": m.blob_id, "size": m.size, "crc32c": m.crc32c} for m, _ in local],
+                [node.address, *(p[first]["address"] for p in good)],
+                [mine, *(p[first]["receipt"] for p in good)])
 
     # -- the group commit to the master ----------------------------------------------------
     async def _commit(self, update: dict[str, Any]) -> dict[str, Any]:

@@ -200,11 +200,51 @@ def test_batch_receipts_prove_exactly_their_set(cluster: DevCluster) -> None:
             (blobs, [r1, r2[:-3] + "AAA"], "signature")):
         r = put(refs, receipts, "bad")
         assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
-    st = http.get("/v1/groups/g/queues/brx/stats")  # nothing was applied
+    st = http.get("/v1/groups/g/queues/brx")  # nothing was applied
     assert st.status_code == 404 or st.json()["total"] == 0, st.text
     r = put(blobs, [r1, r2], "good")
     assert r.status_code == 200, r.text
     assert [e["collapsed"] for e in r.json()["enqueued"]] == [False] * 3
+    http.close()
+
+
+def test_node_commits_share_an_updates_receipts(cluster: DevCluster) -> None:
+    """A node's commit names an update's replicas and batch receipts once: they prove the
+    update's payloads that carry none of their own (as the front door sends them), only
+    within that update; a payload's own receipts are kept, and without any receipt the
+    write quorum is missing. Each update is refused or applied on its own."""
+    key = load_cluster_key(cluster.env.get("SQUALL_CLUSTER_KEY_FILE"))
+    http = httpx.Client(base_url=cluster.master_url, headers={
+        "Authorization": f"Bearer {cluster.admin}"}, timeout=10)
+    listed = http.get("/v1/cluster").json()["nodes"]
+    nodes, addrs = [n["node_id"] for n in listed], [n["address"] for n in listed]
+    now = time.time()
+    sets = [[(f"nsr{k}-{i}", 10 + i, 100 + i) for i in range(3)] for k in range(2)]
+    rs = [[tokens.sign_batch_receipt(key, n, blobs, now) for n in nodes[:2]] for blobs in sets]
+
+    def update(k: int, receipts: list[str], own: dict[int, list[str]] | None = None
+               ) -> dict[str, object]:
+        return {"group": "g", "receipts": receipts, "replicas": addrs[:2], "enqueue": [
+            {"queue": "nsr", "pid": f"{k}-{b}", "payload": {
+                "blob_id": b, "size": s, "crc32c": c, "receipts": (own or {}).get(i, [])}}
+            for i, (b, s, c) in enumerate(sets[k])]}
+
+    token = tokens.sign(key, "heartbeat", [nodes[0]], now + 60)
+    r = httpx.post(cluster.master_url + "/v1/nodes/commit", timeout=10, headers={
+        "Authorization": f"Bearer {token}"}, json={"node_id": nodes[0], "updates": [
+            update(0, rs[0]),  # proven by its own update's receipts
+            update(1, rs[0]),  # another update's receipts: not its set
+            update(1, rs[1], own={0: rs[1][:1]}),  # one payload's own: one node only
+            update(1, [])]})  # no receipts at all
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [e["collapsed"] for e in results[0]["ok"]["enqueued"]] == [False] * 3
+    assert [res["error"]["status"] for res in results[1:]] == [400] * 3, results
+    for res, why in zip(results[1:], ("covers 3 blob", "1 valid receipt", "0 valid receipt"),
+                        strict=True):
+        assert why in res["error"]["message"], res
+    st = http.get("/v1/groups/g/queues/nsr")
+    assert st.status_code == 200 and st.json()["total"] == 3, st.text
     http.close()
 
 

@@ -10,9 +10,10 @@ cluster key scoped to its node id, as its heartbeats do): role ``node``.
   one that is committed always passes the receipt age check). At most
   ``BLOCKS_PER_NODE`` unexpired blocks per node (429 beyond).
 - ``POST /v1/nodes/commit``: a list of updates (one per client request, each a list of
-  enqueues with payload receipts); each is applied all or nothing on its own, all of them
-  concurrently, so they share the WAL's group commit (one fsync for the lot). The answer
-  has, per update, the master's answer or its error.
+  enqueues, and the replicas and batch receipts their payloads share, sent once); each
+  is applied all or nothing on its own, all of them concurrently, so they share the WAL's
+  group commit (one fsync for the lot). The answer has, per update, the master's answer
+  or its error.
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from squall.common.cluster import BlockGrant, BlockRequest, NodeCommitRequest, NodeCommitResponse
+from squall.common.cluster import (
+    BlockGrant,
+    BlockRequest,
+    NodeCommitRequest,
+    NodeCommitResponse,
+    NodeUpdate,
+)
 from squall.common.errors import Overloaded, StatusError, Unavailable
 from squall.common.guard import PRINCIPAL
-from squall.common.models import UpdateRequest
+from squall.common.models import EnqueueItem, UpdateRequest
 from squall.common.tokens import bearer, verify
 from squall.master.deps import MasterDep, client_addr
 from squall.master.http import ERROR_RESPONSES, JSON
@@ -93,6 +100,17 @@ async def commit_updates(m: Master, body: NodeCommitRequest, addr: str) -> dict[
             return {"error": {**e.to_body()["error"], "status": e.status}}
 
     results = await asyncio.gather(*(one(u.group, UpdateRequest.model_construct(
-        enqueue=u.enqueue, dequeue=[], renew=[], release=[], lease=None))
+        enqueue=_shared(u), dequeue=[], renew=[], release=[], lease=None))
         for u in body.updates))
     return {"results": list(results)}
+
+
+def _shared(u: NodeUpdate) -> list[EnqueueItem]:
+    """The update's enqueues, each payload that names no receipts of its own given the
+    update's replicas and receipts (the front door sends them once per request)."""
+    if u.receipts or u.replicas:
+        for e in u.enqueue:
+            p = e.payload
+            if p is not None and not p.receipts and not p.replicas:
+                p.receipts, p.replicas = u.receipts, u.replicas
+    return u.enqueue
