@@ -26,6 +26,7 @@ from typing import Any
 from squall.client._effects import Call, Close, Emit, Proto, Read, Reply, Retry, call
 from squall.client._tasks import Stream
 from squall.common.checksum import CRC_HEADER, Crc32c, crc32c
+from squall.common.cluster import AllocateResponse, Allocation
 from squall.common.errors import (
     DataCorrupt,
     Forbidden,
@@ -37,7 +38,7 @@ from squall.common.errors import (
     Unauthorized,
     Unavailable,
 )
-from squall.common.models import AllocateResponse, Allocation, PayloadRef
+from squall.common.models import PayloadRef
 from squall.common.payload import (
     OK,
     batch_get_body,

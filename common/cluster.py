@@ -167,6 +167,27 @@ class HeartbeatResponse(_Lenient):
         [], description="ids of revoked client credentials (data nodes refuse them)")
 
 
+# -- blob ids for the three-request path (large payloads) ------------------------------
+class AllocateRequest(_M):
+    count: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
+    size_bytes: Annotated[int, Field(ge=0, lt=1 << 53)] = Field(
+        0, description="expected bytes per blob (placement prefers nodes with room)")
+
+
+class Allocation(_M):
+    blob_id: str
+    replicas: list[str] = Field(description="data node base URLs: PUT to the first with "
+                                "?replicas= the others; it forwards to them")
+
+
+class AllocateResponse(_M):
+    blobs: list[Allocation]
+    token: str = Field(description="write token covering every blob id here")
+    expires_at: float
+    write_quorum: int = Field(description="receipts the master needs on enqueue")
+
+
+
 # -- the data-node front door (issue 9; see datanode/frontdoor.py) --------------------------
 class BlockRequest(_M):
     """A data node asks the master for a block of blob ids for front-door writes."""

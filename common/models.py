@@ -336,25 +336,6 @@ class ErrorResponse(_M):
     error: ErrorBody
 
 
-class AllocateRequest(_M):
-    count: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
-    size_bytes: Annotated[int, Field(ge=0, lt=1 << 53)] = Field(
-        0, description="expected bytes per blob (placement prefers nodes with room)")
-
-
-class Allocation(_M):
-    blob_id: str
-    replicas: list[str] = Field(description="data node base URLs: PUT to the first with "
-                                "?replicas= the others; it forwards to them")
-
-
-class AllocateResponse(_M):
-    blobs: list[Allocation]
-    token: str = Field(description="write token covering every blob id here")
-    expires_at: float
-    write_quorum: int = Field(description="receipts the master needs on enqueue")
-
-
 class DecommissionProgress(_M):
     requested_at: float = Field(description="when decommissioning was asked (epoch seconds)")
     blobs_remaining: int | None = Field(

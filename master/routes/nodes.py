@@ -7,9 +7,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from squall.common.cluster import HeartbeatRequest, HeartbeatResponse
+from squall.common.cluster import (
+    AllocateRequest,
+    AllocateResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+)
 from squall.common.guard import PRINCIPAL
-from squall.common.models import AllocateRequest, AllocateResponse, ClusterInfo
+from squall.common.models import ClusterInfo
 from squall.master.deps import MasterDep
 from squall.master.http import ERROR_RESPONSES, JSON
 from squall.master.routes.frontdoor import node_speaks
