@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from squall.client import _leanhttp
 from squall.client._direct import Direct
 from squall.client._leanhttp import LeanTransport
 from tests.helpers import wait_for
@@ -182,8 +183,14 @@ def test_direct_exchange_reads_every_framing(kind: str) -> None:
         srv.close()
 
 
-def test_direct_exchange_bodies_of_a_payload_size_both_ways() -> None:
-    blob = bytes(range(256)) * (4 << 12)  # 4 MiB: sent after its head, read in one piece
+@pytest.mark.parametrize("one_read", [64 << 20, 1000])
+def test_direct_exchange_bodies_of_a_payload_size_both_ways(
+        one_read: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4 MiB body: sent after its head; read in one piece, or (over the one-read limit)
+    in doubling steps, the same bytes either way."""
+    monkeypatch.setattr(_leanhttp, "ONE_READ_BYTES", one_read)
+    monkeypatch.setattr(_leanhttp, "READ_STEP", 100)
+    blob = bytes(range(256)) * (4 << 12)
     srv = RawServer(lambda req: ok(req.partition(b"\r\n\r\n")[2]))
     t = LeanTransport(ssl.create_default_context())
     try:
@@ -206,6 +213,14 @@ BROKEN = {  # answer -> the httpx error the direct path raises (as httpx's path 
                    httpx.ReadError),
     "bad chunk": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n"
                   b"\r\nzz\r\n", httpx.ReadError),
+    # declared, never sent: allocated as it arrives (never a MemoryError, or 1 TiB held)
+    "huge length": (b"HTTP/1.1 200 OK\r\ncontent-length: 1099511627776\r\n"
+                    b"connection: close\r\n\r\nabc", httpx.ReadError),
+    "huge chunk": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n"
+                   b"\r\n10000000000\r\nabc", httpx.ReadError),
+    "endless trailers": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n"
+                         b"0\r\n" + (b"x-t: " + b"t" * 4000 + b"\r\n") * 20 + b"\r\n",
+                         httpx.ReadError),
 }
 
 
