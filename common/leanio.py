@@ -40,7 +40,13 @@ from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from squall.common.http1 import COALESCE_BYTES, Head, parse_head, request_head
+from squall.common.http1 import (
+    COALESCE_BYTES,
+    MAX_HEAD_BYTES,
+    Head,
+    parse_head,
+    request_head,
+)
 
 Body = bytes | bytearray | memoryview | AsyncIterable[bytes | bytearray | memoryview] | None
 Key = tuple[str, str, int]  # (scheme, host, port)
@@ -48,6 +54,15 @@ Phase = Literal["connect", "send", "read"]
 CHUNK = 1 << 20  # a streamed body is handed up in parts of at most this
 _FAIL = (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
          TimeoutError, ValueError)
+
+
+async def _skip_trailers(r: asyncio.StreamReader) -> None:
+    """The trailer lines after the last chunk, at most MAX_HEAD_BYTES of them."""
+    size = 0
+    while (line := await r.readuntil(b"\r\n")) != b"\r\n":
+        size += len(line)
+        if size > MAX_HEAD_BYTES:
+            raise ValueError(f"trailers over {MAX_HEAD_BYTES} bytes")
 
 
 class Broken(Exception):
@@ -291,8 +306,7 @@ class Response:
                     size = int(line.split(b";", 1)[0].strip(), 16)
                     if size == 0:
                         async with asyncio.timeout(self.timeout):
-                            while (await r.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                                pass
+                            await _skip_trailers(r)
                         break
                     while size > 0:
                         async with asyncio.timeout(self.timeout):

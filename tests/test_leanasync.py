@@ -167,6 +167,23 @@ async def test_errors_are_httpx_errors(client: Make) -> None:
     gate.set()
 
 
+async def test_trailers_are_read_up_to_a_bound(client: Make) -> None:
+    """Trailer lines after the last chunk are skipped, at most 64 KiB of them: beyond, the
+    answer is a transport error and the connection is not reused."""
+    def answer(req: bytes) -> bytes:
+        n = 20 if b"/many" in req else 4
+        return (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n"
+                + (b"x-t: " + b"t" * 4000 + b"\r\n") * n + b"\r\n")
+
+    c, srv = client(answer)
+    async with c:
+        assert (await c.get("/few")).content == b"ok"
+        with pytest.raises(httpx.TransportError):
+            await c.get("/many")
+        assert (await c.get("/few")).content == b"ok"
+    assert srv.connections == 2
+
+
 async def test_tls_with_the_given_context(client: Make) -> None:
     ca = trustme.CA()
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
