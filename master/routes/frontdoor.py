@@ -106,8 +106,8 @@ async def commit_updates(m: Master, body: NodeCommitRequest, addr: str) -> dict[
 
 
 def _shared(u: NodeUpdate) -> list[EnqueueItem]:
-    """The update's enqueues, each payload that names no receipts of its own given the
-    update's replicas and receipts (the front door sends them once per request)."""
+    """The update's enqueues; a payload that names neither receipts nor replicas of its
+    own gets the update's (the front door sends them once per request)."""
     if u.receipts or u.replicas:
         for e in u.enqueue:
             p = e.payload
