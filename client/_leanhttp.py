@@ -41,14 +41,20 @@ from typing import BinaryIO, cast
 import httpx
 
 from squall.client._direct import Direct, Plain
-from squall.common.http1 import COALESCE_BYTES, MAX_HEAD_BYTES, Head, parse_head, request_head
+from squall.common.http1 import (
+    COALESCE_BYTES,
+    MAX_HEAD_BYTES,
+    MAX_INTERIM,
+    Head,
+    parse_head,
+    request_head,
+)
 
 Key = tuple[str, str, int]
 # a streamed body is handed up in reads of at most this: a payload up to 8 MiB in one
 # piece (in 1 MiB parts, httpx joined a 4 MiB payload again: a copy and ~2,000 page
 # faults per read on fresh memory, half the read's CPU)
 CHUNK = 8 << 20
-MAX_INTERIM = 8  # interim (1xx) answers skipped before the answer, at most
 # A body (or chunk) declared at most this long is read in one allocation; a longer one in
 # steps that double from READ_STEP, so a server that declares more than it sends makes the
 # client allocate about twice what arrived, not what it declared (CPython's http.client
@@ -248,7 +254,7 @@ def _read_head(fp: BinaryIO, method: str) -> Head:
                 raise http.client.LineTooLong(f"answer head over {MAX_HEAD_BYTES} bytes")
             lines.append(line)
         head = parse_head(b"".join(lines), method)
-        if not 100 <= head.status < 200 or head.status == 101:
+        if not head.interim:
             return head
     raise http.client.HTTPException(f"more than {MAX_INTERIM} interim answers")
 
@@ -272,6 +278,8 @@ def _read_body(fp: BinaryIO, head: Head) -> bytes:
 
 def _read_exactly(fp: BinaryIO, n: int) -> bytes:
     """`n` bytes, allocated as they arrive beyond ONE_READ_BYTES (see there)."""
+    if n < 0:  # a chunk size of "-1" (Content-Length is digits only) would read to the end
+        raise ValueError(f"negative chunk size {n}")
     if n <= ONE_READ_BYTES:
         data = fp.read(n) if n else b""
     else:

@@ -66,7 +66,6 @@ IN_FLIGHT = 16
 WAVE_BYTES = 64 << 20  # payload bytes put_many holds at once (at least one batch)
 
 
-
 def _spec(t: NewTask, generated: set[str], fifo: Iterator[str]) -> dict[str, Any]:
     """A TaskSpec dict; a task without a pid gets the next client-made FIFO pid of `fifo`
     (so a retried enqueue collapses instead of enqueueing twice)."""

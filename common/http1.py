@@ -20,6 +20,7 @@ from dataclasses import dataclass
 NO_BODY = ("GET", "HEAD", "DELETE", "OPTIONS")  # methods that send no Content-Length: 0
 MAX_HEAD_BYTES = 64 << 10  # an answer's head (status line and headers) is at most this
 COALESCE_BYTES = 64 << 10  # a body up to this goes out with its head in one send
+MAX_INTERIM = 8  # interim (1xx) answers a reader skips before the answer, at most
 
 
 def request_head(method: str, target: str, headers: list[tuple[str, str]],
@@ -51,6 +52,11 @@ class Head:
     length: int | None
     chunked: bool
     keep: bool
+
+    @property
+    def interim(self) -> bool:
+        """A 1xx answer other than 101: the real answer follows on the connection."""
+        return 100 <= self.status < 200 and self.status != 101
 
     def header_dict(self) -> dict[str, str]:
         """The headers by lower-case name (the last of repeated ones)."""

@@ -43,6 +43,7 @@ from typing import Literal
 from squall.common.http1 import (
     COALESCE_BYTES,
     MAX_HEAD_BYTES,
+    MAX_INTERIM,
     Head,
     parse_head,
     request_head,
@@ -54,6 +55,16 @@ Phase = Literal["connect", "send", "read"]
 CHUNK = 1 << 20  # a streamed body is handed up in parts of at most this
 _FAIL = (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
          TimeoutError, ValueError)
+
+
+async def _read_head(r: asyncio.StreamReader, method: str) -> Head:
+    """The answer's head; interim 1xx answers (at most MAX_INTERIM) are skipped, so the
+    connection never keeps an answer nobody read."""
+    for _ in range(MAX_INTERIM + 1):
+        head = parse_head(await r.readuntil(b"\r\n\r\n"), method)
+        if not head.interim:
+            return head
+    raise ValueError(f"more than {MAX_INTERIM} interim answers")
 
 
 async def _skip_trailers(r: asyncio.StreamReader) -> None:
@@ -245,7 +256,7 @@ class Pool:
             sent = Broken("send", e, conn.reused)  # the server may have answered early
         try:
             async with asyncio.timeout(read_timeout):
-                head = parse_head(await conn.reader.readuntil(b"\r\n\r\n"), method)
+                head = await _read_head(conn.reader, method)
         except _FAIL as e:
             raise (sent or Broken("read", e, conn.reused)) from e
         return Response(self, key, conn, head, sent is None, read_timeout)

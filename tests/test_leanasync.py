@@ -167,6 +167,25 @@ async def test_errors_are_httpx_errors(client: Make) -> None:
     gate.set()
 
 
+async def test_interim_answers_are_skipped(client: Make) -> None:
+    """A 1xx answer before the answer is skipped (at most 8), so the reused connection
+    never hands the next request an answer left over; more than 8 is an error."""
+    def answer(req: bytes) -> bytes:
+        path = req.split(b" ", 2)[1]
+        n = 9 if path == b"/endless" else 2
+        return b"HTTP/1.1 100 Continue\r\n\r\n" * n + ok(b'{"path":"%s"}' % path)
+
+    c, srv = client(answer)
+    async with c:
+        for path in ("/a", "/b"):
+            r = await c.get(path)
+            assert (r.status_code, r.json()) == (200, {"path": path})
+        with pytest.raises(httpx.TransportError):
+            await c.get("/endless")
+        assert (await c.get("/c")).json() == {"path": "/c"}
+    assert srv.connections == 2
+
+
 async def test_trailers_are_read_up_to_a_bound(client: Make) -> None:
     """Trailer lines after the last chunk are skipped, at most 64 KiB of them: beyond, the
     answer is a transport error and the connection is not reused."""

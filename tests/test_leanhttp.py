@@ -218,6 +218,8 @@ BROKEN = {  # answer -> the httpx error the direct path raises (as httpx's path 
                     b"connection: close\r\n\r\nabc", httpx.ReadError),
     "huge chunk": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n"
                    b"\r\n10000000000\r\nabc", httpx.ReadError),
+    "negative chunk": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n-1\r\n"
+                       b"abc", httpx.ReadError),  # (not a read to the connection's end)
     "endless trailers": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n"
                          b"0\r\n" + (b"x-t: " + b"t" * 4000 + b"\r\n") * 20 + b"\r\n",
                          httpx.ReadError),
