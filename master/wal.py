@@ -19,6 +19,16 @@ four times the failed group, free on the disk; then appending resumes.
 A failed ``fdatasync`` is different: the kernel may have dropped the dirty pages, so what the
 file holds is unknown; the log stays failed and :meth:`WAL.failure` says a restart is needed.
 
+Preallocation: a segment is extended with zeros ``PREALLOC_BYTES`` at a time, ahead of the
+groups written into it, so a group's ``fdatasync`` flushes data only: appending instead grows
+the file, and ext4 then commits its journal (the new size) in every ``fdatasync`` too, one
+more disk flush and thread switch per group (measured: ~30-80 µs more per sync here). As
+PostgreSQL zero-fills its WAL segments, and for the same reason: zeros, not ``fallocate``,
+whose unwritten extents would need a journal commit when first written. The zeros past
+the last group end recovery as a torn tail does (a zero header is no frame) and are cut off
+there; a rolled segment and a closed log are cut to their last frame, so only the last
+segment of a crashed master has such a tail.
+
 Checkpoint (:meth:`WAL.drop_through`): once the LMDB index is synced with every ticket up
 to T applied, segments whose records are all <= T are deleted. The current segment is
 rolled first when it is large, so the log stays bounded by the checkpoint interval.
@@ -44,6 +54,7 @@ class WALFailed(RuntimeError):
 
 PROBE_BODY = b"\x90"  # msgpack of an empty op list
 RESUME_FREE_BYTES_MIN = 1 << 20  # after a failed write, resume once this much is free
+PREALLOC_BYTES = 1 << 20  # zeros written ahead of the groups (see the module's docstring)
 
 
 class WAL:
@@ -94,6 +105,7 @@ class WAL:
         else:
             self._size = tail.offset
         os.lseek(self._fd, self._size, os.SEEK_SET)
+        self._alloc = max(self._size, os.fstat(self._fd).st_size)  # zeros end here
         self._thread = threading.Thread(target=self._run, name="wal-writer", daemon=True)
         self._thread.start()
 
@@ -224,6 +236,7 @@ class WAL:
             self.failures += 1
             try:  # shrinking needs no space: the log ends where the last good group ended
                 os.ftruncate(self._fd, start)
+                self._alloc = start
                 os.lseek(self._fd, start, os.SEEK_SET)
                 os.fdatasync(self._fd)
             except OSError as e2:
@@ -233,6 +246,8 @@ class WAL:
             self._resume_free_bytes = max(RESUME_FREE_BYTES_MIN, 4 * len(data))
             return f"WAL write failed ({e.strerror or e}): the disk refused {len(data)} bytes"
         self._size += len(data)
+        if self._size > self._alloc:
+            self._preallocate()
         t1 = time.perf_counter()
         if self.fsync:
             try:
@@ -242,6 +257,7 @@ class WAL:
                 self._fatal = True
                 with contextlib.suppress(OSError):  # best effort: the group was refused
                     os.ftruncate(self._fd, start)
+                    self._alloc = start
                     os.fdatasync(self._fd)
                 return (f"WAL fdatasync failed ({e.strerror or e}): what the log holds is "
                         "unknown; restart the master once the disk is fixed")
@@ -256,6 +272,19 @@ class WAL:
             except OSError:  # keep appending to the current segment; roll again later
                 self.failures += 1
         return None
+
+    def _preallocate(self) -> None:
+        """Zeros from the log's end to the next PREALLOC_BYTES boundary past it, synced with
+        the group just written. Best effort: a disk that refuses them only costs speed."""
+        end = (self._size // PREALLOC_BYTES + 1) * PREALLOC_BYTES
+        with contextlib.suppress(OSError):
+            self._alloc = self._size + os.pwrite(self._fd, bytes(end - self._size), self._size)
+
+    def _cut_to_size(self) -> None:
+        """Drop the zeros past the last group (a segment that is done growing)."""
+        if self._alloc > self._size:
+            os.ftruncate(self._fd, self._size)
+            self._alloc = self._size
 
     def retry(self) -> bool:
         """After a failed write: write and sync a probe record; on success the log accepts
@@ -280,6 +309,11 @@ class WAL:
         return err is None
 
     def _roll(self, first: int) -> None:
+        # cut to its last frame for good first: recovery takes a zero tail only as the end
+        # of the *last* segment, and any damage before later segments as corruption
+        self._cut_to_size()
+        if self.fsync:
+            os.fdatasync(self._fd)
         path = self._new_segment_path(first)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -293,6 +327,7 @@ class WAL:
             raise
         os.close(self._fd)
         self._fd, self._path, self._size = fd, path, len(MAGIC)
+        self._alloc = self._size
 
     def _wake(self, error: str | None = None) -> None:
         loop = self._loop
@@ -337,5 +372,8 @@ class WAL:
             self._cv.notify_all()
             self._work.notify_all()
         self._thread.join(timeout=30)
+        with self._cv, contextlib.suppress(OSError):
+            if not self._writing:  # no group is being written (none can start meanwhile)
+                self._cut_to_size()  # a clean stop leaves the segment exact
         with contextlib.suppress(OSError):
             os.close(self._fd)

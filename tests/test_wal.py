@@ -327,6 +327,8 @@ async def test_a_full_disk_cuts_the_torn_group_off_and_resumes_by_itself(tmp_pat
         with pytest.raises(WALFailed, match="No space left"):
             await w.durable(3)
         assert "No space left" in (w.failure() or "") and w.failures == 1
+        (seg,) = segments(tmp_path)
+        assert os.path.getsize(seg) == _end_of_frames(seg)  # the torn group and the zeros
         with pytest.raises(WALFailed):
             w.append(2, b"refused while failed")
         assert not w.retry()  # still full: the probe fails too, nothing changes
@@ -334,12 +336,95 @@ async def test_a_full_disk_cuts_the_torn_group_off_and_resumes_by_itself(tmp_pat
         assert w.retry() and w.failure() is None  # space is back: a probe record went in
         w.append(w.last_ticket + 1, b"d")
         await w.durable(w.last_ticket)
+        assert os.path.getsize(seg) == wal_mod.PREALLOC_BYTES  # zero-filled ahead again
     finally:
         w.close()
     records, _ = read_records(str(tmp_path))
     # the torn group is gone whole; the probe is an empty op list; appending resumed
     assert [b for _, b in records] == [b"a" * 100, PROBE_BODY, b"d"]
     assert [t for t, _ in records] == sorted({t for t, _ in records})
+
+
+def _end_of_frames(path: str) -> int:
+    """Where the frames of a segment end (frames() would also parse the zeros after)."""
+    data = Path(path).read_bytes()
+    pos = len(MAGIC)
+    while pos + HDR.size <= len(data) and HDR.unpack_from(data, pos)[2] != 0:
+        pos += HDR.size + HDR.unpack_from(data, pos)[0]
+    return pos
+
+
+def test_segments_are_zero_filled_ahead_and_a_crash_leaves_only_zeros(tmp_path: Path) -> None:
+    live, crashed = tmp_path / "live", tmp_path / "crashed"
+    live.mkdir()
+    w = WAL(str(live), Tail(0, None, 0))
+    try:
+        for t in (1, 2, 3):  # three groups, each synced
+            w.append(t, body(t))
+            w.flush()
+        (seg,) = segments(live)
+        end = _end_of_frames(seg)
+        data = Path(seg).read_bytes()
+        # the groups were written into zeros laid ahead: the file did not grow per group
+        assert len(data) == wal_mod.PREALLOC_BYTES > end
+        assert data[end:] == bytes(len(data) - end)
+        shutil.copytree(live, crashed)  # what a kill -9 leaves on the disk
+    finally:
+        w.close()
+    assert os.path.getsize(seg) == end  # a clean stop cuts the zeros off
+    assert [t for _, _, t in frames(seg)] == [1, 2, 3]
+    # recovery of the crashed copy: the zeros end the log (no frame), and are cut off there
+    cseg = os.path.join(crashed, os.path.basename(seg))
+    records, tail = read_records(str(crashed))
+    assert records == [(t, body(t)) for t in (1, 2, 3)]
+    assert (tail.last_ticket, tail.path, tail.offset) == (3, cseg, end)
+    assert os.path.getsize(cseg) == end
+    write_records(crashed, [4, 5])  # appending resumes right after the last frame
+    assert [t for _, _, t in frames(cseg)] == [1, 2, 3, 4, 5]
+
+
+def test_a_group_torn_inside_the_zeros_is_cut_off(tmp_path: Path) -> None:
+    w = WAL(str(tmp_path), Tail(0, None, 0))
+    try:
+        for t in (1, 2):
+            w.append(t, body(t))
+            w.flush()
+        (seg,) = segments(tmp_path)
+        start = _end_of_frames(seg)
+        torn = encode_frame(3, body(3))
+        for cut in (1, HDR.size, len(torn) - 1):  # part of the next group reached the disk
+            with open(seg, "r+b") as f:
+                f.seek(start)
+                f.write(torn[:cut] + bytes(len(torn) - cut))
+            copy = tmp_path / f"crash{cut}"
+            copy.mkdir()
+            shutil.copy(seg, copy)
+            records, tail = read_records(str(copy))
+            assert [t for t, _ in records] == [1, 2] and tail.offset == start, cut
+            assert os.path.getsize(os.path.join(copy, os.path.basename(seg))) == start
+    finally:
+        w.close()
+
+
+def test_a_rolled_segment_is_cut_to_its_last_frame(tmp_path: Path) -> None:
+    w = WAL(str(tmp_path), Tail(0, None, 0), segment_bytes=120)
+    try:
+        for t in range(1, 13):
+            w.append(t, body(t))
+            w.flush()
+        segs = segments(tmp_path)
+        assert len(segs) >= 3
+        for old in segs[:-1]:  # exact while the log is open: frames() parses every byte
+            assert frames(old)
+        assert os.path.getsize(segs[-1]) in (len(MAGIC), wal_mod.PREALLOC_BYTES)
+    finally:
+        w.close()
+    assert tickets_of(tmp_path) == list(range(1, 13))
+    # zeros after the frames of an earlier segment are damage, not a preallocated end
+    with open(segs[0], "ab") as f:
+        f.write(bytes(64))
+    with pytest.raises(WALCorrupt, match="later segments exist"):
+        read_records(str(tmp_path))
 
 
 # -- recovery through Master ------------------------------------------------------------------
