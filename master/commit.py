@@ -102,7 +102,6 @@ class GroupCommit:
         `logged_only`: `work` changes the index only when it returns a WAL body (a plan
         applied), so a batch of such requests that logged nothing (an empty lease) is
         answered without a commit, and its transaction serves the next batch."""
-        self.refuse_if_unhealthy()
         batch = await self._current()
         batch.members += 1
         try:
@@ -148,6 +147,9 @@ class GroupCommit:
 
     async def _current(self) -> _Batch:
         while True:
+            # checked again after every wait: the flush waited for may have failed, and a
+            # request planned on an index that lacks acknowledged records would undo them
+            self.refuse_if_unhealthy()
             b = self._open
             if b is not None and not b.closed and not b.aborted:
                 return b

@@ -26,7 +26,7 @@ from squall.common.models import LeaseRequest, Policy, TaskRef, TaskSpec, Update
 from squall.master.commit import ANSWER_WHEN_DURABLE
 from squall.master.service import Master, MasterSettings
 from tests.crashkit import dump_index, kill9
-from tests.helpers import ADMIN, MasterProcess, wait_for
+from tests.helpers import ADMIN, MasterProcess, until, wait_for
 
 G = "g"
 
@@ -138,6 +138,43 @@ async def test_an_index_commit_failure_after_a_durable_wal_acknowledges_and_catc
     m2 = open_master(tmp_path, clock, opened)
     q2 = m2.queue(G, "a")
     assert q2 is not None and q2.available == 2 and m2.index.enqueued_total == 2
+
+
+async def test_a_request_waiting_for_a_flush_whose_index_commit_fails_is_refused(
+        tmp_path: Path, clock: ManualClock, opened: list[Master]) -> None:
+    """A request that arrives while a batch is on the commit thread waits for that flush.
+    When the flush's index commit fails after its WAL group was durable, the batch is
+    acknowledged but the index is reloaded without it: the waiting request must be refused,
+    not planned on that index (there it leased a task whose done was acknowledged again, as
+    the chaos soak found once a full disk let WAL groups into zeros laid ahead)."""
+    m = open_master(tmp_path, clock, opened)
+    await m.enqueue(G, "a", [TaskSpec(pid="x")])
+    (held,) = (await m.lease(G, "a", LeaseRequest(max_tasks=1, lease_secs=60), ""))["tasks"]
+    real, gate = m.commit._commit_txn, threading.Event()
+
+    def fail_when_let(txn: lmdb.Transaction) -> None:
+        m.commit._commit_txn = real  # type: ignore[method-assign]
+        assert gate.wait(30)
+        txn.abort()
+        raise lmdb.DiskError("injected: no space left")
+
+    m.commit._commit_txn = fail_when_let  # type: ignore[method-assign]
+    done = asyncio.ensure_future(m.update(G, UpdateRequest(
+        dequeue=[TaskRef(queue="a", pid="x", token=held["token"])])))
+    await until(lambda: m.commit._flushing is not None)  # on the commit thread
+    lease = asyncio.ensure_future(m.lease(G, "a", LeaseRequest(max_tasks=1), ""))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not lease.done()  # it waits for the flush in progress
+    gate.set()
+    assert (await done)["ticket"] > 0  # durable in the WAL: acknowledged
+    with pytest.raises(Unavailable, match="cannot be written"):
+        await lease
+    await m.tick()  # the index catches up: the acknowledged done stands
+    assert m.ready() is None
+    assert (await m.lease(G, "a", LeaseRequest(max_tasks=1), ""))["tasks"] == []
+    q = m.queue(G, "a")
+    assert q is not None and (q.available, q.leased, q.completed) == (0, 0, 1)
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:
