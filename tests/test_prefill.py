@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from squall.datanode.prefill import STEP, Prefill
 from squall.datanode.store import BlobStore
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
+from tests.helpers import wait_for
 
 
 def test_reads_the_window_past_the_data_and_no_further(tmp_path: Path) -> None:

@@ -162,9 +162,15 @@ async def test_a_request_waiting_for_a_flush_whose_index_commit_fails_is_refused
     done = asyncio.ensure_future(m.update(G, UpdateRequest(
         dequeue=[TaskRef(queue="a", pid="x", token=held["token"])])))
     await until(lambda: m.commit._flushing is not None)  # on the commit thread
+    checks, healthy = [0], m.commit.refuse_if_unhealthy
+
+    def counted() -> None:  # the lease's check comes right before it waits for the flush
+        checks[0] += 1
+        healthy()
+
+    m.commit.refuse_if_unhealthy = counted  # type: ignore[method-assign]
     lease = asyncio.ensure_future(m.lease(G, "a", LeaseRequest(max_tasks=1), ""))
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await until(lambda: checks[0] >= 1)
     assert not lease.done()  # it waits for the flush in progress
     gate.set()
     assert (await done)["ticket"] > 0  # durable in the WAL: acknowledged
