@@ -332,10 +332,14 @@ class GroupCommit:
     async def settled(self) -> None:
         """Wait until no index commit is in flight: a request is answered as soon as its
         WAL record is durable, while its batch's index commit may still run. Reads of the
-        index wait here first, so whoever got an answer reads what it wrote."""
+        index wait here first, so whoever got an answer reads what it wrote. While the index
+        is behind the WAL (a failed index commit), they are refused as writes are: it lacks
+        acknowledged records."""
         closing = self._closing  # flushes run one at a time: an answered one is this one
         if closing is not None:
             await asyncio.shield(closing)
+        if self.stalled is not None:
+            raise Unavailable(f"{self.stalled}; reads wait for it too, retry")
 
     def busy(self) -> bool:
         return (self._open is not None and not self._open.closed) or self._closing is not None

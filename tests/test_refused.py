@@ -20,9 +20,12 @@ import httpx
 import lmdb
 import pytest
 
+from squall.client import AsyncClient
+from squall.client import Unavailable as ClientUnavailable
 from squall.common.clock import ManualClock
 from squall.common.errors import Unavailable
 from squall.common.models import LeaseRequest, Policy, TaskRef, TaskSpec, UpdateRequest
+from squall.master.app import create_master_app
 from squall.master.commit import ANSWER_WHEN_DURABLE
 from squall.master.service import Master, MasterSettings
 from tests.crashkit import dump_index, kill9
@@ -123,15 +126,20 @@ async def test_an_index_commit_failure_after_a_durable_wal_acknowledges_and_catc
     finally:
         ANSWER_WHEN_DURABLE.reset(token)
     assert res["ticket"] > 0  # durable in the WAL: acknowledged
-    await m.commit.settled()  # (answered early: the failed commit is being handled)
+    with pytest.raises(Unavailable, match="reads wait"):  # the index lacks "x" and "y"
+        await m.commit.settled()  # (answered early: waits for the failed commit first)
     assert "cannot be written" in (m.ready() or "")
     with pytest.raises(Unavailable, match="cannot be written"):
         await m.enqueue(G, "a", [TaskSpec(pid="z")])
     m.commit._reapply = lambda recs: (_ for _ in ()).throw(lmdb.DiskError("still full"))  # type: ignore[assignment]
     assert not await m.commit.catch_up()
+    with pytest.raises(Unavailable, match="reads wait"):
+        await m.commit.settled()
     m.commit._reapply = m._reapply  # type: ignore[method-assign]
     await m.tick()
     assert m.ready() is None
+    await m.commit.settled()  # whole again: reads are served
+    assert m.task_info(G, "a", "x")["state"] == "available"
     q = m.queue(G, "a")
     assert q is not None and q.available == 2
     kill9(m)
@@ -181,6 +189,35 @@ async def test_a_request_waiting_for_a_flush_whose_index_commit_fails_is_refused
     assert (await m.lease(G, "a", LeaseRequest(max_tasks=1), ""))["tasks"] == []
     q = m.queue(G, "a")
     assert q is not None and (q.available, q.leased, q.completed) == (0, 0, 1)
+
+
+
+async def test_reads_of_an_index_behind_the_wal_are_refused_over_http(tmp_path: Path) -> None:
+    """While the index lacks acknowledged records (its commit failed, the WAL has them), a
+    read must not answer from it (it would say 404 for a task whose enqueue was answered):
+    503 with the reason, until the index caught up."""
+    settings = MasterSettings(data_dir=str(tmp_path / "m"), require_receipts=False)
+    app = create_master_app(settings, clock=ManualClock(), background=False)
+    async with app.router.lifespan_context(app), \
+            AsyncClient("http://127.0.0.1", transport=httpx.ASGITransport(app=app),
+                        retries=0) as c:
+        m: Master = app.state.master
+        real = m.commit._commit_txn
+
+        def fail_once(txn: lmdb.Transaction) -> None:
+            m.commit._commit_txn = real  # type: ignore[method-assign]
+            txn.abort()
+            raise lmdb.DiskError("injected: no space left")
+
+        m.commit._commit_txn = fail_once  # type: ignore[method-assign]
+        await c.put("g#a", pid="x")  # answered: durable in the WAL
+        for read in (lambda: c.task("g#a", "x"), lambda: c.stats("g#a"),
+                     lambda: c.tasks("g#a")):
+            with pytest.raises(ClientUnavailable, match="reads wait"):
+                await read()
+        await m.tick()  # the index catches up
+        assert (await c.task("g#a", "x")).state == "available"
+        assert (await c.stats("g#a")).available == 1
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:

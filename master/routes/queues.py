@@ -53,11 +53,11 @@ def counts(q: QueueRec) -> dict[str, Any]:
 async def queue_stats(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
     """A queue's exact counts by state and completion counter (these survive restarts),
     plus soft-state rates, mean lease time, oldest available age and a leased sample."""
+    await m.commit.settled()  # an answered write is in the index first
     q = m.queue(group, queue)
     if q is None:
         raise NotFound(f"queue {join_queue(group, queue)} does not exist (it has never held "
                        "a task)")
-    await m.commit.settled()  # an answered write is in the index first
     return JSON({**counts(q), **m.queue_details(q)})
 
 

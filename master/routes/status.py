@@ -101,12 +101,12 @@ async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: Mast
     dead-letter queue with sample reasons, and its history (if it is among the largest)."""
     t = _tele(request)
     key = (group, queue)
+    await m.commit.settled()
     q = m.queue(group, queue)
     if q is None:
         raise NotFound(f"queue {join_queue(group, queue)} does not exist")
     now = time.time()
     row = t.queue_row(key, now) or {}
-    await m.commit.settled()
     details = m.queue_details(q)
     pol = m.engine.policy(q)
     dlq = policies.dead_letter_queue(pol, queue)
