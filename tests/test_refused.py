@@ -212,12 +212,13 @@ async def test_reads_of_an_index_behind_the_wal_are_refused_over_http(tmp_path: 
         m.commit._commit_txn = fail_once  # type: ignore[method-assign]
         await c.put("g#a", pid="x")  # answered: durable in the WAL
         for read in (lambda: c.task("g#a", "x"), lambda: c.stats("g#a"),
-                     lambda: c.tasks("g#a")):
+                     lambda: c.tasks("g#a"), lambda: c.queues(), lambda: c.stats()):
             with pytest.raises(ClientUnavailable, match="reads wait"):
                 await read()
         await m.tick()  # the index catches up
         assert (await c.task("g#a", "x")).state == "available"
         assert (await c.stats("g#a")).available == 1
+        assert [q.queue for q in await c.queues()] == ["a"]
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:

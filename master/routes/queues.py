@@ -95,6 +95,7 @@ async def list_queues(
     """Queues sorted by group then name, filtered by regex, group and minimum size.
     Queues are ephemeral: with the default min_tasks=1 only queues holding tasks show."""
     rx = safe_regex(regex) if regex else None
+    await m.commit.settled()
     lo: tuple[str, str] | None = split_queue(after) if after else None
     if group is not None and (lo is None or lo < (group, "")):
         lo = (group, "")
@@ -116,6 +117,7 @@ async def list_queues(
 @router.get("/v1/cluster/stats", response_model=ClusterStats)
 async def cluster_stats(m: MasterDep) -> JSON:
     """Totals over every queue."""
+    await m.commit.settled()
     qs = m.index.queues.values()
     return JSON({
         "queues": sum(1 for q in qs if q.size),
