@@ -191,7 +191,6 @@ async def test_a_request_waiting_for_a_flush_whose_index_commit_fails_is_refused
     assert q is not None and (q.available, q.leased, q.completed) == (0, 0, 1)
 
 
-
 async def test_reads_of_an_index_behind_the_wal_are_refused_over_http(tmp_path: Path) -> None:
     """While the index lacks acknowledged records (its commit failed, the WAL has them), a
     read must not answer from it (it would say 404 for a task whose enqueue was answered):
