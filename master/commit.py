@@ -44,6 +44,7 @@ import lmdb
 
 from squall.common.errors import StatusError, Unavailable
 from squall.master.index import Index
+from squall.master.lag import IndexLag
 from squall.master.wal import WAL, WALFailed
 
 log = logging.getLogger("squall.master")
@@ -78,7 +79,6 @@ class GroupCommit:
     def __init__(self, index: Index, wal: WAL,
                  reapply: Callable[[list[tuple[int, bytes]]], None]) -> None:
         self.index, self.wal = index, wal
-        self._reapply = reapply  # replays records onto the index (after a failed commit)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="index-commit")
         self._open: _Batch | None = None
         self._spare: lmdb.Transaction | None = None  # begun by the last flush, for the next
@@ -89,8 +89,12 @@ class GroupCommit:
         self.committed_ticket = index.applied
         self.batches = 0
         self.aborted_batches = 0
-        self.stalled: str | None = None  # why writes are refused while the index is behind
-        self.behind: list[tuple[int, bytes]] = []  # durable records the index lacks
+        self.lag = IndexLag(index, reapply)  # after an index commit failed (master/lag.py)
+
+    @property
+    def stalled(self) -> str | None:
+        """Why requests are refused while the index is behind the WAL, or None."""
+        return self.lag.reason
 
     # -- the request side ----------------------------------------------------------------
     async def run(self, work: Work[T], pre: Callable[[lmdb.Transaction], Any] | None = None,
@@ -263,31 +267,18 @@ class GroupCommit:
             b.done.set_exception(Unavailable(f"index write failed ({e}); nothing was "
                                              "applied, retry later"))
             return
-        self.behind.extend(b.records)
-        self.stalled = (f"the index cannot be written ({e}); {len(self.behind)} acknowledged "
-                      "record(s) wait in the WAL and are applied again as soon as the disk "
-                      "accepts writes")
-        log.error("%s", self.stalled)
+        self.lag.fell_behind(b.records, e)
 
     async def catch_up(self) -> bool:
-        """Apply records whose index commit failed again (idempotent replay). Returns
-        whether the index is whole again."""
-        if not self.behind:
+        """Apply records whose index commit failed again (master/lag.py). Returns whether
+        the index is whole again."""
+        if not self.lag.records:
             return True
         self._drop_spare()  # the replay begins its own write transaction on that thread
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._thread, self._reapply, list(self.behind))
-        except Exception as e:
-            self.index.freed_pending.clear()
-            self.index.reload()
-            log.warning("index still cannot be written: %s", e)
+        last = await self.lag.catch_up(self._thread)
+        if last is None:
             return False
-        self.index.reload()
-        self.committed_ticket = max(self.committed_ticket, self.behind[-1][0])
-        self.behind.clear()
-        self.stalled = None
-        log.info("the index caught up with the WAL: writes are accepted again")
+        self.committed_ticket = max(self.committed_ticket, last)
         return True
 
     def _abort(self, b: _Batch, e: BaseException) -> None:

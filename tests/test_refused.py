@@ -131,11 +131,11 @@ async def test_an_index_commit_failure_after_a_durable_wal_acknowledges_and_catc
     assert "cannot be written" in (m.ready() or "")
     with pytest.raises(Unavailable, match="cannot be written"):
         await m.enqueue(G, "a", [TaskSpec(pid="z")])
-    m.commit._reapply = lambda recs: (_ for _ in ()).throw(lmdb.DiskError("still full"))  # type: ignore[assignment]
+    m.commit.lag._reapply = lambda recs: (_ for _ in ()).throw(lmdb.DiskError("still full"))  # type: ignore[assignment]
     assert not await m.commit.catch_up()
     with pytest.raises(Unavailable, match="reads wait"):
         await m.commit.settled()
-    m.commit._reapply = m._reapply  # type: ignore[method-assign]
+    m.commit.lag._reapply = m._reapply  # type: ignore[method-assign]
     await m.tick()
     assert m.ready() is None
     await m.commit.settled()  # whole again: reads are served
