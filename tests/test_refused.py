@@ -220,6 +220,41 @@ async def test_reads_of_an_index_behind_the_wal_are_refused_over_http(tmp_path: 
         assert [q.queue for q in await c.queues()] == ["a"]
 
 
+
+async def test_configuration_reads_of_an_index_behind_the_wal_are_refused(tmp_path: Path
+                                                                         ) -> None:
+    """Policies and schedules are read from the index's in-memory maps, which are reloaded
+    without the acknowledged batch while the index is behind: those reads are refused as
+    the others are, and show the acknowledged write once the index caught up."""
+    settings = MasterSettings(data_dir=str(tmp_path / "m"), require_receipts=False)
+    app = create_master_app(settings, clock=ManualClock(), background=False)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), \
+            AsyncClient("http://127.0.0.1", transport=transport, retries=0) as c, \
+            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
+                              headers=ADMIN) as raw:
+        m: Master = app.state.master
+        await c.set_schedule("g#s", queue="a", interval_secs=60)
+        real = m.commit._commit_txn
+
+        def fail_once(txn: lmdb.Transaction) -> None:
+            m.commit._commit_txn = real  # type: ignore[method-assign]
+            txn.abort()
+            raise lmdb.DiskError("injected: no space left")
+
+        m.commit._commit_txn = fail_once  # type: ignore[method-assign]
+        assert (await c.set_policy("g#a", max_attempts=3)).max_attempts == 3  # in the WAL
+        for read in (lambda: c.policy("g#a"), lambda: c.policy("g#"),
+                     lambda: c.schedules("g")):
+            with pytest.raises(ClientUnavailable, match="reads wait"):
+                await read()
+        one = await raw.get("/v1/groups/g/schedules/s")
+        assert one.status_code == 503 and "reads wait" in one.text
+        await m.tick()  # the index catches up
+        assert (await c.policy("g#a")).max_attempts == 3
+        assert [s.name for s in await c.schedules("g")] == ["s"]
+        assert (await raw.get("/v1/groups/g/schedules/s")).status_code == 200
+
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],

@@ -20,6 +20,7 @@ NameP = Annotated[str, Path(description="schedule name", pattern=NAME_PATTERN)]
 @router.get("/policy", response_model=Policy)
 async def get_group_policy(group: GroupP, m: MasterDep) -> JSON:
     """The group's default policy (fields a queue's own policy does not set)."""
+    await m.commit.settled()  # an answered write is in the index (and its maps) first
     return JSON(m.index.policies.get((group, ""), Policy().model_dump()))
 
 
@@ -34,6 +35,7 @@ async def get_policy(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
     """The queue's effective policy: its own fields, else the group's."""
     from squall.master.policies import effective
 
+    await m.commit.settled()
     return JSON({**Policy().model_dump(), **effective(m.index, group, queue)})
 
 
@@ -54,6 +56,7 @@ async def delete_policy(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
 @router.get("/schedules", response_model=ScheduleList)
 async def list_schedules(group: GroupP, m: MasterDep) -> JSON:
     """The group's recurring schedules."""
+    await m.commit.settled()
     items = [describe_schedule(n, s) for (g, n), s in sorted(m.index.schedules.items())
              if g == group]
     return JSON({"schedules": items})
@@ -67,6 +70,7 @@ async def put_schedule(group: GroupP, name: NameP, body: Schedule, m: MasterDep)
 
 @router.get("/schedules/{name}", response_model=ScheduleInfo)
 async def get_schedule(group: GroupP, name: NameP, m: MasterDep) -> JSON:
+    await m.commit.settled()
     s = m.index.schedules.get((group, name))
     if s is None:
         raise NotFound(f"schedule {name!r} does not exist in group {group!r}")
