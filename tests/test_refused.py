@@ -191,6 +191,18 @@ async def test_a_request_waiting_for_a_flush_whose_index_commit_fails_is_refused
     assert q is not None and (q.available, q.leased, q.completed) == (0, 0, 1)
 
 
+def _fail_next_index_commit(m: Master) -> None:
+    """The master's next index commit fails as on a full disk, after its WAL group."""
+    real = m.commit._commit_txn
+
+    def fail_once(txn: lmdb.Transaction) -> None:
+        m.commit._commit_txn = real  # type: ignore[method-assign]
+        txn.abort()
+        raise lmdb.DiskError("injected: no space left")
+
+    m.commit._commit_txn = fail_once  # type: ignore[method-assign]
+
+
 async def test_reads_of_an_index_behind_the_wal_are_refused_over_http(tmp_path: Path) -> None:
     """While the index lacks acknowledged records (its commit failed, the WAL has them), a
     read must not answer from it (it would say 404 for a task whose enqueue was answered):
@@ -201,14 +213,7 @@ async def test_reads_of_an_index_behind_the_wal_are_refused_over_http(tmp_path: 
             AsyncClient("http://127.0.0.1", transport=httpx.ASGITransport(app=app),
                         retries=0) as c:
         m: Master = app.state.master
-        real = m.commit._commit_txn
-
-        def fail_once(txn: lmdb.Transaction) -> None:
-            m.commit._commit_txn = real  # type: ignore[method-assign]
-            txn.abort()
-            raise lmdb.DiskError("injected: no space left")
-
-        m.commit._commit_txn = fail_once  # type: ignore[method-assign]
+        _fail_next_index_commit(m)
         await c.put("g#a", pid="x")  # answered: durable in the WAL
         for read in (lambda: c.task("g#a", "x"), lambda: c.stats("g#a"),
                      lambda: c.tasks("g#a"), lambda: c.queues(), lambda: c.stats()):
@@ -218,7 +223,6 @@ async def test_reads_of_an_index_behind_the_wal_are_refused_over_http(tmp_path: 
         assert (await c.task("g#a", "x")).state == "available"
         assert (await c.stats("g#a")).available == 1
         assert [q.queue for q in await c.queues()] == ["a"]
-
 
 
 async def test_configuration_reads_of_an_index_behind_the_wal_are_refused(tmp_path: Path
@@ -235,14 +239,7 @@ async def test_configuration_reads_of_an_index_behind_the_wal_are_refused(tmp_pa
                               headers=ADMIN) as raw:
         m: Master = app.state.master
         await c.set_schedule("g#s", queue="a", interval_secs=60)
-        real = m.commit._commit_txn
-
-        def fail_once(txn: lmdb.Transaction) -> None:
-            m.commit._commit_txn = real  # type: ignore[method-assign]
-            txn.abort()
-            raise lmdb.DiskError("injected: no space left")
-
-        m.commit._commit_txn = fail_once  # type: ignore[method-assign]
+        _fail_next_index_commit(m)
         assert (await c.set_policy("g#a", max_attempts=3)).max_attempts == 3  # in the WAL
         for read in (lambda: c.policy("g#a"), lambda: c.policy("g#"),
                      lambda: c.schedules("g")):
