@@ -252,6 +252,7 @@ async def test_configuration_reads_of_an_index_behind_the_wal_are_refused(tmp_pa
         assert [s.name for s in await c.schedules("g")] == ["s"]
         assert (await raw.get("/v1/groups/g/schedules/s")).status_code == 200
 
+
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
