@@ -14,7 +14,17 @@ async def _master(request: Request) -> Master:  # async: a plain def runs in a t
     return m
 
 
+async def _settled(request: Request) -> Master:
+    """The master once no index commit is in flight, so a read sees every answered write;
+    503 while the index is behind the WAL (`GroupCommit.settled`). Routes that read the
+    index take this instead of MasterDep: it runs before their body looks anything up."""
+    m: Master = request.app.state.master
+    await m.commit.settled()
+    return m
+
+
 MasterDep = Annotated[Master, Depends(_master)]
+ReadMasterDep = Annotated[Master, Depends(_settled)]
 
 
 def client_addr(request: Request) -> str:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path
 from squall.common.errors import NotFound
 from squall.common.models import NAME_PATTERN, Policy, Schedule, ScheduleInfo, ScheduleList
 from squall.master.admin import describe_schedule
-from squall.master.deps import MasterDep
+from squall.master.deps import MasterDep, ReadMasterDep
 from squall.master.http import ERROR_RESPONSES, JSON
 from squall.master.routes.tasks import GroupP, QueueP
 
@@ -18,9 +18,8 @@ NameP = Annotated[str, Path(description="schedule name", pattern=NAME_PATTERN)]
 
 
 @router.get("/policy", response_model=Policy)
-async def get_group_policy(group: GroupP, m: MasterDep) -> JSON:
+async def get_group_policy(group: GroupP, m: ReadMasterDep) -> JSON:
     """The group's default policy (fields a queue's own policy does not set)."""
-    await m.commit.settled()  # an answered write is in the index (and its maps) first
     return JSON(m.index.policies.get((group, ""), Policy().model_dump()))
 
 
@@ -31,11 +30,10 @@ async def put_group_policy(group: GroupP, body: Policy, m: MasterDep) -> JSON:
 
 
 @router.get("/queues/{queue}/policy", response_model=Policy)
-async def get_policy(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
+async def get_policy(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
     """The queue's effective policy: its own fields, else the group's."""
     from squall.master.policies import effective
 
-    await m.commit.settled()
     return JSON({**Policy().model_dump(), **effective(m.index, group, queue)})
 
 
@@ -54,9 +52,8 @@ async def delete_policy(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
 
 
 @router.get("/schedules", response_model=ScheduleList)
-async def list_schedules(group: GroupP, m: MasterDep) -> JSON:
+async def list_schedules(group: GroupP, m: ReadMasterDep) -> JSON:
     """The group's recurring schedules."""
-    await m.commit.settled()
     items = [describe_schedule(n, s) for (g, n), s in sorted(m.index.schedules.items())
              if g == group]
     return JSON({"schedules": items})
@@ -69,8 +66,7 @@ async def put_schedule(group: GroupP, name: NameP, body: Schedule, m: MasterDep)
 
 
 @router.get("/schedules/{name}", response_model=ScheduleInfo)
-async def get_schedule(group: GroupP, name: NameP, m: MasterDep) -> JSON:
-    await m.commit.settled()
+async def get_schedule(group: GroupP, name: NameP, m: ReadMasterDep) -> JSON:
     s = m.index.schedules.get((group, name))
     if s is None:
         raise NotFound(f"schedule {name!r} does not exist in group {group!r}")

@@ -17,7 +17,7 @@ from squall.common.models import (
     ResetResponse,
 )
 from squall.common.names import join_queue, split_queue
-from squall.master.deps import MasterDep
+from squall.master.deps import MasterDep, ReadMasterDep
 from squall.master.http import ERROR_RESPONSES, JSON
 from squall.master.records import QueueRec
 from squall.master.routes.tasks import GroupP, QueueP
@@ -50,10 +50,9 @@ def counts(q: QueueRec) -> dict[str, Any]:
 
 
 @router.get(QPATH, response_model=QueueStats)
-async def queue_stats(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
+async def queue_stats(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
     """A queue's exact counts by state and completion counter (these survive restarts),
     plus soft-state rates, mean lease time, oldest available age and a leased sample."""
-    await m.commit.settled()  # an answered write is in the index first
     q = m.queue(group, queue)
     if q is None:
         raise NotFound(f"queue {join_queue(group, queue)} does not exist (it has never held "
@@ -83,7 +82,7 @@ async def redrive(group: GroupP, queue: QueueP, body: RedriveRequest, m: MasterD
 
 @router.get("/v1/queues", response_model=QueueList)
 async def list_queues(
-    m: MasterDep,
+    m: ReadMasterDep,
     regex: Annotated[str | None, Query(max_length=MAX_REGEX, description="search in group#name "
                                        "(RE2 syntax: linear time, no backreferences)")] = None,
     group: Annotated[str | None, Query(max_length=128)] = None,
@@ -95,7 +94,6 @@ async def list_queues(
     """Queues sorted by group then name, filtered by regex, group and minimum size.
     Queues are ephemeral: with the default min_tasks=1 only queues holding tasks show."""
     rx = safe_regex(regex) if regex else None
-    await m.commit.settled()
     lo: tuple[str, str] | None = split_queue(after) if after else None
     if group is not None and (lo is None or lo < (group, "")):
         lo = (group, "")
@@ -115,9 +113,8 @@ async def list_queues(
 
 
 @router.get("/v1/cluster/stats", response_model=ClusterStats)
-async def cluster_stats(m: MasterDep) -> JSON:
+async def cluster_stats(m: ReadMasterDep) -> JSON:
     """Totals over every queue."""
-    await m.commit.settled()
     qs = m.index.queues.values()
     return JSON({
         "queues": sum(1 for q in qs if q.size),

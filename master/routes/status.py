@@ -25,7 +25,7 @@ from starlette.responses import Response
 from squall.common.errors import NotFound
 from squall.common.names import join_queue
 from squall.master import admin, policies
-from squall.master.deps import MasterDep
+from squall.master.deps import MasterDep, ReadMasterDep
 from squall.master.http import ERROR_RESPONSES, JSON
 from squall.master.metrics import wal_error
 from squall.master.records import STATE_NAMES
@@ -94,14 +94,13 @@ async def overview(request: Request, m: MasterDep,
 
 
 @router.get("/v1/overview/queues/{group}/{queue}")
-async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: MasterDep,
+async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: ReadMasterDep,
                          since: Annotated[float, Query(ge=0)] = 0.0) -> JSON:
     """A queue's dashboard page: counts, rates, oldest age, leased sample (worker,
     address, since, expires), effective policy, the group's schedules that feed it, its
     dead-letter queue with sample reasons, and its history (if it is among the largest)."""
     t = _tele(request)
     key = (group, queue)
-    await m.commit.settled()
     q = m.queue(group, queue)
     if q is None:
         raise NotFound(f"queue {join_queue(group, queue)} does not exist")

@@ -19,7 +19,7 @@ from squall.common.models import (
     UpdateRequest,
     UpdateResponse,
 )
-from squall.master.deps import MasterDep, client_addr
+from squall.master.deps import MasterDep, ReadMasterDep, client_addr
 from squall.master.http import ERROR_RESPONSES, JSON
 from squall.master.security import check_update
 
@@ -53,9 +53,8 @@ async def lease(group: GroupP, queue: QueueP, body: LeaseRequest, m: MasterDep,
 
 
 @router.get("/queues/{queue}/tasks/{pid:path}", response_model=TaskInfo)
-async def task_info(group: GroupP, queue: QueueP, pid: str, m: MasterDep) -> JSON:
+async def task_info(group: GroupP, queue: QueueP, pid: str, m: ReadMasterDep) -> JSON:
     """Look up one task by pid: state, attempts, lease holder, payload reference."""
-    await m.commit.settled()  # an answered write is in the index first
     return JSON(m.task_info(group, queue, pid))
 
 
@@ -67,9 +66,8 @@ async def cancel_task(group: GroupP, queue: QueueP, pid: str, m: MasterDep) -> J
 
 
 @router.get("/queues/{queue}/tasks", response_model=TaskList)
-async def list_tasks(group: GroupP, queue: QueueP, m: MasterDep,
+async def list_tasks(group: GroupP, queue: QueueP, m: ReadMasterDep,
                      after: Annotated[str | None, Query(max_length=1024)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JSON:
     """A queue's tasks in pid order, a page at a time (pass `next` back as `after`)."""
-    await m.commit.settled()
     return JSON(m.list_tasks(group, queue, after, limit))
