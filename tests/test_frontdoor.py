@@ -245,6 +245,12 @@ def test_node_commits_share_an_updates_receipts(cluster: DevCluster) -> None:
         assert why in res["error"]["message"], res
     st = http.get("/v1/groups/g/queues/nsr")
     assert st.status_code == 200 and st.json()["total"] == 3, st.text
+    other = tokens.sign(key, "heartbeat", [nodes[1]], now + 60)  # a valid token, other node
+    r = httpx.post(cluster.master_url + "/v1/nodes/commit", timeout=10, headers={
+        "Authorization": f"Bearer {other}"}, json={"node_id": nodes[0],
+                                                   "updates": [update(1, rs[1])]})
+    assert r.status_code == 403 and "does not cover" in r.json()["error"]["message"], r.text
+    assert http.get("/v1/groups/g/queues/nsr").json()["total"] == 3  # nothing applied
     http.close()
 
 

@@ -31,10 +31,10 @@ from squall.common.cluster import (
     NodeCommitResponse,
     NodeUpdate,
 )
-from squall.common.errors import Overloaded, StatusError, Unavailable
+from squall.common.errors import Forbidden, Overloaded, StatusError, Unavailable
 from squall.common.guard import PRINCIPAL
 from squall.common.models import EnqueueItem, UpdateRequest
-from squall.common.tokens import bearer, verify
+from squall.common.tokens import TokenClaims, bearer, verify
 from squall.master.deps import MasterDep, client_addr
 from squall.master.http import ERROR_RESPONSES, JSON
 from squall.master.security import check_node
@@ -50,7 +50,13 @@ def _node(m: Master, request: Request, node_id: str) -> None:
 
 
 def node_speaks(m: Master, principal: object, authorization: str | None, node_id: str) -> None:
-    """The caller speaks for `node_id`: its node credential, or a heartbeat token."""
+    """The caller speaks for `node_id`: its node credential, or a heartbeat token. The
+    guard already checked a heartbeat token's signature, expiry and scope and left its
+    claims as the principal: only the node id is left to check (no second MAC)."""
+    if isinstance(principal, TokenClaims) and principal.op == "heartbeat":
+        if not principal.covers(node_id):
+            raise Forbidden(f"token does not cover node {node_id!r}")
+        return
     if not check_node(principal, node_id):
         verify(m.key, bearer(authorization), "heartbeat", node_id, m.clock.now())
 
