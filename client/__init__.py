@@ -16,7 +16,7 @@ escape. See ``docs/client.md``.
 """
 
 from squall.client._async import AsyncClient, AsyncLeasedTask, AsyncTransaction
-from squall.client._effects import ConnectError, Retry
+from squall.client._effects import ConnectError, Retry, may_have_applied
 from squall.client._sync import Client, LeasedTask, Transaction
 from squall.client._tasks import NewTask, fifo_pid
 from squall.client.worker import Worker
@@ -29,6 +29,7 @@ from squall.common.errors import (
     LeaseError,
     LeaseLost,
     NotFound,
+    OutcomeUnknown,
     Overloaded,
     PayloadTooLarge,
     ServerError,
@@ -57,6 +58,7 @@ __all__ = [
     "LeasedTask",
     "NewTask",
     "NotFound",
+    "OutcomeUnknown",
     "Overloaded",
     "PayloadTooLarge",
     "Policy",
@@ -71,4 +73,5 @@ __all__ = [
     "Unavailable",
     "Worker",
     "fifo_pid",
+    "may_have_applied",
 ]

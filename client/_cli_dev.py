@@ -117,9 +117,10 @@ class DevCluster:
             self._wait(self.node_url(i) + "/readyz", self.node_procs[i], f"node-{i}", timeout_s)
         self.wait_alive(self.n, timeout_s)
 
-    def start_node(self, i: int) -> None:
+    def start_node(self, i: int, master: str | None = None) -> None:
+        """Start data node `i`; `master`: the master URL it is given (tests: a proxy)."""
         self.node_procs[i] = self._spawn(f"node-{i}", [
-            "squall.datanode", "--master", self.master_url, "--data-dir",
+            "squall.datanode", "--master", master or self.master_url, "--data-dir",
             str(self.data_dir / f"node-{i}"), "--host", "127.0.0.1", "--port",
             str(self.port + i), "--advertise", self.node_url(i),
             "--heartbeat-interval-s", str(self.heartbeat_interval_s)])

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from squall.common.errors import (
+    OutcomeUnknown,
     Overloaded,
     SquallError,
+    StatusError,
     TransportError,
     Unavailable,
 )
@@ -102,6 +104,26 @@ class ConnectError(TransportError):
     retry, even when not idempotent)."""
 
 
+def may_have_applied(err: SquallError) -> bool:
+    """Whether a failed call may still have been applied: its connection broke or timed
+    out after sending, or a server answered 500 or an unknown outcome (502/504, e.g. a
+    data node's front door that lost the master's answer). Every other error (a
+    connection never made, 4xx, 503, 507) means nothing was applied."""
+    if isinstance(err, TransportError):
+        return not isinstance(err, ConnectError)
+    return isinstance(err, StatusError) and err.status in (500, 502, 504)
+
+
+def lost_answer(err: SquallError, earlier: str) -> OutcomeUnknown:
+    """The error for a call whose last attempt was refused (`err`, which would claim that
+    nothing was applied) after an earlier attempt that may have been (`earlier`: what
+    happened to it; a message, not the exception, whose traceback would hold the call's
+    frame in a reference cycle, and the responses its frames hold). Raised from `err`
+    without naming it in the frame, for the same reason."""
+    return OutcomeUnknown(f"{err} (but an earlier attempt may have been applied: its "
+                          f"answer was lost: {earlier}); resending an enqueue is safe")
+
+
 @dataclass(slots=True)
 class Retry:
     """Retries with exponential backoff and jitter (each wait between half and all of
@@ -131,15 +153,17 @@ class Retry:
         if isinstance(err, Unavailable | Overloaded):
             if err.retry_after:
                 return min(float(err.retry_after), self.retry_after_max_s)
-        elif not (isinstance(err, ConnectError) or (idempotent and isinstance(err,
-                                                                             TransportError))):
+        elif not (isinstance(err, ConnectError)
+                  or (idempotent and isinstance(err, TransportError | OutcomeUnknown))):
             return None
         cap = min(self.max_s, self.base_s * (2 ** attempt))
         return cap / 2 + self.rng.random() * cap / 2
 
 
 def call(c: Call, retry: Retry) -> Proto[Any]:
-    """Send `c`, resending it per `retry`; the answer, or the last error raised."""
+    """Send `c`, resending it per `retry`; the answer, or the last error raised (as an
+    OutcomeUnknown when it is a refusal after an attempt that may have been applied)."""
+    earlier: str | None = None  # an attempt that may have been applied
     while True:
         try:
             return (yield c)
@@ -148,7 +172,11 @@ def call(c: Call, retry: Retry) -> Proto[Any]:
                 raise  # a streamed body is consumed: it cannot be sent again
             d = retry.delay(e, c.attempt, c.idempotent, c.retries)
             if d is None or c.slept + d > retry.budget_s:
-                raise
+                if earlier is None or may_have_applied(e):
+                    raise
+                raise lost_answer(e, earlier) from e
+            if may_have_applied(e):
+                earlier = earlier or f"{type(e).__name__}: {e}"
             c.attempt += 1
             c.slept += d
             yield Sleep(d)

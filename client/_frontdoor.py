@@ -9,7 +9,10 @@ Which nodes exist comes from the master's ``GET /v1/cluster`` (alive ones), cach
 ``NODES_TTL_S``; requests rotate over them. A node that fails (down, overloaded, no front
 door, quorum not met) is skipped for a while and the next one is tried; when none of up
 to three takes the batch, the caller falls back to the classic path, and the front door
-rests for ``NODES_TTL_S``. Bad input and credential errors are raised as they are.
+rests for ``NODES_TTL_S``. Bad input and credential errors are raised as they are. A node
+that lost the master's answer says so (502 ``outcome_unknown``, never 503): the batch is
+resent to the next node, and if every later attempt is refused the caller raises
+``OutcomeUnknown``, not the refusal (refused means not applied).
 The client's credential goes with the request (the node checks role producer and the
 group, as the master would). Every task carries a client-made pid, so a request whose
 answer was lost (the node committed, then died) collapses into the first attempt wherever
@@ -24,7 +27,7 @@ from typing import Any
 import msgpack
 
 from squall.client._blobs import NodeBook
-from squall.client._effects import Call, Proto, Retry, call
+from squall.client._effects import Call, Proto, Retry, call, lost_answer, may_have_applied
 from squall.common.errors import BadRequest, Forbidden, SquallError, Unauthorized
 
 NODES_TTL_S = 10.0
@@ -59,12 +62,14 @@ class FrontDoor:
             self._nodes = []
         self._at = time.monotonic()
 
-    def enqueue(self, group: str, name: str, specs: list[dict[str, Any]],
-                sources: list[Any]) -> Proto[list[dict[str, Any]] | None]:
-        """The master's enqueue results, or None: no node took it (use the classic path)."""
+    def enqueue(self, group: str, name: str, specs: list[dict[str, Any]], sources: list[Any]
+                ) -> Proto[tuple[list[dict[str, Any]] | None, str | None]]:
+        """The master's enqueue results, or None: no node took it (use the classic path);
+        and what happened to the first attempt that may have been applied (a node that
+        lost the master's answer, a connection lost after sending), or None."""
         yield from self._refresh()
         if not self._nodes:
-            return None
+            return None, None
         tasks = []
         for spec, src in zip(specs, sources, strict=True):
             t = dict(spec)
@@ -75,19 +80,24 @@ class FrontDoor:
         self._turn += 1
         order = self._nodes[self._turn % len(self._nodes):] + self._nodes[
             :self._turn % len(self._nodes)]
+        unknown: str | None = None
         for node in self.book.order(order)[:3]:
             c = Call("POST", f"{node}/v1/groups/{group}/queues/{name}/tasks", content=body,
                      headers=self.headers,
                      timeout=self.timeout_s, retries=0)
             try:
                 ans = yield from call(c, self.retry)
-            except (Unauthorized, Forbidden, BadRequest):
-                raise  # the same on every path: the caller's problem
-            except SquallError:  # down, busy, quorum not met, too large, no front door...
+            except (Unauthorized, Forbidden, BadRequest) as e:
+                if unknown is None:  # the same on every path: the caller's problem
+                    raise
+                raise lost_answer(e, unknown) from e
+            except SquallError as e:  # down, busy, quorum not met, too large, no front door...
                 self.book.failed(node)
+                if may_have_applied(e):  # resending is safe: the pids collapse into it
+                    unknown = unknown or f"{node}: {type(e).__name__}: {e}"
                 continue
             self.used += 1
-            return list(ans["enqueued"])
+            return list(ans["enqueued"]), None
         self.fallbacks += 1
         self._nodes, self._at = [], time.monotonic()  # the classic path for NODES_TTL_S
-        return None
+        return None, unknown

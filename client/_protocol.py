@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from squall.client._admin import AdminVerbs
 from squall.client._blobs import BATCH_BLOB_BYTES, Blobs, NodeBook
-from squall.client._effects import Call, Gather, Proto, Retry, call
+from squall.client._effects import Call, Gather, Proto, Retry, call, lost_answer, may_have_applied
 from squall.client._frontdoor import FrontDoor
 from squall.client._paths import qpath
 from squall.client._payloads import PayloadVerbs
@@ -30,6 +30,7 @@ from squall.client._tasks import (
 )
 from squall.common.errors import (
     BadRequest,
+    SquallError,
 )
 from squall.common.models import (
     MAX_BATCH,
@@ -155,12 +156,18 @@ class Core(AdminVerbs, PayloadVerbs):
         group, name, path = qpath(queue)
         specs, generated = made
         sources = [as_source(t.payload) for t in tasks]
+        unknown: str | None = None  # a front-door attempt that may have been applied
         if self.front is not None and self.front.eligible(sources):
-            got = yield from self.front.enqueue(group, name, specs, sources)
+            got, unknown = yield from self.front.enqueue(group, name, specs, sources)
             if got is not None:
                 return _results(got, generated, group)
-        specs = yield from self._prepare(tasks, generated, specs, sources)
-        ans = yield from self._call("POST", path + "/tasks", {"tasks": specs})
+        try:
+            specs = yield from self._prepare(tasks, generated, specs, sources)
+            ans = yield from self._call("POST", path + "/tasks", {"tasks": specs})
+        except SquallError as e:
+            if unknown is None or may_have_applied(e):
+                raise
+            raise lost_answer(e, unknown) from e
         return _results(ans["enqueued"], generated, group)
 
     def put_many(self, queue: str, items: Iterable[Payload | NewTask], batch_size: int,

@@ -16,7 +16,11 @@
         ├── InsufficientStorage 507 a data node is out of space
         ├── DataCorrupt       500   a stored replica failed its checksum (read another)
         ├── Overloaded        429   slow down; retry after `retry_after` seconds
-        └── Unavailable       503   not ready (recovering, no data nodes); retry
+        ├── Unavailable       503   not ready (recovering, no data nodes); retry
+        └── OutcomeUnknown    502   may have been applied: an answer was lost on the way
+
+An error promises that nothing was applied ("refused means not applied", DESIGN §4.8)
+unless ``squall.client.may_have_applied`` says otherwise.
 
 Servers raise these in domain code; one handler turns them into
 ``{"error": {"code": ..., "message": ..., "details": ...}}`` with ``status``.
@@ -117,18 +121,29 @@ class ServerError(StatusError):
     status, code = 500, "internal"
 
 
+class OutcomeUnknown(StatusError):
+    """The request may or may not have been applied: a data node's front door sent the
+    enqueue to the master and lost the answer, or an earlier attempt of a resent call
+    lost its answer before a later one was refused. Resending an enqueue is safe (its
+    pids collapse into the first attempt while its tasks are queued; idempotency keys
+    cover tasks already dequeued)."""
+
+    status, code = 502, "outcome_unknown"
+
+
 _BY_CODE: dict[str, type[StatusError]] = {
     cls.code: cls
     for cls in (
         BadRequest, Unauthorized, Forbidden, NotFound, Conflict, LeaseError, LeaseLost,
         PayloadTooLarge, UnsupportedMediaType, HeadersTooLarge, RequestTimeout, Overloaded,
-        Unavailable, InsufficientStorage, DataCorrupt, ServerError,
+        Unavailable, InsufficientStorage, DataCorrupt, ServerError, OutcomeUnknown,
     )
 }
 _BY_STATUS: dict[int, type[StatusError]] = {
     400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
     408: RequestTimeout, 413: PayloadTooLarge, 415: UnsupportedMediaType, 422: BadRequest,
-    429: Overloaded, 431: HeadersTooLarge, 503: Unavailable, 507: InsufficientStorage,
+    429: Overloaded, 431: HeadersTooLarge, 502: OutcomeUnknown, 503: Unavailable,
+    504: OutcomeUnknown, 507: InsufficientStorage,
 }
 
 

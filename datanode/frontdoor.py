@@ -40,7 +40,7 @@ import orjson
 
 from squall.common.checksum import crc32c
 from squall.common.cluster import BlockGrant, PeerError
-from squall.common.errors import StatusError, Unavailable, from_response
+from squall.common.errors import OutcomeUnknown, StatusError, Unavailable, from_response
 from squall.common.payload import Frame, encode_frame
 from squall.datanode.peers import PeerUnreachable
 from squall.datanode.replication import forward_batch, quorum_message
@@ -59,6 +59,9 @@ COMMIT_PENDING_MAX = 5000  # client requests waiting for a commit (503 beyond)
 # goes at once instead of waiting for it (under D's load a commit took ~8 ms, and waiting
 # for the one ahead made a front-door put ~1.5 commits long); beyond this they batch up
 COMMITS_IN_FLIGHT = 4
+_UNKNOWN = ("the master may have applied this enqueue, but its answer did not reach this data "
+            "node ({}); resend it: its pids make the resend collapse into it while its tasks "
+            "are queued (give idempotency keys to cover tasks dequeued meanwhile)")
 
 
 @dataclass
@@ -108,6 +111,8 @@ class FrontDoor:
                                                                    [self.node.node_id]))}
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        """The master's answer; its error as such; Unavailable if the request never
+        reached it; OutcomeUnknown if it may have and no answer came back."""
         if not self.master:
             raise Unavailable("this data node has no master (--master): no front door")
         assert self.node.peers is not None  # the lean keep-alive client (datanode/peers.py)
@@ -117,12 +122,13 @@ class FrontDoor:
                                                     "Content-Type": "application/json"},
                                            replay=False)  # a commit may have been applied
         except PeerUnreachable as e:
-            raise Unavailable(f"the master is unreachable from this node ({e!r})",
-                              retry_after=1) from e
-        data = orjson.loads(r.content) if r.content else {}
+            if e.sent:
+                raise OutcomeUnknown(_UNKNOWN.format(e)) from e
+            raise Unavailable(f"the master is unreachable from this node ({e}); nothing "
+                              "was applied, retry", retry_after=1) from e
         if r.status_code >= 400:
-            raise from_response(r.status_code, data, None)
-        return data
+            raise from_response(r.status_code, _json(r.content), None)
+        return _json(r.content, unknown=True)
 
     # -- blob ids --------------------------------------------------------------------------
     async def take_ids(self, n: int) -> tuple[list[str], list[str], int]:
@@ -242,7 +248,9 @@ class FrontDoor:
             await self._commit_to_master(batch)
         finally:
             self._slots.release()
-            _stopped(batch)  # cancelled (the node stops): nobody waits forever
+            # cancelled (the node stops) with the commit perhaps at the master: nobody
+            # waits forever, and nobody is told it was refused
+            _stopped(batch, OutcomeUnknown(_UNKNOWN.format("this data node stopped")))
 
     async def _commit_to_master(self, batch: list[tuple[dict[str, Any],
                                                         asyncio.Future[dict[str, Any]]]]
@@ -255,8 +263,10 @@ class FrontDoor:
             if not isinstance(results, list) or len(results) != len(batch):
                 raise ValueError(f"{len(results)} results for {len(batch)} updates")
         except Exception as e:  # every waiting request gets an answer, whatever happened
-            err = e if isinstance(e, StatusError) else Unavailable(
-                f"committing to the master failed ({type(e).__name__}: {e}); retry")
+            # the master's refusal, Unavailable (never sent) or OutcomeUnknown as raised;
+            # anything else happened after sending (e.g. an answer that does not parse)
+            err = e if isinstance(e, StatusError) else OutcomeUnknown(
+                _UNKNOWN.format(f"{type(e).__name__}: {e}"))
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(err)
@@ -283,8 +293,23 @@ class FrontDoor:
         _stopped(pending)
 
 
-def _stopped(batch: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]]) -> None:
+def _stopped(batch: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]],
+             err: StatusError | None = None) -> None:
+    """Answer the requests of `batch` still waiting: with `err`, or (never sent to the
+    master) 503."""
     for _, fut in batch:
         if not fut.done():
-            fut.set_exception(Unavailable("the data node stopped before the master answered; "
-                                          "retry", retry_after=1))
+            fut.set_exception(err or Unavailable(
+                "the data node stopped before sending this to the master; nothing was "
+                "applied, retry", retry_after=1))
+
+
+def _json(content: bytes, unknown: bool = False) -> Any:
+    """The parsed body; one that does not parse is the master's answer lost on a 2xx
+    (`unknown`: OutcomeUnknown), or an error answer of its own (its status says)."""
+    try:
+        return orjson.loads(content) if content else {}
+    except orjson.JSONDecodeError as e:
+        if unknown:
+            raise OutcomeUnknown(_UNKNOWN.format(f"its answer did not parse: {e}")) from e
+        return {}

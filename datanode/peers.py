@@ -36,7 +36,13 @@ __all__ = ["Body", "PeerResponse", "PeerUnreachable", "Peers"]
 
 
 class PeerUnreachable(Exception):
-    """The request did not get an answer (connect, send or read failed, or timed out)."""
+    """The request did not get an answer (connect, send or read failed, or timed out).
+    `sent`: it may have reached the peer (it failed after connecting), so it may have
+    been applied there."""
+
+    def __init__(self, message: str, sent: bool = False) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 @dataclass
@@ -101,7 +107,7 @@ class Peers:
             finally:
                 r.release()
         except Broken as e:
-            raise PeerUnreachable(f"{method} {url}: {e}") from e
-        except TimeoutError as e:
-            raise PeerUnreachable(f"{method} {url}: TimeoutError: {e}") from e
+            raise PeerUnreachable(f"{method} {url}: {e}", sent=e.phase != "connect") from e
+        except TimeoutError as e:  # reading the body, after the answer's head
+            raise PeerUnreachable(f"{method} {url}: TimeoutError: {e}", sent=True) from e
         return PeerResponse(r.status, r.header_dict(), body)

@@ -20,10 +20,11 @@ from tests.helpers import MasterProcess
 EXPORTS = {
     "AsyncClient", "AsyncLeasedTask", "AsyncTransaction", "Backoff", "BadRequest", "Client",
     "Conflict", "ConnectError", "DataCorrupt", "Forbidden", "InsufficientStorage",
-    "LeaseError", "LeaseLost", "LeasedTask", "NewTask", "NotFound", "Overloaded",
+    "LeaseError", "LeaseLost", "LeasedTask", "NewTask", "NotFound", "OutcomeUnknown",
+    "Overloaded",
     "PayloadTooLarge", "Policy", "Retry", "Schedule", "ServerError", "SquallError",
     "StatusError", "Transaction", "TransportError", "Unauthorized", "Unavailable", "Worker",
-    "fifo_pid",
+    "fifo_pid", "may_have_applied",
 }
 
 

@@ -116,6 +116,23 @@ async def test_dequeue_is_not_resent_but_renew_is(faulty: tuple[AsyncClient, Fau
     assert await total(c, "g#d") == 0  # it was applied
 
 
+async def test_a_refusal_after_a_lost_answer_is_not_reported_as_refused(
+        faulty: tuple[AsyncClient, Faults]) -> None:
+    """Refused means not applied: an enqueue whose first attempt was applied (its answer
+    lost) and whose resends were all refused (503) raises OutcomeUnknown, not the 503 that
+    would say nothing was applied. Refusals alone still raise as refusals."""
+    c, f = faulty
+    f.plan = [("/tasks", "lost")] + [("/tasks", "503")] * 3
+    with pytest.raises(sc.OutcomeUnknown, match="earlier attempt may have been applied") as ei:
+        await c.put("g#u", pid="a")
+    assert sc.may_have_applied(ei.value) and isinstance(ei.value.__cause__, sc.Unavailable)
+    assert f.count("/tasks") == 4 and await total(c, "g#u") == 1  # it was applied
+    f.plan = [("/tasks", "503")] * 4
+    with pytest.raises(sc.Unavailable) as ej:
+        await c.put("g#u", pid="b")
+    assert not sc.may_have_applied(ej.value) and await total(c, "g#u") == 1
+
+
 async def test_retries_give_up_with_a_squall_error(faulty: tuple[AsyncClient, Faults]) -> None:
     c, f = faulty
     f.plan = [("/queues", "connect")] * 10
@@ -357,3 +374,37 @@ async def test_streamed_read_resumes_on_another_replica(
     with pytest.raises(sc.DataCorrupt):
         async for _ in bad.iter_payload():
             pass
+
+
+@pytest.mark.parametrize("first", [502, 503])
+async def test_front_door_lost_answer_then_refusals(first: int) -> None:
+    """A front-door node that lost the master's answer (502 outcome_unknown) may have
+    enqueued the batch: when every later attempt (the other nodes, then the three-step
+    path) is refused, `put` raises OutcomeUnknown, not the last refusal. When every
+    attempt was refused, the refusal is raised as such."""
+    log: list[str] = []
+
+    def h(request: httpx.Request) -> httpx.Response:
+        host, path = request.url.host, request.url.path
+        log.append(f"{host} {path}")
+        if path == "/v1/cluster":
+            return httpx.Response(200, json={"nodes": [
+                {"address": f"http://n{i}", "state": "alive"} for i in (1, 2, 3)]})
+        if host == "n1":
+            code = "outcome_unknown" if first == 502 else "unavailable"
+            return httpx.Response(first, json={"error": {"code": code, "message": "lost"}})
+        return httpx.Response(503, headers={"Retry-After": "0"}, json={
+            "error": {"code": "unavailable", "message": "busy"}})
+
+    async with AsyncClient("http://master", transport=httpx.MockTransport(h),
+                           retries=1) as c:
+        c._core.retry.base_s = c._core.retry.max_s = 0.001
+        with pytest.raises(sc.StatusError) as ei:
+            await c.put("q", b"x" * 100, pid="p")
+    assert sum("/tasks" in x for x in log) == 3  # each node once
+    assert any(x == "master /v1/blobs/allocate" for x in log)  # then the three-step path
+    if first == 502:
+        assert isinstance(ei.value, sc.OutcomeUnknown) and sc.may_have_applied(ei.value)
+        assert "earlier attempt may have been applied" in str(ei.value)
+    else:
+        assert type(ei.value) is sc.Unavailable and not sc.may_have_applied(ei.value)

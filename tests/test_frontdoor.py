@@ -5,8 +5,10 @@ collapses: nothing enqueued twice)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +149,99 @@ def test_front_door_node_killed(tmp_path: Path, crash: str) -> None:
                 wait_for(lambda: sum(_blobs(u) for u in nodes[1:]) == 0, 60,
                          what="the orphan and the dequeued blob collected")
     finally:
+        cl.stop()
+
+
+class AnswerDropper:
+    """A TCP proxy to the master that forwards everything, except that once armed it drops
+    the master's answer to the next ``POST /v1/nodes/commit`` it carries (the master
+    applied the commit) and cuts that connection: a commit whose answer is lost."""
+
+    def __init__(self, port: int) -> None:
+        self.target, self.dropped = port, 0
+        self.armed = threading.Event()
+        self.writers: list[asyncio.StreamWriter] = []
+        self.loop = asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self._conn, "127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def _conn(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        ur, uw = await asyncio.open_connection("127.0.0.1", self.target)
+        self.writers += [cw, uw]
+        drop = asyncio.Event()
+
+        async def up() -> None:
+            while data := await cr.read(1 << 16):
+                if self.armed.is_set() and data.startswith(b"POST /v1/nodes/commit "):
+                    self.armed.clear()
+                    drop.set()
+                uw.write(data)
+                await uw.drain()
+            uw.close()
+
+        async def down() -> None:
+            while data := await ur.read(1 << 16):
+                if drop.is_set():  # the master answered: the answer never arrives
+                    self.dropped += 1
+                    cw.transport.abort()
+                    uw.close()
+                    return
+                cw.write(data)
+                await cw.drain()
+            cw.close()
+
+        await asyncio.gather(up(), down(), return_exceptions=True)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+            for w in self.writers:
+                w.transport.abort()
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+            await self.server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+def test_a_commit_whose_answer_is_lost_is_not_refused(tmp_path: Path) -> None:
+    """Refused means not applied: a front-door node that sent the commit to the master and
+    lost the answer says the outcome is unknown (502 ``outcome_unknown``), never 503 — the
+    master applied it. The client moves on to the next node, whose resend collapses."""
+    cl = start_cluster(tmp_path / "cl", 3)
+    proxy = AnswerDropper(cl.port)
+    try:
+        nodes = [cl.node_url(i) for i in (1, 2, 3)]
+        cl.kill_node(1)  # node 1 comes back talking to the master through the proxy
+        cl.start_node(1, master=proxy.url)
+        cl._wait(nodes[0] + "/readyz", cl.node_procs[1], "node-1", 60)
+        cl.wait_alive(3)
+        proxy.armed.set()
+        r = httpx.post(nodes[0] + "/v1/groups/fd/queues/lost/tasks", timeout=30,
+                       content=msgpack.packb({"tasks": [{"pid": "a", "payload": b"abc"}]}),
+                       headers={"Content-Type": "application/msgpack", **ADMIN})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "outcome_unknown", r.text
+        assert "may have applied" in r.json()["error"]["message"] and proxy.dropped == 1
+        with Client(cl.master_url) as c:
+            assert c.stats("fd#lost").total == 1  # it was applied
+            _first(c, nodes[0], nodes)
+            proxy.armed.set()
+            data = os.urandom(3000)
+            got = c.put("fd#lost", data)  # node 1 loses the answer, node 2's resend collapses
+            assert not got.collapsed and proxy.dropped == 2
+            assert c.stats("fd#lost").total == 2
+            tasks = {t.pid: t for t in c.lease("fd#lost", 10, 60)}
+            assert tasks["a"].payload() == b"abc" and tasks[got.pid].payload() == data
+    finally:
+        proxy.close()
         cl.stop()
 
 

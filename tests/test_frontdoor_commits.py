@@ -1,5 +1,6 @@
 """The front door's node-to-master commits: several in flight at once, batching beyond that,
-and no request left waiting when the node stops (datanode/frontdoor.py)."""
+and no request left waiting when the node stops, each told whether its commit may
+have been applied (datanode/frontdoor.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from squall.common.errors import Unavailable
+from squall.common.errors import OutcomeUnknown, Unavailable
 from squall.datanode.frontdoor import COMMITS_IN_FLIGHT, FrontDoor
 from tests.helpers import until
 
@@ -93,6 +94,22 @@ async def test_stopping_answers_every_waiting_request(
     queued = asyncio.create_task(d._commit({"n": 1}))  # waits for the slot
     await until(lambda: len(d._pending) == 1, what="the second request queued")
     await d.aclose()
-    for t in (sent, queued):
-        with pytest.raises(Unavailable):
-            await asyncio.wait_for(t, 10)
+    with pytest.raises(OutcomeUnknown):  # at the master when the node stopped: maybe applied
+        await asyncio.wait_for(sent, 10)
+    with pytest.raises(Unavailable):  # never sent: refused, nothing applied
+        await asyncio.wait_for(queued, 10)
+
+
+async def test_an_answer_that_does_not_fit_is_an_unknown_outcome(
+        door: tuple[FrontDoor, StuckMaster], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The master answered, but not with one result per update: it may have applied them,
+    so every request of the commit gets OutcomeUnknown (502), not a refusal."""
+    d, _ = door
+
+    async def short(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {"results": []}
+
+    monkeypatch.setattr(d, "_post", short)
+    with pytest.raises(OutcomeUnknown, match="0 results for 1 updates"):
+        await asyncio.wait_for(d._commit({"n": 0}), 10)
+    await d.aclose()

@@ -241,7 +241,7 @@ class Faults:
         data = payload_of(pid, 64)
         try:
             with Client(self.c.master.url, timeout=5.0, retries=1) as cl:
-                cl.put(PROBE_QUEUE, data, pid=pid)
+                cl.put(PROBE_QUEUE, data, pid=pid, idempotency_key=pid)
         except SquallError as e:
             self.probe_led.write("put?", q=PROBE_QUEUE, pid=pid, crc=crc(data), n=64,
                                  err=repr(e)[:200])

@@ -36,12 +36,13 @@ def draw_size(rng: random.Random) -> int:
 
 
 def refused(e: SquallError) -> bool:
-    """An error that promises nothing was applied: a status other than 500 (docs/client.md:
-    a 503 is refused before anything is applied), or a connection never made."""
+    """An error that promises nothing was applied: a status other than 500, 502 or 504
+    (docs/client.md: a 503 is refused before anything is applied; 502 ``outcome_unknown``
+    may have been applied), or a connection never made."""
     if isinstance(e, ConnectError):
         return True
     return isinstance(e, StatusError) and not isinstance(e, ServerError | DataCorrupt) \
-        and e.status != 500
+        and e.status not in (500, 502, 504)
 
 
 class Producers:
@@ -95,9 +96,10 @@ class Producers:
              ) -> None:
         try:
             if len(tasks) == 1:
-                c.put(queue, tasks[0][1], pid=tasks[0][0])
+                c.put(queue, tasks[0][1], pid=tasks[0][0], idempotency_key=tasks[0][0])
             else:
-                c.put_many(queue, [NewTask(data, pid) for pid, data in tasks])
+                c.put_many(queue, [NewTask(data, pid, idempotency_key=pid)
+                                   for pid, data in tasks])
         except SquallError as e:
             kind = "put-" if strict and refused(e) else "put?"
             for pid, data in tasks:

@@ -64,7 +64,7 @@ class Swarm:
                 data = payload_of(pid, rng.randint(16, 4096))
                 t = time.monotonic()
                 try:
-                    await c.put(QUEUE, data, pid=pid)
+                    await c.put(QUEUE, data, pid=pid, idempotency_key=pid)
                 except SquallError as e:
                     self.err(e, "put")
                     self.led.write("put?", q=QUEUE, pid=pid, crc=crc(data), n=len(data),
