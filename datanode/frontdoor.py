@@ -139,9 +139,14 @@ class FrontDoor:
             if b is None or b.used + n > b.count or now > b.expires_at - BLOCK_MARGIN_S:
                 if b is not None:
                     self._block_ids = next_block_ids(self._block_ids, b, n, now)
-                g = BlockGrant.model_validate(await self._post(
-                    "/v1/nodes/blocks", {"node_id": self.node.node_id,
-                                         "count": max(self._block_ids, n)}))
+                try:
+                    g = BlockGrant.model_validate(await self._post(
+                        "/v1/nodes/blocks", {"node_id": self.node.node_id,
+                                             "count": max(self._block_ids, n)}))
+                except OutcomeUnknown as e:  # a grant lost: nothing of the request is done
+                    raise Unavailable("this data node lost the master's answer to its "
+                                      "request for blob ids; nothing was enqueued, retry",
+                                      retry_after=1) from e
                 b = self._block = _Block(g.prefix, g.count, g.expires_at, g.replicas,
                                          g.write_quorum, now)
             ids = [f"{b.prefix}{i}" for i in range(b.used, b.used + n)]

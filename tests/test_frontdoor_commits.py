@@ -113,3 +113,19 @@ async def test_an_answer_that_does_not_fit_is_an_unknown_outcome(
     with pytest.raises(OutcomeUnknown, match="0 results for 1 updates"):
         await asyncio.wait_for(d._commit({"n": 0}), 10)
     await d.aclose()
+
+
+async def test_a_lost_block_grant_is_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block request whose answer was lost enqueued nothing: the client request is
+    refused (503, retry), not reported as an unknown outcome."""
+    node: Any = SimpleNamespace(node_id="n1", clock=SimpleNamespace(now=lambda: 0.0),
+                                settings=SimpleNamespace(master_url="http://127.0.0.1:1"))
+    d = FrontDoor(node)
+
+    async def lost(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert path == "/v1/nodes/blocks"
+        raise OutcomeUnknown("the answer was lost")
+
+    monkeypatch.setattr(d, "_post", lost)
+    with pytest.raises(Unavailable, match="nothing was enqueued"):
+        await d.take_ids(3)
