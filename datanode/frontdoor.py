@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from squall.datanode.service import DataNode
 
 log = logging.getLogger("squall.datanode.frontdoor")
+_Batch = list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]]  # requests and answers
 BLOCK_IDS = 1000  # the first block's size; it doubles while blocks run out fast
 BLOCK_IDS_MAX = 1_000_000  # BlockRequest's bound
 BLOCK_MARGIN_S = 5.0  # stop using a block this long before it expires
@@ -97,11 +98,11 @@ class FrontDoor:
         self._block: _Block | None = None
         self._block_ids = BLOCK_IDS  # the size of the next block asked for
         self._block_lock = asyncio.Lock()
-        self._pending: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
+        self._pending: _Batch = []
         self._wake = asyncio.Event()
         self._committer: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(COMMITS_IN_FLIGHT)
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[asyncio.Task[None], _Batch] = {}  # commits and their requests
         self.commits = self.committed = 0
         self.crash = os.environ.get("SQUALL_TEST_CRASH", "")
 
@@ -244,11 +245,13 @@ class FrontDoor:
                 batch = self._pending[:COMMIT_UPDATES_MAX]
                 del self._pending[:COMMIT_UPDATES_MAX]
                 t = asyncio.create_task(self._commit_batch(batch), name="frontdoor-commit")
-                self._in_flight.add(t)
-                t.add_done_callback(self._in_flight.discard)
+                self._in_flight[t] = batch
+                t.add_done_callback(self._done)
 
-    async def _commit_batch(self, batch: list[tuple[dict[str, Any],
-                                                    asyncio.Future[dict[str, Any]]]]) -> None:
+    def _done(self, t: asyncio.Task[None]) -> None:
+        self._in_flight.pop(t, None)
+
+    async def _commit_batch(self, batch: _Batch) -> None:
         try:
             await self._commit_to_master(batch)
         finally:
@@ -257,9 +260,7 @@ class FrontDoor:
             # waits forever, and nobody is told it was refused
             _stopped(batch, OutcomeUnknown(_UNKNOWN.format("this data node stopped")))
 
-    async def _commit_to_master(self, batch: list[tuple[dict[str, Any],
-                                                        asyncio.Future[dict[str, Any]]]]
-                                ) -> None:
+    async def _commit_to_master(self, batch: _Batch) -> None:
         t0 = time.monotonic()
         try:
             ans = await self._post("/v1/nodes/commit", {"node_id": self.node.node_id,
@@ -291,15 +292,20 @@ class FrontDoor:
                                                 None))
 
     async def aclose(self) -> None:
-        for t in [self._committer, *self._in_flight]:
-            if t is not None:
-                t.cancel()
+        batches = list(self._in_flight.values())
+        tasks = [t for t in [self._committer, *self._in_flight] if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # a commit task cancelled before its first step never ran its `finally` (and never
+        # sent anything); the ones that ran have answered their requests already
+        for batch in batches:
+            _stopped(batch)
         pending, self._pending = self._pending, []
         _stopped(pending)
 
 
-def _stopped(batch: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]],
-             err: StatusError | None = None) -> None:
+def _stopped(batch: _Batch, err: StatusError | None = None) -> None:
     """Answer the requests of `batch` still waiting: with `err`, or (never sent to the
     master) 503."""
     for _, fut in batch:

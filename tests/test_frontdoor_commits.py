@@ -100,6 +100,24 @@ async def test_stopping_answers_every_waiting_request(
         await asyncio.wait_for(queued, 10)
 
 
+async def test_a_commit_stopped_before_it_started_is_refused(
+        door: tuple[FrontDoor, StuckMaster]) -> None:
+    """The node stops in the instant after a commit task was created and before it first
+    ran: the commit never reached the master, so its request is refused (503, nothing
+    applied), not left waiting for its own timeout."""
+    d, master = door
+    req = asyncio.create_task(d._commit({"n": 0}))
+    for _ in range(100):  # step the loop until the commit task exists
+        if d._in_flight:
+            break
+        await asyncio.sleep(0)
+    assert d._in_flight and master.commits == []  # created, and not started
+    await d.aclose()
+    with pytest.raises(Unavailable, match="before sending this to the master"):
+        await asyncio.wait_for(req, 10)
+    assert master.commits == []
+
+
 async def test_an_answer_that_does_not_fit_is_an_unknown_outcome(
         door: tuple[FrontDoor, StuckMaster], monkeypatch: pytest.MonkeyPatch) -> None:
     """The master answered, but not with one result per update: it may have applied them,
