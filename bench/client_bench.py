@@ -85,7 +85,7 @@ class Sizes:
     concurrency: int = 64
     a_tasks: int = 2_000
     m_tasks: int = 50_000
-    c_tasks: int = 40
+    c_tasks: int = 100
     c_bytes: int = 4 << 20
     payload_bytes: int = 1024
     limit_s: float = 120.0
