@@ -152,7 +152,7 @@ class Cluster:
         # blobs this node is about to delete (commands not yet delivered) are listed in a
         # report made before the delete: re-adding them would count a copy that is going
         # away, and a trim could then delete a second, real copy
-        doomed = self._pending_deletes(n.node_id)
+        doomed = self._pending_deletes(n.node_id) if req.full or req.added else set()
         if req.full:
             self.full_reports.add(n.node_id)  # since this master started
             listed = set(req.blob_ids) - doomed
@@ -196,21 +196,28 @@ class Cluster:
             self.repair.sizes.update(zip(blob_ids, sizes, strict=True))
 
     def _drop(self, blob_id: str, node_id: str) -> None:
+        """Forget `node_id`'s copy; the blob is examined again if that changed anything (a
+        node's report of a delete the master sent already changes nothing: not again)."""
+        changed = False
         n = self.nodes.get(node_id)
-        if n is not None:
+        if n is not None and blob_id in n.blobs:
             n.blobs.discard(blob_id)
+            changed = True
         hs = self.holders.get(blob_id)
-        if hs is not None:
+        if hs is not None and node_id in hs:
             hs.discard(node_id)
+            changed = True
             if not hs:
                 del self.holders[blob_id]
                 self.repair.sizes.pop(blob_id, None)
         vs = self.verified.get(blob_id)
-        if vs is not None:  # a node may always report the loss of its own copy
+        if vs is not None and node_id in vs:  # a node may always report the loss of its copy
             vs.discard(node_id)
+            changed = True
             if not vs:
                 del self.verified[blob_id]
-        self.check.add(blob_id)
+        if changed:
+            self.check.add(blob_id)
 
     def _receipt_ok(self, receipt: str | None, blob_id: str, node_id: str) -> bool:
         try:

@@ -565,3 +565,26 @@ def test_lease_answers_and_frees_count_only_holders_not_dead() -> None:
     sent = {n for n, cmds in w.c.commands.items()
             for c in cmds if isinstance(c, DeleteCommand) and "y" in c.blob_ids}
     assert sent == holders - {"a"}
+
+
+def test_a_delete_the_master_sent_is_not_examined_again() -> None:
+    """A freed blob leaves the master's map when its deletes are sent (B.drain frees two
+    copies per acknowledged task); the nodes' reports of having run them are old news. A
+    copy a node lost unasked is news: examined, and copied again."""
+    w = World()
+    ids = [f"k{i:02d}" for i in range(20)]
+    w.two_copies(ids, 100)
+    w.refs.clear()
+    w.c.tick(ids)  # freed: every copy deleted at once, no orphan grace
+    assert sorted(deletes(w.beat("a"))) == ids and sorted(deletes(w.beat("b"))) == ids
+    w.beat("a", deleted=ids)
+    w.beat("b", deleted=ids)
+    assert w.tick()["checked"] == 0
+    assert w.c.info()["blobs"] == 0
+    w.refs.add("m")
+    w.beat("a", added=["m"], sizes=[100])
+    w.beat("b", added=["m"], sizes=[100])
+    w.settle()
+    w.beat("a", deleted=["m"])  # a lost its copy without being asked
+    assert w.tick()["checked"] == 1
+    assert [b for b, _ in copies(w.beat("b"))] == ["m"]
