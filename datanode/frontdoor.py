@@ -258,7 +258,7 @@ class FrontDoor:
             self._slots.release()
             # cancelled (the node stops) with the commit perhaps at the master: nobody
             # waits forever, and nobody is told it was refused
-            _stopped(batch, OutcomeUnknown(_UNKNOWN.format("this data node stopped")))
+            _stopped(batch, unknown="this data node stopped")
 
     async def _commit_to_master(self, batch: _Batch) -> None:
         t0 = time.monotonic()
@@ -305,14 +305,18 @@ class FrontDoor:
         _stopped(pending)
 
 
-def _stopped(batch: _Batch, err: StatusError | None = None) -> None:
-    """Answer the requests of `batch` still waiting: with `err`, or (never sent to the
-    master) 503."""
+def _stopped(batch: _Batch, unknown: str | None = None) -> None:
+    """Answer the requests of `batch` still waiting (none, after a commit that answered):
+    OutcomeUnknown saying `unknown` (why the master may have the commit), or (never sent
+    to the master) 503."""
+    err: StatusError | None = None
     for _, fut in batch:
         if not fut.done():
-            fut.set_exception(err or Unavailable(
-                "the data node stopped before sending this to the master; nothing was "
-                "applied, retry", retry_after=1))
+            if err is None:
+                err = OutcomeUnknown(_UNKNOWN.format(unknown)) if unknown else Unavailable(
+                    "the data node stopped before sending this to the master; nothing was "
+                    "applied, retry", retry_after=1)
+            fut.set_exception(err)
 
 
 def _json(content: bytes, unknown: bool = False) -> Any:
