@@ -31,6 +31,30 @@ def free(c: Cluster, freed: list[str], now: float) -> None:
             delete(c, b, c.live_holders(b, alive=alive))
 
 
+def enqueued(c: Cluster, blob_ids: list[str]) -> None:
+    """Blobs a durable enqueue just referenced, their holders recorded from its write
+    receipts: each leaves the queue of blobs to examine if examining it now would change
+    nothing (:func:`examine` of a referenced blob with exactly RF live copies, none on a
+    draining node, and no loss, repair or orphan state), as for nearly every new blob. The
+    examination was an index read per blob on the busiest path (a put). Anything else stays
+    queued and is examined as before, and so are the blobs of a refused enqueue (the caller
+    passes only those of a durable one): unreferenced, they are orphans."""
+    if not c.check:
+        return
+    rf = c.s.replication_factor
+    alive: dict[str, Node] | None = None
+    for b in blob_ids:
+        hs = c.holders.get(b)
+        if hs is None or len(hs) != rf or b not in c.check:
+            continue
+        if alive is None:
+            alive = c.not_dead(c.clock.now())
+        if (all(i in alive and i not in c.draining for i in hs) and b not in c.lost
+                and b not in c.under and b not in c.unreferenced_since and b not in c.later
+                and not c.inflight.get(b) and not c.repair.wants(b)):
+            c.check.discard(b)
+
+
 def examine(c: Cluster, b: str, live: list[Node]) -> None:
     """A referenced blob: note it lost or under-replicated, or trim extra copies."""
     rf = c.s.replication_factor

@@ -43,6 +43,7 @@ class Placement:
         self.cluster, self.key, self.require_receipts = cluster, key, require_receipts
         # batch receipts checked by the last prove(): (receipt, blob, size, crc) -> outcome
         self._proven: dict[tuple[str, str, int, int], tuple[str, float] | Unauthorized] = {}
+        self.recorded: list[str] = []  # blobs verify() recorded holders of since prove()
 
     def allocate(self, count: int, size_bytes: int) -> dict[str, Any]:
         c = self.cluster
@@ -79,6 +80,7 @@ class Placement:
         against the set of references carrying it; :meth:`verify` then reads the outcome.
         Called in the same synchronous step as the plan that verifies `refs`."""
         self._proven = {}
+        self.recorded = []
         if not self.require_receipts:
             return
         groups: dict[str, list[PayloadRef]] = {}
@@ -131,6 +133,7 @@ class Placement:
                 f"payload {p.blob_id}: {len(nodes)} valid receipt(s) from distinct data nodes, "
                 f"the write quorum is {c.s.quorum}; send the receipts from the blob write")
         c.record_holders(p.blob_id, nodes, p.size)
+        self.recorded.append(p.blob_id)
         stored["replicas"] = [a for a in nodes.values() if a] or stored["replicas"]
         return stored
 

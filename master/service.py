@@ -44,7 +44,7 @@ from squall.common.models import (
 )
 from squall.common.names import check_name, check_pid
 from squall.common.tokens import load_cluster_key
-from squall.master import admin, drain
+from squall.master import admin, blobgc, drain
 from squall.master.blobscan import blob_ids_after
 from squall.master.cluster import Cluster, ClusterSettings
 from squall.master.commit import GroupCommit
@@ -198,12 +198,16 @@ class Master(Housekeeping):
         if req.lease is not None:
             check_name("group", group)
         refs = [e.payload for e in req.enqueue if e.payload is not None]
+        recorded: list[str] = []
 
         def work(txn: lmdb.Transaction) -> dict[str, Any]:
             self.placement.prove(refs)  # batch receipts, once per batch, right before use
-            return self.engine.plan_update(txn, group, req, addr)
+            plan = self.engine.plan_update(txn, group, req, addr)
+            recorded[:] = self.placement.recorded
+            return plan
 
         res = await self._execute(work, sweep_first=req.lease is not None)
+        blobgc.enqueued(self.cluster, recorded)  # durable: these blobs are referenced
         self._woke(group, {*(e.queue for e in req.enqueue), *(r.queue for r in req.release)})
         if req.lease is not None:
             self._leased(group, req.lease.queue, res, "leased")
@@ -228,12 +232,16 @@ class Master(Housekeeping):
 
     async def enqueue(self, group: str, queue: str, tasks: list[TaskSpec]) -> dict[str, Any]:
         refs = [t.payload for t in tasks if t.payload is not None]
+        recorded: list[str] = []
 
         def work(txn: lmdb.Transaction) -> dict[str, Any]:
             self.placement.prove(refs)
-            return self.engine.plan_enqueue(txn, group, queue, tasks)
+            plan = self.engine.plan_enqueue(txn, group, queue, tasks)
+            recorded[:] = self.placement.recorded
+            return plan
 
         res = await self._execute(work)
+        blobgc.enqueued(self.cluster, recorded)
         self._woke(group, (queue,))
         return res
 

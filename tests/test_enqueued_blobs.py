@@ -1,0 +1,164 @@
+"""A blob enqueued with its write receipts is settled without an examination when one would
+change nothing (``blobgc.enqueued``), and only then: in process, with a manual clock. Every
+other blob (a refused enqueue's, one with a draining, dead, missing or extra copy, or any
+loss, repair or orphan state) is examined as before."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from squall.common.clock import ManualClock
+from squall.common.cluster import DeleteCommand, HeartbeatRequest
+from squall.common.tokens import sign_receipt
+from squall.master import blobgc
+from squall.master.app import create_master_app
+from squall.master.nodes import ClusterSettings
+from squall.master.repair import Copy
+from squall.master.service import Master, MasterSettings
+from tests.helpers import ADMIN
+from tests.test_repair_plan import BEAT, World, copies, deletes
+
+KEY = b"enqueued-blobs-test-key-0123456789"
+G = "/v1/groups/g"
+GRACE_S = 20.0
+
+
+def world(ids: list[str], holders: tuple[str, ...] = ("a", "b")) -> World:
+    """Nodes a, b and c; `ids` referenced and recorded on `holders` from receipts."""
+    w = World()
+    for n in ("a", "b", "c"):
+        w.beat(n, full=[])
+    w.settle()
+    w.refs.update(ids)
+    for b in ids:
+        w.c.record_holders(b, list(holders), 100)
+    return w
+
+
+def test_a_blob_enqueued_with_rf_live_proven_copies_is_not_examined() -> None:
+    ids = [f"x{i}" for i in range(10)]
+    w = world(ids)
+    assert set(ids) <= w.c.check  # recorded from receipts: queued for a look
+    blobgc.enqueued(w.c, ids)
+    assert not set(ids) & w.c.check
+    assert w.tick()["checked"] == 0
+    assert all(w.c.holders[b] == {"a", "b"} for b in ids)
+    assert not w.c.under and not w.c.lost and not w.c.repair.waiting_count()
+
+
+def test_blobs_an_examination_has_work_for_stay_queued_and_get_it() -> None:
+    # one copy at RF 2: under-replicated, copied to the third node
+    w = world(["one"], holders=("a",))
+    blobgc.enqueued(w.c, ["one"])
+    assert "one" in w.c.check
+    w.settle()
+    assert "one" in w.c.under
+    assert [b for b, _ in copies(w.beat("a"))] == ["one"]
+
+    # three copies at RF 2: one is trimmed
+    w = world(["three"], holders=("a", "b", "c"))
+    blobgc.enqueued(w.c, ["three"])
+    assert "three" in w.c.check
+    w.settle()
+    assert sum(len(deletes(w.beat(n))) for n in ("a", "b", "c")) == 1
+
+    # a copy on a draining node does not count: a copy goes elsewhere
+    w = world(["drain"])
+    w.c.draining["a"] = w.clock.now()
+    blobgc.enqueued(w.c, ["drain"])
+    assert "drain" in w.c.check
+    w.settle()
+    assert [t for _, t in copies(w.beat("a") + w.beat("b"))] == ["http://c"]
+
+    # a holder dead by now (not yet declared): the blob is under-replicated
+    w = world(["dead"])
+    w.clock.advance(BEAT * 5)
+    w.beat("b")
+    w.beat("c")
+    blobgc.enqueued(w.c, ["dead"])
+    assert "dead" in w.c.check
+    w.settle()
+    assert "dead" in w.c.under
+    assert copies(w.beat("b")) == [("dead", "http://c")]
+
+
+STATES: dict[str, Callable[[World, str], Any]] = {
+    "lost": lambda w, b: w.c.lost.add(b),
+    "under": lambda w, b: w.c.under.add(b),
+    "orphan timer": lambda w, b: w.c.unreferenced_since.__setitem__(b, 0.0),
+    "looked at later": lambda w, b: w.c.later.add(b),
+    "waiting for a copy": lambda w, b: w.c.repair.want(b, 1),
+    "copy in flight": lambda w, b: w.c.inflight.setdefault(b, {}).__setitem__(
+        "c", Copy("a", 100, 1e9)),
+}
+
+
+@pytest.mark.parametrize("state", list(STATES))
+def test_a_blob_with_loss_repair_or_orphan_state_is_still_examined(state: str) -> None:
+    """Each of these states is what an examination would clear or act on."""
+    w = world(["s"])
+    STATES[state](w, "s")
+    blobgc.enqueued(w.c, ["s"])
+    assert "s" in w.c.check
+
+
+# -- through the master's enqueue ------------------------------------------------------------
+@pytest.fixture
+async def env(tmp_path) -> AsyncIterator[tuple[httpx.AsyncClient, Master, ManualClock]]:  # type: ignore[no-untyped-def]
+    clock = ManualClock()
+    settings = MasterSettings(data_dir=str(tmp_path / "m"), cluster_key=KEY,
+                              cluster=ClusterSettings(orphan_grace_s=GRACE_S))
+    app = create_master_app(settings, clock=clock, background=False)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
+                                     headers=ADMIN) as c:
+            yield c, app.state.master, clock
+
+
+def beat(m: Master, node: str) -> list[Any]:
+    return list(m.cluster.heartbeat(HeartbeatRequest(
+        node_id=node, address=f"http://{node}.test:7071", started_at=1.0, seq=1,
+        capacity_bytes=1 << 30, used_bytes=0, free_bytes=1 << 29, blob_count=0,
+        full=False)).commands)
+
+
+def ref(clock: ManualClock, blob: str) -> dict[str, Any]:
+    return {"blob_id": blob, "size": 1, "crc32c": 0,
+            "receipts": [sign_receipt(KEY, n, blob, 1, 0, clock.now()) for n in ("n1", "n2")]}
+
+
+async def test_an_enqueue_settles_its_blobs_a_refused_one_leaves_orphans(env) -> None:  # type: ignore[no-untyped-def]
+    c, m, clock = env
+    for n in ("n1", "n2", "n3"):
+        beat(m, n)
+    r = await c.post(f"{G}/queues/q/tasks", json={"tasks": [
+        {"pid": "a", "payload": ref(clock, "kept")}]})
+    assert r.status_code == 200, r.text
+    assert m.cluster.holders["kept"] == {"n1", "n2"} and "kept" not in m.cluster.check
+
+    # refused as a whole (the second task is bad): the first one's blob is an orphan
+    r = await c.post(f"{G}/queues/q/tasks", json={"tasks": [
+        {"pid": "b", "payload": ref(clock, "orphan")},
+        {"pid": "c", "not_before": 5.0, "delay_secs": 1.0}]})
+    assert r.status_code == 400, r.text
+    assert m.cluster.holders["orphan"] == {"n1", "n2"} and "orphan" in m.cluster.check
+    r = await c.post(f"{G}/update", json={"enqueue": [
+        {"queue": "q", "pid": "d", "payload": ref(clock, "orphan2")},
+        {"queue": "q", "pid": "e", "not_before": 5.0, "delay_secs": 1.0}]})
+    assert r.status_code == 400, r.text
+    assert "orphan2" in m.cluster.check
+
+    got: dict[str, list[str]] = {"n1": [], "n2": [], "n3": []}
+    for _ in range(int(GRACE_S / BEAT) + 3):
+        clock.advance(BEAT)
+        await m.tick()
+        for n in got:
+            got[n] += [b for cmd in beat(m, n) if isinstance(cmd, DeleteCommand)
+                       for b in cmd.blob_ids]
+    assert sorted(got["n1"]) == sorted(got["n2"]) == ["orphan", "orphan2"] and not got["n3"]
+    assert m.cluster.holders["kept"] == {"n1", "n2"}
