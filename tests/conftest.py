@@ -6,9 +6,8 @@ import httpx
 import pytest
 
 from squall.common.clock import ManualClock
-from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
-from tests.helpers import ADMIN, MasterProcess
+from tests.helpers import MasterProcess, asgi_master
 
 
 @pytest.fixture
@@ -26,12 +25,8 @@ def master_settings(tmp_path) -> MasterSettings:  # type: ignore[no-untyped-def]
 async def api(master_settings: MasterSettings, clock: ManualClock
               ) -> AsyncIterator[tuple[httpx.AsyncClient, Master]]:
     """An in-process master (injected clock, no background loops) and an httpx client."""
-    app = create_master_app(master_settings, clock=clock, background=False)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
-                                     headers=ADMIN) as c:
-            yield c, app.state.master
+    async with asgi_master(master_settings, clock) as (c, m):
+        yield c, m
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Self, TypeVar
 
 import httpx
@@ -232,6 +232,20 @@ def running_master(data_dir: str, **kw: Any) -> Iterator[MasterProcess]:
         yield m
     finally:
         m.stop()
+
+
+@contextlib.asynccontextmanager
+async def asgi_master(settings: Any, clock: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
+    """A master app in this process (no background loop: the test ticks it), started, and an
+    admin client talking to it over ASGI; yields (client, Master)."""
+    from squall.master.app import create_master_app
+
+    app = create_master_app(settings, clock=clock, background=False)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
+                                     headers=ADMIN) as c:
+            yield c, app.state.master
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from squall.common.cluster import (
 from squall.master import blobgc
 from squall.master.app import create_master_app
 from squall.master.service import Master, MasterSettings
-from tests.helpers import ADMIN
+from tests.helpers import ADMIN, asgi_master
 
 G = "/v1/groups/g"
 NODES = ["n1", "n2", "n3", "n4"]
@@ -76,12 +76,8 @@ class Fleet:
 async def env(tmp_path) -> AsyncIterator[tuple[httpx.AsyncClient, Master, ManualClock]]:  # type: ignore[no-untyped-def]
     clock = ManualClock()
     settings = MasterSettings(data_dir=str(tmp_path / "m"), require_receipts=False)
-    app = create_master_app(settings, clock=clock, background=False)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
-                                     headers=ADMIN) as c:
-            yield c, app.state.master, clock
+    async with asgi_master(settings, clock) as (c, m):
+        yield c, m, clock
 
 
 async def enqueue_blobs(c: httpx.AsyncClient, fleet: Fleet, count: int) -> list[str]:

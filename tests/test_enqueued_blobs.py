@@ -15,11 +15,10 @@ from squall.common.clock import ManualClock
 from squall.common.cluster import DeleteCommand, HeartbeatRequest
 from squall.common.tokens import sign_receipt
 from squall.master import blobgc
-from squall.master.app import create_master_app
 from squall.master.nodes import ClusterSettings
 from squall.master.repair import Copy
 from squall.master.service import Master, MasterSettings
-from tests.helpers import ADMIN
+from tests.helpers import asgi_master
 from tests.test_repair_plan import BEAT, World, copies, deletes
 
 KEY = b"enqueued-blobs-test-key-0123456789"
@@ -112,12 +111,8 @@ async def env(tmp_path) -> AsyncIterator[tuple[httpx.AsyncClient, Master, Manual
     clock = ManualClock()
     settings = MasterSettings(data_dir=str(tmp_path / "m"), cluster_key=KEY,
                               cluster=ClusterSettings(orphan_grace_s=GRACE_S))
-    app = create_master_app(settings, clock=clock, background=False)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
-                                     headers=ADMIN) as c:
-            yield c, app.state.master, clock
+    async with asgi_master(settings, clock) as (c, m):
+        yield c, m, clock
 
 
 def beat(m: Master, node: str) -> list[Any]:
