@@ -33,26 +33,17 @@ def free(c: Cluster, freed: list[str], now: float) -> None:
 
 def enqueued(c: Cluster, blob_ids: list[str]) -> None:
     """Blobs a durable enqueue just referenced, their holders recorded from its write
-    receipts: each leaves the queue of blobs to examine if examining it now would change
-    nothing (:func:`examine` of a referenced blob with exactly RF live copies, none on a
-    draining node, and no loss, repair or orphan state), as for nearly every new blob. The
-    examination was an index read per blob on the busiest path (a put). Anything else stays
-    queued and is examined as before, and so are the blobs of a refused enqueue (the caller
-    passes only those of a durable one): unreferenced, they are orphans."""
-    if not c.check:
-        return
-    rf = c.s.replication_factor
+    receipts: examined now, not by a later tick slice. The enqueue proves them referenced,
+    so the slice's index read per blob (on the busiest path, a put) is not needed. The
+    caller passes only the blobs of a durable enqueue: a refused one's stay queued, and,
+    unreferenced, are examined as orphans."""
     alive: dict[str, Node] | None = None
     for b in blob_ids:
-        hs = c.holders.get(b)
-        if hs is None or len(hs) != rf or b not in c.check:
-            continue
-        if alive is None:
-            alive = c.not_dead(c.clock.now())
-        if (all(i in alive and i not in c.draining for i in hs) and b not in c.lost
-                and b not in c.under and b not in c.unreferenced_since and b not in c.later
-                and not c.inflight.get(b) and not c.repair.wants(b)):
+        if b in c.check:
+            if alive is None:
+                alive = c.not_dead(c.clock.now())
             c.check.discard(b)
+            examine(c, b, c.live_holders(b, alive=alive))
 
 
 def examine(c: Cluster, b: str, live: list[Node]) -> None:

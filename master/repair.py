@@ -106,9 +106,6 @@ class Repair:
             if not self.waiting[g]:
                 del self.waiting[g]
 
-    def wants(self, blob_id: str) -> bool:
-        return blob_id in self._group
-
     def waiting_count(self) -> int:
         return len(self._group)
 

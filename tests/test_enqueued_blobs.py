@@ -1,11 +1,10 @@
-"""A blob enqueued with its write receipts is settled without an examination when one would
-change nothing (``blobgc.enqueued``), and only then: in process, with a manual clock. Every
-other blob (a refused enqueue's, one with a draining, dead, missing or extra copy, or any
-loss, repair or orphan state) is examined as before."""
+"""A blob enqueued with its write receipts is examined right after the enqueue is durable
+(``blobgc.enqueued``), without the index read of a tick slice; a refused enqueue's blobs
+stay queued and are collected as orphans. In process, with a manual clock."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,7 +15,6 @@ from squall.common.cluster import DeleteCommand, HeartbeatRequest
 from squall.common.tokens import sign_receipt
 from squall.master import blobgc
 from squall.master.nodes import ClusterSettings
-from squall.master.repair import Copy
 from squall.master.service import Master, MasterSettings
 from tests.helpers import asgi_master
 from tests.test_repair_plan import BEAT, World, copies, deletes
@@ -27,7 +25,8 @@ GRACE_S = 20.0
 
 
 def world(ids: list[str], holders: tuple[str, ...] = ("a", "b")) -> World:
-    """Nodes a, b and c; `ids` referenced and recorded on `holders` from receipts."""
+    """Nodes a, b and c; `ids` referenced and recorded on `holders` from receipts; index
+    reads counted in ``w.reads``."""
     w = World()
     for n in ("a", "b", "c"):
         w.beat(n, full=[])
@@ -35,42 +34,46 @@ def world(ids: list[str], holders: tuple[str, ...] = ("a", "b")) -> World:
     w.refs.update(ids)
     for b in ids:
         w.c.record_holders(b, list(holders), 100)
+    read = w.c.referenced
+    w.reads = 0  # type: ignore[attr-defined]
+
+    def counted(blobs: list[str]) -> list[bool]:
+        w.reads += len(blobs)  # type: ignore[attr-defined]
+        return read(blobs)
+    w.c.referenced = counted
     return w
 
 
-def test_a_blob_enqueued_with_rf_live_proven_copies_is_not_examined() -> None:
+def test_enqueued_blobs_are_examined_at_once_without_an_index_read() -> None:
     ids = [f"x{i}" for i in range(10)]
     w = world(ids)
     assert set(ids) <= w.c.check  # recorded from receipts: queued for a look
     blobgc.enqueued(w.c, ids)
     assert not set(ids) & w.c.check
     assert w.tick()["checked"] == 0
+    assert w.reads == 0  # type: ignore[attr-defined]
     assert all(w.c.holders[b] == {"a", "b"} for b in ids)
     assert not w.c.under and not w.c.lost and not w.c.repair.waiting_count()
 
 
-def test_blobs_an_examination_has_work_for_stay_queued_and_get_it() -> None:
+def test_the_examination_at_enqueue_does_its_work() -> None:
     # one copy at RF 2: under-replicated, copied to the third node
     w = world(["one"], holders=("a",))
     blobgc.enqueued(w.c, ["one"])
-    assert "one" in w.c.check
-    w.settle()
-    assert "one" in w.c.under
+    assert "one" in w.c.under and "one" not in w.c.check
+    w.tick()
     assert [b for b, _ in copies(w.beat("a"))] == ["one"]
 
     # three copies at RF 2: one is trimmed
     w = world(["three"], holders=("a", "b", "c"))
     blobgc.enqueued(w.c, ["three"])
-    assert "three" in w.c.check
-    w.settle()
     assert sum(len(deletes(w.beat(n))) for n in ("a", "b", "c")) == 1
 
     # a copy on a draining node does not count: a copy goes elsewhere
     w = world(["drain"])
     w.c.draining["a"] = w.clock.now()
     blobgc.enqueued(w.c, ["drain"])
-    assert "drain" in w.c.check
-    w.settle()
+    w.tick()
     assert [t for _, t in copies(w.beat("a") + w.beat("b"))] == ["http://c"]
 
     # a holder dead by now (not yet declared): the blob is under-replicated
@@ -79,30 +82,9 @@ def test_blobs_an_examination_has_work_for_stay_queued_and_get_it() -> None:
     w.beat("b")
     w.beat("c")
     blobgc.enqueued(w.c, ["dead"])
-    assert "dead" in w.c.check
-    w.settle()
-    assert "dead" in w.c.under
+    assert "dead" in w.c.under and w.reads == 0  # type: ignore[attr-defined]
+    w.tick()  # declares a dead: its blobs are examined again (read), as before
     assert copies(w.beat("b")) == [("dead", "http://c")]
-
-
-STATES: dict[str, Callable[[World, str], Any]] = {
-    "lost": lambda w, b: w.c.lost.add(b),
-    "under": lambda w, b: w.c.under.add(b),
-    "orphan timer": lambda w, b: w.c.unreferenced_since.__setitem__(b, 0.0),
-    "looked at later": lambda w, b: w.c.later.add(b),
-    "waiting for a copy": lambda w, b: w.c.repair.want(b, 1),
-    "copy in flight": lambda w, b: w.c.inflight.setdefault(b, {}).__setitem__(
-        "c", Copy("a", 100, 1e9)),
-}
-
-
-@pytest.mark.parametrize("state", list(STATES))
-def test_a_blob_with_loss_repair_or_orphan_state_is_still_examined(state: str) -> None:
-    """Each of these states is what an examination would clear or act on."""
-    w = world(["s"])
-    STATES[state](w, "s")
-    blobgc.enqueued(w.c, ["s"])
-    assert "s" in w.c.check
 
 
 # -- through the master's enqueue ------------------------------------------------------------
