@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from squall.common.names import PID_MAX_BYTES
 
@@ -95,6 +95,16 @@ class ReleaseItem(TaskRef):
     error: Annotated[str, Field(max_length=4096)] | None = Field(
         None, description="the attempt failed: counts toward max_attempts, applies backoff, "
         "and is kept as the task's last error")
+    unseen: bool = Field(
+        False, description="the holder never started the task (it was leased ahead and is "
+        "given back unread): this lease is not counted in `attempts`; not with `error`")
+
+    @model_validator(mode="after")
+    def _unseen_without_error(self) -> ReleaseItem:
+        if self.unseen and self.error is not None:
+            raise ValueError("`unseen` gives back a task that was never started; it cannot "
+                             "carry an `error`")
+        return self
 
 
 class UpdateLease(_M):

@@ -192,6 +192,8 @@ class Engine:
         v.plan.events[(q.group, q.name, "release")] += 1
         t = Task(*w)
         t.live, t.expiry_ms = False, 0
+        if r.unseen:  # leased ahead, given back unread: not an attempt
+            t.attempts = max(0, t.attempts - 1)
         delay = ms(r.delay_secs) if r.delay_secs is not None else 0
         if r.error is not None:
             pol = self.policy(q)

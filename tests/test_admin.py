@@ -107,6 +107,32 @@ async def test_max_attempts_dead_letters_then_redrive(api: Api, clock: ManualClo
     assert m.queue("g", "work.dead").size == 0  # type: ignore[union-attr]
 
 
+async def test_a_release_of_an_unseen_task_is_not_an_attempt(api: Api) -> None:
+    """``unseen`` (a batch read ahead, given back unread) takes the lease back out of
+    `attempts`; a plain release keeps it counted, so at max_attempts the next lease
+    dead-letters the task (SQS's receive count)."""
+    c, _ = api
+    await ok(await c.put("/v1/groups/g/queues/once/policy", json={"max_attempts": 1}))
+    await put(c, "once", {"pid": "a"}, {"pid": "b"})
+    for _ in range(3):
+        t = (await lease(c, "once", 1, max_pid="a"))[0]
+        assert t["attempts"] == 1
+        await ok(await update(c, release=[{"queue": "once", "pid": "a", "token": t["token"],
+                                           "unseen": True}]))
+        assert (await info(c, "once", "a"))["attempts"] == 0
+    t = (await lease(c, "once", 1))[0]
+    await ok(await update(c, release=[{"queue": "once", "pid": "a", "token": t["token"]}]))
+    assert [x["pid"] for x in await lease(c, "once", 2)] == ["b"]  # "a" dead-lettered
+    assert (await info_in(c, "once.dead", "a"))["attempts"] == 1
+    # a failed attempt was started: `unseen` with an `error` is refused, nothing applied
+    await put(c, "once", {"pid": "c"})
+    t = (await lease(c, "once", 1, max_pid="c"))[0]
+    r = await update(c, release=[{"queue": "once", "pid": "c", "token": t["token"],
+                                  "unseen": True, "error": "boom"}])
+    assert r.status_code in (400, 422) and "cannot carry an `error`" in r.text
+    assert (await info(c, "once", "c"))["state"] == "leased"
+
+
 async def info_in(c: httpx.AsyncClient, q: str, pid: str) -> Any:
     return await ok(await c.get(f"/v1/groups/g/queues/{q}/tasks/{pid}"))
 
