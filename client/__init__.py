@@ -15,6 +15,7 @@ Errors are the tree of ``squall.common.errors`` (re-exported here); raw httpx er
 escape. See ``docs/client.md``.
 """
 
+from squall.client._ahead import AsyncBatches, Batches
 from squall.client._async import AsyncClient, AsyncLeasedTask, AsyncTransaction
 from squall.client._effects import ConnectError, Retry, may_have_applied
 from squall.client._sync import Client, LeasedTask, Transaction
@@ -42,11 +43,13 @@ from squall.common.errors import (
 from squall.common.models import Backoff, Policy, Schedule
 
 __all__ = [
+    "AsyncBatches",
     "AsyncClient",
     "AsyncLeasedTask",
     "AsyncTransaction",
     "Backoff",
     "BadRequest",
+    "Batches",
     "Client",
     "Conflict",
     "ConnectError",

@@ -12,8 +12,20 @@ from typing import Any, TypeAlias, TypeVar
 import httpx
 
 from squall.client import _http
+from squall.client._ahead import AsyncBatches, ReadAhead
 from squall.client._direct import Shortcut
-from squall.client._effects import Call, Close, Emit, Gather, Read, Reply, Retry, Sleep
+from squall.client._effects import (
+    Call,
+    Close,
+    Emit,
+    Gather,
+    Join,
+    Read,
+    Reply,
+    Retry,
+    Sleep,
+    Spawn,
+)
 from squall.client._leanasync import LeanAsyncTransport
 from squall.client._protocol import IN_FLIGHT, Core, default_master, first_failure, held_wire
 from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder
@@ -111,6 +123,10 @@ class _AsyncDriver:
         if t is Gather:
             return first_failure(await asyncio.gather(*(self.run(g) for g in eff.gens),
                                                       return_exceptions=True))
+        if t is Spawn:
+            return asyncio.ensure_future(self.run(eff.gen))
+        if t is Join:
+            return await eff.handle
         raise TypeError(f"unknown effect {eff!r}")  # pragma: no cover
 
     async def _call(self, c: Call, streams: list[httpx.Response]) -> Any:
@@ -265,6 +281,13 @@ class AsyncClient:
         trip; all or nothing), then no waiting."""
         return await self._run(self._core.lease(queue, max_tasks, lease_secs, max_pid,
                                          self._task, payloads, wait_secs, _list(done)))
+
+    def batches(self, queue: str, size: int = 100, lease_secs: float | None = None, *,
+                payloads: bool = True, wait_secs: float | None = None, ahead: int = 2
+                ) -> AsyncBatches[AsyncLeasedTask]:
+        """Consume `queue` batch by batch in an ``async with`` block (see Client.batches)."""
+        return AsyncBatches(self._run, ReadAhead(self._core, queue, size, lease_secs,
+                                                 payloads, wait_secs, self._task, ahead))
 
     async def read_payloads(self, tasks: Sequence[TaskBase]) -> list[bytes]:
         """The payloads of `tasks` in order (b"" for none), small ones with one batch read

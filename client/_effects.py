@@ -14,6 +14,8 @@ them::
                    (``iter_payload``, ``iter_tasks``)
     Gather(gens)-> the results of these verbs run at once (threads in the sync driver,
                    tasks in the async one), in order; the first failure once all ended
+    Spawn(gen)  -> a handle; the verb runs in the background (a thread of the pool, a task)
+    Join(handle)-> its result once it ended, or its failure thrown
 
 Retries live here too (:func:`call`), as effects: a retryable failure becomes a ``Sleep``
 and the same ``Call`` again, so both clients retry identically.
@@ -76,6 +78,20 @@ class Gather:
 
 
 @dataclass(slots=True)
+class Spawn:
+    """Start this protocol generator in the background; the answer is a handle to Join."""
+
+    gen: Generator[Any, Any, Any]
+
+
+@dataclass(slots=True)
+class Join:
+    """Wait for a spawned generator: its result, or its failure thrown."""
+
+    handle: Any
+
+
+@dataclass(slots=True)
 class Sleep:
     secs: float
 
@@ -95,7 +111,7 @@ class Emit:
     value: Any
 
 
-Effect = Call | Sleep | Read | Close | Emit
+Effect = Call | Sleep | Read | Close | Emit | Gather | Spawn | Join
 Proto = Generator[Effect, Any, T]
 
 

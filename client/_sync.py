@@ -15,6 +15,7 @@ from typing import Any, TypeAlias, TypeVar
 import httpx
 
 from squall.client import _http
+from squall.client._ahead import Batches, ReadAhead
 from squall.client._effects import Retry
 from squall.client._protocol import (
     IN_FLIGHT,
@@ -175,6 +176,15 @@ class Client:
         trip; all or nothing), then no waiting."""
         return self._run(self._core.lease(queue, max_tasks, lease_secs, max_pid,
                                          self._task, payloads, wait_secs, _list(done)))
+
+    def batches(self, queue: str, size: int = 100, lease_secs: float | None = None, *,
+                payloads: bool = True, wait_secs: float | None = None, ahead: int = 2
+                ) -> Batches[LeasedTask]:
+        """Consume `queue` batch by batch in a ``with`` block: `ahead` batches are leased
+        (their payloads read) while you work on one; each is acknowledged when you take
+        the next (docs/client.md, "Consuming in batches")."""
+        return Batches(self._run, ReadAhead(self._core, queue, size, lease_secs, payloads,
+                                            wait_secs, self._task, ahead))
 
     def read_payloads(self, tasks: Sequence[TaskBase]) -> list[bytes]:
         """The payloads of `tasks` in order (b"" for none), small ones with one batch read

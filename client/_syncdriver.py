@@ -15,7 +15,7 @@ import httpx
 
 from squall.client import _http
 from squall.client._direct import Shortcut
-from squall.client._effects import Call, Close, Emit, Gather, Read, Reply, Sleep
+from squall.client._effects import Call, Close, Emit, Gather, Join, Read, Reply, Sleep, Spawn
 from squall.client._leanhttp import LeanTransport
 from squall.client._protocol import MAX_IN_FLIGHT, first_failure
 from squall.common.errors import SquallError
@@ -31,7 +31,7 @@ class Driver:
     use, up to ``MAX_IN_FLIGHT`` threads), not on new threads each time: starting a thread
     waits for the GIL while the others are busy, which held up every wave of ``put_many``
     batches. A Gather inside a gathered verb gets threads of its own, so the pool never
-    waits on itself."""
+    waits on itself. A ``Spawn`` runs its verb on the same pool (a ``Future`` to ``Join``)."""
 
     def __init__(self, http: httpx.Client, lean: LeanTransport | None = None,
                  token: str | None = None) -> None:
@@ -95,6 +95,10 @@ class Driver:
             return None
         if t is Gather:
             return self._gather(eff.gens)
+        if t is Spawn:
+            return self._shared_pool().submit(self._run_gathered, eff.gen)
+        if t is Join:
+            return eff.handle.result()
         raise TypeError(f"unknown effect {eff!r}")  # pragma: no cover
 
     def _gather(self, gens: list[Generator[Any, Any, Any]]) -> list[Any]:

@@ -236,9 +236,13 @@ class TxBuilder:
         return self
 
     def release(self, task: TaskBase, delay: float | None = None,
-                error: str | None = None) -> TxBuilder:
+                error: str | None = None, unseen: bool = False) -> TxBuilder:
+        """Give `task` back: after `delay`; `error`: the attempt failed; `unseen`: it was
+        never started (read ahead), so its lease is not counted as an attempt."""
         self._in_group(task.group, f"task {task.queue} {task.pid!r}")
         item: dict[str, Any] = task.ref()
+        if unseen:
+            item["unseen"] = True
         if delay is not None:
             item["delay_secs"] = delay
         if error is not None:

@@ -18,7 +18,8 @@ from squall.master.service import MasterSettings
 from tests.helpers import MasterProcess
 
 EXPORTS = {
-    "AsyncClient", "AsyncLeasedTask", "AsyncTransaction", "Backoff", "BadRequest", "Client",
+    "AsyncBatches", "AsyncClient", "AsyncLeasedTask", "AsyncTransaction", "Backoff",
+    "BadRequest", "Batches", "Client",
     "Conflict", "ConnectError", "DataCorrupt", "Forbidden", "InsufficientStorage",
     "LeaseError", "LeaseLost", "LeasedTask", "NewTask", "NotFound", "OutcomeUnknown",
     "Overloaded",
@@ -43,7 +44,8 @@ def _verbs(cls: type) -> dict[str, inspect.Signature]:
 
 @pytest.mark.parametrize(("sync", "asyn"), [(sc.Client, sc.AsyncClient),
                                             (sc.LeasedTask, sc.AsyncLeasedTask),
-                                            (sc.Transaction, sc.AsyncTransaction)])
+                                            (sc.Transaction, sc.AsyncTransaction),
+                                            (sc.Batches, sc.AsyncBatches)])
 def test_sync_and_async_surfaces_match(sync: type, asyn: type) -> None:
     s, a = _verbs(sync), _verbs(asyn)
     assert set(s) == set(a)
