@@ -3,9 +3,11 @@ and 3 data nodes at replication factor 2, 1 KiB payloads.
 
 Run ``python -m bench.client_bench [--quick] [--only B,D,A,M,C] [--async-handler]``.
 
-- B  ``put_many`` 20,000 in batches of 100, then drain with ``lease(100, payloads=True,
-     done=<the previous batch>)``: one lease+ack update and one batch read per data node
-     per batch (issue 9).
+- B  ``put_many`` 20,000 in batches of 100, then drain with ``Client.batches(100)`` (two
+     leases ahead, each acking a batch before and reading its payloads: one lease+ack
+     update and one batch read per data node per batch; issue 9); then the same count
+     drained by a serial ``lease(100, payloads=True, done=<the previous batch>)`` loop
+     (B.drain.serial, no target).
 - D  4 producer processes (``put`` one task at a time) + 4 ``Worker`` processes (no-op
      handler, long-lived: long polling while idle, stopped once the queue is empty) at
      once; first put to last ack.
@@ -151,14 +153,46 @@ def workload_b(ctx: Ctx) -> list[CRow]:
                         "(front door: one request to a data node per batch)", n, el, lats,
                         self_cpu_s() - c0, ctx.server_cpu() - s0, trunc=trunc,
                         note="latency per batch"))
-        got, lats, el, c0, s0, bad = _drain(ctx, c, q, n, payloads=True)
-        rows.append(row(ctx, "B.drain", f"lease({z.batch}, payloads=True, done=previous "
-                        "batch): ack + lease in one update, one batch read per data node",
-                        got, el, lats, self_cpu_s() - c0, ctx.server_cpu() - s0,
-                        trunc=got < n, errors=int(got != n) + bad,
+        got, lats, el, c0, s0, bad = _drain_batches(ctx, c, q, n)
+        rows.append(row(ctx, "B.drain", f"batches({z.batch}): {AHEAD} leases ahead, each "
+                        "acking a batch before and reading its payloads (one batch read "
+                        "per data node)", got, el, lats, self_cpu_s() - c0,
+                        ctx.server_cpu() - s0, trunc=got < n, errors=int(got != n) + bad,
                         note=f"{got} of {n} drained, every payload read and checked "
-                        f"({bad} wrong); latency per batch"))
+                        f"({bad} wrong); latency per batch (its wait only)"))
+        n = c.put_many(q, (data for _ in range(z.b_tasks)), batch_size=z.batch)
+        got, lats, el, c0, s0, bad = _drain(ctx, c, q, n, payloads=True)
+        rows.append(row(ctx, "B.drain.serial", f"lease({z.batch}, payloads=True, "
+                        "done=previous batch) in a loop: ack + lease in one update, one "
+                        "batch read per data node", got, el, lats, self_cpu_s() - c0,
+                        ctx.server_cpu() - s0, trunc=got < n, errors=int(got != n) + bad,
+                        note=f"{got} of {n} drained, every payload read and checked "
+                        f"({bad} wrong); latency per batch; no target (B.drain's loop "
+                        "without read-ahead)"))
     return rows
+
+
+AHEAD = 2  # Client.batches' default
+
+
+def _drain_batches(ctx: Ctx, c: Client, q: str, n: int
+                   ) -> tuple[int, list[float], float, float, float, int]:
+    """Drain with ``Client.batches``; as ``_drain``."""
+    z = ctx.sizes
+    lats: list[float] = []
+    got, bad = 0, 0
+    s0, c0 = ctx.server_cpu(), self_cpu_s()
+    t0 = time.perf_counter()
+    with c.batches(q, z.batch, 600, ahead=AHEAD) as batches:
+        while got < n and time.perf_counter() - t0 < z.limit_s:
+            s = time.perf_counter()
+            tasks = next(batches, [])
+            if not tasks:
+                break
+            bad += sum(len(t.payload()) != z.payload_bytes for t in tasks)
+            got += len(tasks)
+            lats.append(time.perf_counter() - s)
+    return got, lats, time.perf_counter() - t0, c0, s0, bad
 
 
 def _drain(ctx: Ctx, c: Client, q: str, n: int, payloads: bool
