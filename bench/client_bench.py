@@ -186,7 +186,7 @@ def _drain_batches(ctx: Ctx, c: Client, q: str, n: int
     with c.batches(q, z.batch, 600, ahead=AHEAD) as batches:
         while got < n and time.perf_counter() - t0 < z.limit_s:
             s = time.perf_counter()
-            tasks = next(batches, [])
+            tasks: list[LeasedTask] = next(batches, [])
             if not tasks:
                 break
             bad += sum(len(t.payload()) != z.payload_bytes for t in tasks)
