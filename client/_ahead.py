@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from squall.client._effects import Join, Proto, Spawn
-from squall.client._tasks import TaskBase, TxBuilder
+from squall.client._tasks import TaskBase
 from squall.common.errors import BadRequest, SquallError
 from squall.common.models import MAX_BATCH
 from squall.common.models import LeasedTask as WireTask
@@ -50,7 +50,7 @@ class ReadAhead(Generic[T]):
         self.ahead = ahead
         self._lease = lambda done: core.lease(queue, size, lease_secs, None, make, payloads,
                                               wait_secs, done)
-        self._commit = core.commit
+        self._done, self._release = core.done, core.release
         self.pending: deque[Any] = deque()  # handles of the leases in flight, oldest first
         self.held: list[T] = []  # handed out, not acknowledged yet
         self.started = False
@@ -73,7 +73,7 @@ class ReadAhead(Generic[T]):
                 continue
             if self.dry:  # a late batch: acknowledge the one in hand on its own
                 held, self.held = self.held, []
-                yield from self._settle(held, ok=True)
+                yield from self._done(held)
             else:
                 self.pending.append((yield Spawn(self._lease(self.held))))
             self.held = batch
@@ -81,7 +81,7 @@ class ReadAhead(Generic[T]):
         if not self.ended:
             self.ended = True
             held, self.held = self.held, []
-            yield from self._settle(held, ok=True)
+            yield from self._done(held)
         return []
 
     def finish(self, ok: bool) -> Proto[None]:
@@ -98,26 +98,13 @@ class ReadAhead(Generic[T]):
             except SquallError as e:
                 failed = failed or e
         try:
-            yield from self._settle(ahead, ok=False, unseen=True)
+            yield from self._release(ahead, None, None, unseen=True)
         except SquallError as e:  # those leases run out instead
             failed = failed or e
         held, self.held = self.held, []
-        yield from self._settle(held, ok)
+        yield from (self._done(held) if ok else self._release(held, None, None))
         if failed is not None and ok:
             raise failed
-
-    def _settle(self, tasks: list[T], ok: bool, unseen: bool = False) -> Proto[None]:
-        """One update: `tasks` dequeued (`ok`) or released (`unseen`: never handed out,
-        so their leases are not counted as attempts)."""
-        if not tasks:
-            return
-        tx = TxBuilder(self.group)
-        for t in tasks:
-            if ok:
-                tx.dequeue(t)
-            else:
-                tx.release(t, unseen=unseen)
-        yield from self._commit(tx)
 
 
 class Batches(Generic[T]):

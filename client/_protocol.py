@@ -297,6 +297,6 @@ class Core(AdminVerbs, PayloadVerbs):
     def done(self, tasks: list[TaskBase]) -> Proto[UpdateResponse]:
         return self._per_group(tasks, lambda tx, t: tx.dequeue(t))
 
-    def release(self, tasks: list[TaskBase], delay: float | None, error: str | None
-                ) -> Proto[UpdateResponse]:
-        return self._per_group(tasks, lambda tx, t: tx.release(t, delay, error))
+    def release(self, tasks: list[TaskBase], delay: float | None, error: str | None,
+                unseen: bool = False) -> Proto[UpdateResponse]:
+        return self._per_group(tasks, lambda tx, t: tx.release(t, delay, error, unseen))

@@ -20,7 +20,7 @@ from squall.client._ahead import ReadAhead
 from squall.client._cli_dev import DevCluster
 from squall.client._effects import Join, Spawn
 from squall.client._protocol import held_wire
-from squall.client._tasks import TaskBase, TxBuilder
+from squall.client._tasks import TaskBase
 from tests.helpers import wait_for
 from tests.test_datapath import start_cluster
 
@@ -51,9 +51,16 @@ class Scripted:
         return [_task(p) for p in answer]
         yield  # a generator, as the core's verbs are
 
-    def commit(self, tx: TxBuilder) -> Generator[Any, Any, None]:
-        self.commits.append(([d["pid"] for d in tx.dequeues],
-                             [r["pid"] for r in tx.releases]))
+    def done(self, tasks: list[TaskBase]) -> Generator[Any, Any, None]:
+        if tasks:  # as the core's: no update for no tasks
+            self.commits.append(([t.pid for t in tasks], []))
+        return None
+        yield
+
+    def release(self, tasks: list[TaskBase], delay: None, error: None, unseen: bool = False
+                ) -> Generator[Any, Any, None]:
+        if tasks:
+            self.commits.append(([], [t.pid for t in tasks]))
         return None
         yield
 
