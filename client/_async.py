@@ -7,28 +7,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
 from squall.client import _http
 from squall.client._ahead import AsyncBatches, ReadAhead
 from squall.client._direct import Shortcut
-from squall.client._effects import (
-    Call,
-    Close,
-    Emit,
-    Gather,
-    Join,
-    Read,
-    Reply,
-    Retry,
-    Sleep,
-    Spawn,
-)
+from squall.client._effects import Call, Close, Emit, Gather, Join, Read, Reply, Retry, Sleep, Spawn
 from squall.client._leanasync import LeanAsyncTransport
 from squall.client._protocol import IN_FLIGHT, Core, default_master, first_failure, held_wire
-from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder
+from squall.client._tasks import NewTask, Payload, TaskBase, Tasks, TxBuilder, as_list
 from squall.common.errors import SquallError
 from squall.common.models import (
     CancelResponse,
@@ -51,14 +40,6 @@ from squall.common.models import (
 from squall.common.models import LeasedTask as WireTask
 
 T = TypeVar("T")
-Tasks: TypeAlias = TaskBase | Sequence[TaskBase]
-
-
-def _list(tasks: Tasks | None) -> list[TaskBase]:
-    if tasks is None:
-        return []
-    return [tasks] if isinstance(tasks, TaskBase) else list(tasks)
-
 
 async def _aiter(parts: Iterable[bytes]) -> AsyncIterator[bytes]:
     for p in parts:
@@ -280,7 +261,7 @@ class AsyncClient:
         dequeue in the same atomic update (ack a batch and lease the next in one round
         trip; all or nothing), then no waiting."""
         return await self._run(self._core.lease(queue, max_tasks, lease_secs, max_pid,
-                                         self._task, payloads, wait_secs, _list(done)))
+                                         self._task, payloads, wait_secs, as_list(done)))
 
     def batches(self, queue: str, size: int = 100, lease_secs: float | None = None, *,
                 payloads: bool = True, wait_secs: float | None = None, ahead: int = 2
@@ -295,14 +276,14 @@ class AsyncClient:
         return await self._run(self._core.read_payloads(list(tasks)))
 
     async def renew(self, tasks: Tasks, lease_secs: float = 60.0) -> UpdateResponse:
-        return await self._run(self._core.renew(_list(tasks), lease_secs))
+        return await self._run(self._core.renew(as_list(tasks), lease_secs))
 
     async def release(self, tasks: Tasks, *, delay: float | None = None,
                       error: str | None = None) -> UpdateResponse:
-        return await self._run(self._core.release(_list(tasks), delay, error))
+        return await self._run(self._core.release(as_list(tasks), delay, error))
 
     async def done(self, tasks: Tasks) -> UpdateResponse:
-        return await self._run(self._core.done(_list(tasks)))
+        return await self._run(self._core.done(as_list(tasks)))
 
     async def payload(self, task: TaskBase) -> bytes:
         return await self._run(self._core.payload(task))

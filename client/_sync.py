@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -24,7 +24,7 @@ from squall.client._protocol import (
     held_wire,
 )
 from squall.client._syncdriver import Driver
-from squall.client._tasks import NewTask, Payload, TaskBase, TxBuilder
+from squall.client._tasks import NewTask, Payload, TaskBase, Tasks, TxBuilder, as_list
 from squall.common.models import (
     CancelResponse,
     ClusterInfo,
@@ -46,14 +46,6 @@ from squall.common.models import (
 from squall.common.models import LeasedTask as WireTask
 
 T = TypeVar("T")
-Tasks: TypeAlias = TaskBase | Sequence[TaskBase]
-
-
-def _list(tasks: Tasks | None) -> list[TaskBase]:
-    if tasks is None:
-        return []
-    return [tasks] if isinstance(tasks, TaskBase) else list(tasks)
-
 
 class LeasedTask(TaskBase):
     """A leased task (see ``TaskBase`` for its fields: queue, pid, token, attempts...)."""
@@ -175,7 +167,7 @@ class Client:
         dequeue in the same atomic update (ack a batch and lease the next in one round
         trip; all or nothing), then no waiting."""
         return self._run(self._core.lease(queue, max_tasks, lease_secs, max_pid,
-                                         self._task, payloads, wait_secs, _list(done)))
+                                         self._task, payloads, wait_secs, as_list(done)))
 
     def batches(self, queue: str, size: int = 100, lease_secs: float | None = None, *,
                 payloads: bool = True, wait_secs: float | None = None, ahead: int = 2
@@ -192,14 +184,14 @@ class Client:
         return self._run(self._core.read_payloads(list(tasks)))
 
     def renew(self, tasks: Tasks, lease_secs: float = 60.0) -> UpdateResponse:
-        return self._run(self._core.renew(_list(tasks), lease_secs))
+        return self._run(self._core.renew(as_list(tasks), lease_secs))
 
     def release(self, tasks: Tasks, *, delay: float | None = None, error: str | None = None
                 ) -> UpdateResponse:
-        return self._run(self._core.release(_list(tasks), delay, error))
+        return self._run(self._core.release(as_list(tasks), delay, error))
 
     def done(self, tasks: Tasks) -> UpdateResponse:
-        return self._run(self._core.done(_list(tasks)))
+        return self._run(self._core.done(as_list(tasks)))
 
     def payload(self, task: TaskBase) -> bytes:
         return self._run(self._core.payload(task))

@@ -8,10 +8,10 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeAlias
 
 from squall.common.errors import BadRequest
 from squall.common.models import LeasedTask as WireTask
@@ -264,3 +264,12 @@ class TxBuilder:
     def committed(self) -> None:
         for t in self._tasks:
             t.finished = True
+
+
+Tasks: TypeAlias = TaskBase | Sequence[TaskBase]  # one task or several, as the verbs take them
+
+
+def as_list(tasks: Tasks | None) -> list[TaskBase]:
+    if tasks is None:
+        return []
+    return [tasks] if isinstance(tasks, TaskBase) else list(tasks)
