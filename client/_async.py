@@ -41,6 +41,7 @@ from squall.common.models import LeasedTask as WireTask
 
 T = TypeVar("T")
 
+
 async def _aiter(parts: Iterable[bytes]) -> AsyncIterator[bytes]:
     for p in parts:
         yield p

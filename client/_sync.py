@@ -47,6 +47,7 @@ from squall.common.models import LeasedTask as WireTask
 
 T = TypeVar("T")
 
+
 class LeasedTask(TaskBase):
     """A leased task (see ``TaskBase`` for its fields: queue, pid, token, attempts...)."""
 
