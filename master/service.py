@@ -36,6 +36,7 @@ from squall.common.clock import Clock, SystemClock
 from squall.common.errors import StatusError
 from squall.common.models import (
     LeaseRequest,
+    PayloadRef,
     Policy,
     Schedule,
     TaskSpec,
@@ -186,6 +187,24 @@ class Master(Housekeeping):
         for key, (secs, n) in plan.lease_secs.items():
             self.meters.lease_done(key, secs, n)
 
+    async def _execute_proven(self, refs: list[PayloadRef],
+                              build: Callable[[lmdb.Transaction], Plan],
+                              sweep_first: bool = False) -> dict[str, Any]:
+        """:meth:`_execute` for a plan that may enqueue payloads `refs`: their batch
+        receipts are checked right before the plan uses them, and once the enqueue is
+        durable its blobs, now referenced, are examined at once (``blobgc.enqueued``)."""
+        recorded: list[str] = []
+
+        def work(txn: lmdb.Transaction) -> Plan:
+            self.placement.prove(refs)  # batch receipts, once per batch, right before use
+            plan = build(txn)
+            recorded[:] = self.placement.recorded
+            return plan
+
+        res = await self._execute(work, sweep_first=sweep_first)
+        blobgc.enqueued(self.cluster, recorded)  # durable: these blobs are referenced
+        return res
+
     def _available(self, key: tuple[str, str]) -> int:
         q = self.index.queues.get(key)
         return q.available if q is not None else 0
@@ -198,16 +217,9 @@ class Master(Housekeeping):
         if req.lease is not None:
             check_name("group", group)
         refs = [e.payload for e in req.enqueue if e.payload is not None]
-        recorded: list[str] = []
-
-        def work(txn: lmdb.Transaction) -> dict[str, Any]:
-            self.placement.prove(refs)  # batch receipts, once per batch, right before use
-            plan = self.engine.plan_update(txn, group, req, addr)
-            recorded[:] = self.placement.recorded
-            return plan
-
-        res = await self._execute(work, sweep_first=req.lease is not None)
-        blobgc.enqueued(self.cluster, recorded)  # durable: these blobs are referenced
+        res = await self._execute_proven(
+            refs, lambda txn: self.engine.plan_update(txn, group, req, addr),
+            sweep_first=req.lease is not None)
         self._woke(group, {*(e.queue for e in req.enqueue), *(r.queue for r in req.release)})
         if req.lease is not None:
             self._leased(group, req.lease.queue, res, "leased")
@@ -232,16 +244,8 @@ class Master(Housekeeping):
 
     async def enqueue(self, group: str, queue: str, tasks: list[TaskSpec]) -> dict[str, Any]:
         refs = [t.payload for t in tasks if t.payload is not None]
-        recorded: list[str] = []
-
-        def work(txn: lmdb.Transaction) -> dict[str, Any]:
-            self.placement.prove(refs)
-            plan = self.engine.plan_enqueue(txn, group, queue, tasks)
-            recorded[:] = self.placement.recorded
-            return plan
-
-        res = await self._execute(work)
-        blobgc.enqueued(self.cluster, recorded)
+        res = await self._execute_proven(
+            refs, lambda txn: self.engine.plan_enqueue(txn, group, queue, tasks))
         self._woke(group, (queue,))
         return res
 
