@@ -12,9 +12,14 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, Self, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import httpx
+import pytest
+
+if TYPE_CHECKING:
+    from squall.client._cli_dev import DevCluster
 
 T = TypeVar("T")
 
@@ -62,6 +67,37 @@ def master_auth(master_url: str) -> httpx.Auth:
     from squall.client._http import MasterAuth
 
     return MasterAuth(master_url, ADMIN_TOKEN)
+
+
+def start_cluster(data_dir: Path, nodes: int, *, heartbeat_interval_s: float = 0.3,
+                  extra_env: dict[str, str] | None = None) -> DevCluster:
+    """A `squall dev` cluster (master and `nodes` data nodes as subprocesses) on a free
+    block of ports, tried again on another block if one was taken meanwhile."""
+    from squall.client._cli_dev import DevCluster
+
+    for _ in range(5):
+        c = DevCluster(data_dir, free_port_block(nodes + 1), nodes,
+                       heartbeat_interval_s=heartbeat_interval_s, extra_env=extra_env)
+        try:
+            c.start()
+            return c
+        except RuntimeError as e:
+            c.stop()
+            if "in use" not in str(e):
+                raise
+    raise RuntimeError("no free ports")
+
+
+def cluster_fixture(name: str, nodes: int = 3, **kw: Any) -> Any:
+    """A module-scoped `cluster` fixture: ``cluster = cluster_fixture("mine")``."""
+    @pytest.fixture(scope="module")
+    def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+        c = start_cluster(tmp_path_factory.mktemp(name), nodes, **kw)
+        try:
+            yield c
+        finally:
+            c.stop()
+    return cluster
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ back, and a lost lease raised."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,7 @@ from squall.client._cli_dev import DevCluster
 from squall.client._effects import Join, Spawn
 from squall.client._protocol import held_wire
 from squall.client._tasks import TaskBase
-from tests.helpers import wait_for
-from tests.test_datapath import start_cluster
+from tests.helpers import cluster_fixture, wait_for
 
 # -- the state machine, against a scripted core ---------------------------------------------
 
@@ -172,13 +171,7 @@ def test_bad_sizes_are_refused_before_any_request(size: int, ahead: int) -> None
 # -- against a real cluster -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    c = start_cluster(tmp_path_factory.mktemp("batches"), 3)
-    try:
-        yield c
-    finally:
-        c.stop()
+cluster = cluster_fixture("batches")
 
 
 def _fill(c: Client, queue: str, n: int) -> dict[str, bytes]:

@@ -24,8 +24,7 @@ import pytest
 
 from squall.client import Client
 from squall.client._cli_dev import DevCluster
-from tests.helpers import ADMIN, ADMIN_TOKEN, wait_for
-from tests.test_e2e import start_cluster
+from tests.helpers import ADMIN, ADMIN_TOKEN, cluster_fixture, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -68,15 +67,9 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    # one copy at a time per node: re-replication takes a few seconds, long enough to see
-    c = start_cluster(tmp_path_factory.mktemp("dash"), 3,
-                      extra_env={"SQUALL_MAX_COPIES_PER_NODE": "1"})
-    try:
-        yield c
-    finally:
-        c.stop()
+# one copy at a time per node: re-replication takes a few seconds, long enough to see
+cluster = cluster_fixture("dash", heartbeat_interval_s=0.5,
+                          extra_env={"SQUALL_MAX_COPIES_PER_NODE": "1"})
 
 
 def card(page: Any, key: str) -> str:

@@ -27,20 +27,7 @@ from squall.client import Client, NewTask, NotFound, _protocol
 from squall.client._blobs import BATCH_BLOB_BYTES
 from squall.client._cli_dev import DevCluster
 from squall.client._frontdoor import MAX_BYTES as INLINE
-from tests.helpers import free_port_block, wait_for
-
-
-def start_cluster(data_dir: Path, nodes: int) -> DevCluster:
-    for _ in range(5):
-        c = DevCluster(data_dir, free_port_block(nodes + 1), nodes, heartbeat_interval_s=0.3)
-        try:
-            c.start()
-            return c
-        except RuntimeError as e:
-            c.stop()
-            if "in use" not in str(e):
-                raise
-    raise RuntimeError("no free ports")
+from tests.helpers import cluster_fixture, start_cluster, wait_for
 
 
 class Counting(httpx.HTTPTransport):
@@ -60,13 +47,7 @@ class Counting(httpx.HTTPTransport):
         return super().handle_request(request)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    c = start_cluster(tmp_path_factory.mktemp("datapath"), 3)
-    try:
-        yield c
-    finally:
-        c.stop()
+cluster = cluster_fixture("datapath")
 
 
 def test_lease_with_payloads_reads_one_batch_per_node(cluster: DevCluster) -> None:

@@ -12,37 +12,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 import squall.client as sc
 from squall.client import AsyncClient, Client, NewTask, Worker
 from squall.client._cli_dev import DevCluster
-from tests.helpers import free_port_block, wait_for
+from tests.helpers import cluster_fixture, free_port_block, start_cluster, wait_for
 
-
-def start_cluster(data_dir: Path, nodes: int, **kw: object) -> DevCluster:
-    for _ in range(5):
-        c = DevCluster(data_dir, free_port_block(nodes + 1), nodes, heartbeat_interval_s=0.5, **kw)  # type: ignore[arg-type]
-        try:
-            c.start()
-            return c
-        except RuntimeError as e:
-            c.stop()
-            if "in use" not in str(e):
-                raise
-    raise RuntimeError("no free ports")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    c = start_cluster(tmp_path_factory.mktemp("e2e"), 3)
-    try:
-        yield c
-    finally:
-        c.stop()
+cluster = cluster_fixture("e2e", heartbeat_interval_s=0.5)
 
 
 def test_pipeline_of_10000_tasks_none_lost_or_duplicated(cluster: DevCluster) -> None:
@@ -108,7 +85,7 @@ def test_payloads_through_a_pipeline(cluster: DevCluster, tmp_path: Path) -> Non
 
 
 def test_reads_fail_over_when_a_data_node_dies(tmp_path: Path) -> None:
-    cl = start_cluster(tmp_path / "cl", 3)
+    cl = start_cluster(tmp_path / "cl", 3, heartbeat_interval_s=0.5)
     try:
         with Client(cl.master_url) as c:
             small = {f"s{i:02d}": os.urandom(2000) for i in range(40)}

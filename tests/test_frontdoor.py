@@ -10,7 +10,6 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,33 +24,13 @@ from squall.common.checksum import crc32c
 from squall.common.payload import encode_frame
 from squall.common.tokens import load_cluster_key
 from squall.datanode.frontdoor import BLOCK_IDS, BLOCK_IDS_MAX, _Block, next_block_ids
-from tests.helpers import ADMIN, free_port_block, wait_for
+from tests.helpers import ADMIN, cluster_fixture, start_cluster, wait_for
 
 GRACE_S = 8.0  # the master's orphan grace in the crash test (blocks live a quarter of it)
 
 
-def start_cluster(data_dir: Path, nodes: int, env: dict[str, str] | None = None
-                  ) -> DevCluster:
-    for _ in range(5):
-        c = DevCluster(data_dir, free_port_block(nodes + 1), nodes, heartbeat_interval_s=0.3,
-                       extra_env=env)
-        try:
-            c.start()
-            return c
-        except RuntimeError as e:
-            c.stop()
-            if "in use" not in str(e):
-                raise
-    raise RuntimeError("no free ports")
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    c = start_cluster(tmp_path_factory.mktemp("frontdoor"), 3)
-    try:
-        yield c
-    finally:
-        c.stop()
+cluster = cluster_fixture("frontdoor")
 
 
 def test_small_payloads_take_the_front_door(cluster: DevCluster) -> None:
@@ -124,7 +103,7 @@ def _blobs(url: str) -> float:
 
 @pytest.mark.parametrize("crash", ["after_store", "after_commit"])
 def test_front_door_node_killed(tmp_path: Path, crash: str) -> None:
-    cl = start_cluster(tmp_path / "cl", 3, {"SQUALL_ORPHAN_GRACE_S": str(GRACE_S)})
+    cl = start_cluster(tmp_path / "cl", 3, extra_env={"SQUALL_ORPHAN_GRACE_S": str(GRACE_S)})
     try:
         nodes = [cl.node_url(i) for i in (1, 2, 3)]
         cl.kill_node(1)  # node 1 comes back armed to SIGKILL itself mid-request
