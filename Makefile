@@ -27,11 +27,11 @@ run: $(STAMP)
 HYPOTHESIS_SEED ?= 20261122
 MODEL_SEEDS ?= 200
 
-## test: lint, then the test suite without the `slow` soaks (real servers on 127.0.0.1);
-##       `make soak` runs the slow ones
+## test: lint, then the test suite (real servers on 127.0.0.1; a short chaos soak and the
+##       model test on one seed); `make soak` runs the long ones
 test: $(STAMP) lint chromium
 	@echo "hypothesis seed: $(HYPOTHESIS_SEED)"
-	$(BIN)/pytest -q -m "not slow" --hypothesis-seed=$(HYPOTHESIS_SEED)
+	$(BIN)/pytest -q --hypothesis-seed=$(HYPOTHESIS_SEED)
 
 # the dashboard's browser test drives Debian's chromium: installed here when missing and
 # apt-get can (as root); otherwise that one test is skipped and says why
@@ -56,12 +56,11 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.client_bench
 	$(BIN)/python -m bench.dashboard_bench
 
-## soak: long-running tests excluded from `make test`, then the master's model test on
-##       MODEL_SEEDS random seeds (each printed; a failure stops with its seed), then the
-##       chaos soak: 10 minutes of seeded faults against a master and 5 data nodes, checked
-##       against a ledger (docs/testing.md; replay with `$(BIN)/python -m bench.soak --seed N`)
+## soak: the master's model test on MODEL_SEEDS random seeds (each printed; a failure
+##       stops with its seed), then the chaos soak: 10 minutes of seeded faults against a
+##       master and 5 data nodes, checked against a ledger (docs/testing.md; replay with
+##       `$(BIN)/python -m bench.soak --seed N`)
 soak: $(STAMP)
-	$(BIN)/pytest -q -m slow
 	@for i in $$(seq 1 $(MODEL_SEEDS)); do \
 	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
 	  echo "model test $$i/$(MODEL_SEEDS): --hypothesis-seed=$$seed"; \
