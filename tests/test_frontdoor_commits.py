@@ -1,6 +1,6 @@
 """The front door's node-to-master commits: several in flight at once, batching beyond that,
 and no request left waiting when the node stops, each told whether its commit may
-have been applied (datanode/frontdoor.py)."""
+have been applied; and its write-quorum check (datanode/frontdoor.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 
+from squall.common.cluster import PeerError
 from squall.common.errors import OutcomeUnknown, Unavailable
-from squall.datanode.frontdoor import COMMITS_IN_FLIGHT, FrontDoor
+from squall.datanode import frontdoor
+from squall.datanode.frontdoor import COMMITS_IN_FLIGHT, FrontDoor, _Block
+from squall.datanode.layout import BlobMeta
 from tests.helpers import until
 
 
@@ -147,3 +150,71 @@ async def test_a_lost_block_grant_is_a_refusal(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(d, "_post", lost)
     with pytest.raises(Unavailable, match="nothing was enqueued"):
         await d.take_ids(3)
+
+
+async def test_requests_beyond_the_pending_bound_are_refused_and_never_sent(
+        door: tuple[FrontDoor, StuckMaster], monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most COMMIT_PENDING_MAX requests wait for a commit slot: the next is refused at
+    once (503, nothing applied), and the waiting ones go when a slot frees."""
+    d, master = door
+    monkeypatch.setattr(frontdoor, "COMMIT_PENDING_MAX", 3)
+    d._slots = asyncio.Semaphore(1)
+    sent = asyncio.create_task(d._commit({"n": 0}))
+    await master.wait_commits(1)
+    queued = [asyncio.create_task(d._commit({"n": i})) for i in (1, 2, 3)]
+    await until(lambda: len(d._pending) == 3, what="three requests queued")
+    with pytest.raises(Unavailable, match="3 front-door requests wait"):
+        await asyncio.wait_for(d._commit({"n": 4}), 10)
+    master.release[0].set()
+    await master.wait_commits(2)
+    master.release[1].set()
+    assert [r["n"] for r in await asyncio.gather(sent, *queued)] == [0, 1, 2, 3]
+    assert [u["n"] for c in master.commits for u in c] == [0, 1, 2, 3]  # 4 never went
+    await d.aclose()
+
+
+async def test_a_commit_carries_at_most_commit_updates_max_requests(
+        door: tuple[FrontDoor, StuckMaster], monkeypatch: pytest.MonkeyPatch) -> None:
+    d, master = door
+    monkeypatch.setattr(frontdoor, "COMMIT_UPDATES_MAX", 2)
+    d._slots = asyncio.Semaphore(1)
+    first = asyncio.create_task(d._commit({"n": 0}))
+    await master.wait_commits(1)
+    later = [asyncio.create_task(d._commit({"n": i})) for i in range(1, 6)]
+    await until(lambda: len(d._pending) == 5, what="five requests queued")
+    for k in range(1, 4):  # each freed slot sends the next two waiting, in order
+        master.release[k - 1].set()
+        await master.wait_commits(k + 1)
+    master.release[3].set()
+    assert [[u["n"] for u in c] for c in master.commits] == [[0], [1, 2], [3, 4], [5]]
+    assert [r["n"] for r in await asyncio.gather(first, *later)] == list(range(6))
+    await d.aclose()
+
+
+async def test_a_batch_short_of_its_write_quorum_is_refused_before_any_commit(
+        door: tuple[FrontDoor, StuckMaster], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stored here but refused by the block's only peer: 1 of 2 copies, quorum 2. The client
+    is told 503 (retry: nothing was enqueued), the master is never asked, and the block is
+    dropped so that the retry gets a new placement."""
+    d, master = door
+
+    async def put_batch(items: list[tuple[str, bytes, int]]) -> list[tuple[BlobMeta, bool]]:
+        return [(BlobMeta(b, 0, len(data), crc, 0, 0, 0), True) for b, data, crc in items]
+
+    async def forward(node: Any, body: bytes, metas: list[BlobMeta], peers: list[str],
+                      batch_receipt: bool = False) -> list[PeerError]:
+        return [PeerError(address=p, status=507, code="insufficient_storage",
+                          message="disk full") for p in peers]
+
+    d.node.store = SimpleNamespace(put_batch=put_batch)
+    d.node.puts = d.node.peer_errors = 0
+    d.node.batch_receipt = lambda metas: "receipt"
+    d._block = _Block("b", 1000, expires_at=1e12, replicas=["http://peer"], quorum=2,
+                      granted_at=0.0)
+    d.node.clock = SimpleNamespace(now=lambda: 0.0)
+    monkeypatch.setattr(frontdoor, "forward_batch", forward)
+    with pytest.raises(Unavailable, match=r"write quorum not met .* durable on 1 of 2 "
+                                          r"replicas, 2 needed; failed: http://peer: disk full"):
+        await asyncio.wait_for(d.enqueue("g", "q", [{"pid": "a", "payload": b"x"}]), 10)
+    assert master.commits == [] and d._block is None and d.node.peer_errors == 1
+    await d.aclose()

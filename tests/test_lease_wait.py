@@ -262,3 +262,26 @@ def test_parked_lease_when_the_master_stops_or_dies(tmp_path: Path) -> None:
             assert [t.pid for t in c.lease("w#r", 1, 30, wait_secs=5)] == ["after"]
     finally:
         master.stop()
+
+
+async def test_a_task_committed_while_the_lease_looked_is_leased_without_parking() -> None:
+    """A notification that arrives while the lease is being tried (its plan saw no task, the
+    commit that adds one lands before it parks) makes it look again instead of parking:
+    no notification comes later for that task, so a parked lease would sleep to its
+    deadline with a task available."""
+    tasks: list[str] = []
+    w = Waiters()
+    key = ("g", "q")
+    tries = 0
+
+    async def attempt() -> dict[str, Any]:
+        nonlocal tries
+        tries += 1
+        found = [tasks.pop()] if tasks else []
+        if tries == 1:  # planned on an empty queue; the enqueue commits meanwhile
+            tasks.append("t")
+            w.notify([key])
+        return {"tasks": found}
+
+    res = await asyncio.wait_for(w.wait(key, 20, attempt), 5)  # parked: waits 20 s
+    assert res["tasks"] == ["t"] and tries == 2 and w.total == 0

@@ -10,13 +10,16 @@ import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 
 import squall.client as sc
 from squall.client import AsyncClient, Client, NewTask, Worker
+from squall.client._acker import ACK_BATCH_MAX, Acker
+from squall.client._protocol import held_wire
+from squall.client._tasks import TaskBase
 from squall.master.app import create_master_app
 from squall.master.service import MasterSettings
 from tests.helpers import MasterProcess, until, wait_for
@@ -26,9 +29,10 @@ class Flaky(httpx.AsyncBaseTransport):
     """Forwards to an in-process master; answers 503 to the first `fail_dequeues` updates
     that carry dequeues, and counts requests by path end."""
 
-    def __init__(self, app: Any, fail_dequeues: int = 0) -> None:
+    def __init__(self, app: Any, fail_dequeues: int = 0, lose_answers: int = 0) -> None:
         self.inner = httpx.ASGITransport(app=app)
         self.fail_dequeues = fail_dequeues
+        self.lose_answers = lose_answers  # then apply this many such updates, lose the answer
         self.seen: Counter[str] = Counter()
         self.dequeued: list[int] = []
         self.rode = 0  # updates that dequeue and lease the next tasks
@@ -47,6 +51,10 @@ class Flaky(httpx.AsyncBaseTransport):
                     self.fail_dequeues -= 1
                     return httpx.Response(503, json={"error": {"code": "unavailable",
                                                                "message": "restarting"}})
+                if self.lose_answers > 0:
+                    self.lose_answers -= 1
+                    await self.inner.handle_async_request(request)  # applied
+                    raise httpx.ReadError("connection reset before the answer", request=request)
         return await self.inner.handle_async_request(request)
 
 
@@ -72,6 +80,23 @@ async def test_done_is_retried_while_the_lease_lasts(app: Any) -> None:
         assert len(flaky.dequeued) == 6  # five refusals, then saved
         assert (await c.stats("wk#once")).completed == 1
         assert await c.dead_letters("wk#once") == []
+
+
+async def test_a_dequeue_applied_whose_answer_was_lost_counts_as_done(app: Any) -> None:
+    """The update that dequeued a finished task reached the master, but its answer was lost:
+    the resend answers NotFound (the task is gone), which is the task done, not lost."""
+    flaky = Flaky(app, lose_answers=1)
+    async with AsyncClient("http://127.0.0.1", transport=flaky, retries=0) as c:
+        await c.put("wk#lost", pid="only")
+
+        async def handler(task: sc.AsyncLeasedTask) -> None:
+            return None
+
+        stats = await asyncio.wait_for(Worker(c, "wk#lost", handler, burst=True,
+                                              lease_secs=30).arun(install_signals=False), 60)
+        assert flaky.lose_answers == 0 and len(flaky.dequeued) == 2  # applied, then resent
+        assert (stats.done, stats.failed, stats.lost) == (1, 0, 0)
+        assert (await c.stats("wk#lost")).completed == 1
 
 
 async def test_idle_worker_long_polls_and_acks_in_batches(app: Any) -> None:
@@ -173,6 +198,24 @@ async def test_a_worker_whose_acks_are_refused_for_a_while_finishes_everything(
         assert flaky.fail_dequeues == 0 and sum(flaky.dequeued) >= 30 + 6
         assert 1 <= max(held) <= 4, held
         assert (await c.stats("wk#hold")).completed == 30
+
+
+def test_a_lease_takes_at_most_one_updates_worth_of_finished_tasks() -> None:
+    """What the lease loop takes from the acker fits one update (ACK_BATCH_MAX dequeues
+    and follow-ups, of one group, oldest first); the rest waits for the next."""
+    acker = Acker(cast(Any, None), linger_s=0, running=lambda: 0)
+    for i in range(300):  # a dequeue and a follow-up each: 600 items of an update
+        task = TaskBase(None, *held_wire("g#q", f"{i:03d}", "tok"))
+        acker._queue.append((task, [NewTask(pid=f"f{i:03d}", queue="g#next")],
+                             cast(Any, None)))
+    acker._queue.insert(7, (TaskBase(None, *held_wire("h#q", "x", "tok")), [], cast(Any, None)))
+    tx, taken = acker.take("g")
+    assert tx is not None and len(taken) == ACK_BATCH_MAX // 2 == len(tx.dequeues)
+    assert [t.pid for t, _, _ in taken] == [f"{i:03d}" for i in range(ACK_BATCH_MAX // 2)]
+    assert [t.group for t, _, _ in acker._queue].count("h") == 1
+    tx, taken = acker.take("g")
+    assert tx is not None and len(taken) == 300 - ACK_BATCH_MAX // 2
+    assert acker.take("g") == (None, []) and acker.pending == 1
 
 
 def test_free_slots_count_finished_tasks_up_to_twice_the_concurrency() -> None:
