@@ -139,3 +139,19 @@ async def test_an_enqueue_settles_its_blobs_a_refused_one_leaves_orphans(env) ->
                        for b in cmd.blob_ids]
     assert sorted(got["n1"]) == sorted(got["n2"]) == ["orphan", "orphan2"] and not got["n3"]
     assert m.cluster.holders["kept"] == {"n1", "n2"}
+
+
+async def test_a_receipt_older_than_half_the_orphan_grace_is_refused(env) -> None:  # type: ignore[no-untyped-def]
+    """A blob no task references is collected once it is `orphan_grace_s` old: an enqueue
+    may reference it only while its receipts are younger than half that, or the task could
+    point at a deleted payload. Older ones are refused (400: write the payload again)."""
+    c, m, clock = env
+    for n in ("n1", "n2", "n3"):
+        beat(m, n)
+    fresh, stale = ref(clock, "fresh"), ref(clock, "stale")
+    clock.advance(GRACE_S / 2 - 1)
+    r = await c.post(f"{G}/queues/q/tasks", json={"tasks": [{"pid": "a", "payload": fresh}]})
+    assert r.status_code == 200, r.text
+    clock.advance(2)
+    r = await c.post(f"{G}/queues/q/tasks", json={"tasks": [{"pid": "b", "payload": stale}]})
+    assert r.status_code == 400 and "too long before this enqueue" in r.text, r.text

@@ -218,3 +218,28 @@ async def test_a_batch_short_of_its_write_quorum_is_refused_before_any_commit(
         await asyncio.wait_for(d.enqueue("g", "q", [{"pid": "a", "payload": b"x"}]), 10)
     assert master.commits == [] and d._block is None and d.node.peer_errors == 1
     await d.aclose()
+
+
+async def test_a_block_is_not_used_in_its_last_margin_before_it_expires(
+        door: tuple[FrontDoor, StuckMaster], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blob ids of a block are written only until BLOCK_MARGIN_S before it expires (the
+    master refuses its ids after expiry, and a payload's store and commit take time): from
+    then on the next request asks for a new block."""
+    d, _ = door
+    now = [100.0]
+    d.node.clock = SimpleNamespace(now=lambda: now[0])
+    grants: list[dict[str, Any]] = []
+
+    async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert path == "/v1/nodes/blocks"
+        grants.append(body)
+        return {"prefix": f"b{len(grants)}-", "count": body["count"],
+                "expires_at": now[0] + 60, "replicas": ["http://peer"], "write_quorum": 2}
+
+    monkeypatch.setattr(d, "_post", post)
+    assert (await d.take_ids(2))[0] == ["b1-0", "b1-1"]
+    now[0] = 160 - frontdoor.BLOCK_MARGIN_S - 0.5  # inside the block's usable life
+    assert (await d.take_ids(1))[0] == ["b1-2"]
+    now[0] = 160 - frontdoor.BLOCK_MARGIN_S + 0.5  # in the margin: a new block
+    assert (await d.take_ids(1))[0] == ["b2-0"] and len(grants) == 2
+    await d.aclose()

@@ -285,3 +285,15 @@ async def test_a_task_committed_while_the_lease_looked_is_leased_without_parking
 
     res = await asyncio.wait_for(w.wait(key, 20, attempt), 5)  # parked: waits 20 s
     assert res["tasks"] == ["t"] and tries == 2 and w.total == 0
+
+
+async def test_a_lease_waits_at_most_the_masters_cap() -> None:
+    """`wait_secs` is accepted up to an hour on the wire; the master holds the request at
+    most its cap (`lease_wait_max_s`, 20 s by default) and answers empty then."""
+    w = Waiters(cap_s=0.01)
+
+    async def attempt() -> dict[str, Any]:
+        return {"tasks": []}
+
+    res = await asyncio.wait_for(w.wait(("g", "q"), 3600, attempt), 10)
+    assert res["tasks"] == [] and w.total == 0
