@@ -45,7 +45,7 @@ class StuckMaster:
 
 @pytest.fixture
 def door(monkeypatch: pytest.MonkeyPatch) -> tuple[FrontDoor, StuckMaster]:
-    node: Any = SimpleNamespace(node_id="n1",
+    node: Any = SimpleNamespace(node_id="n1", clock=SimpleNamespace(now=lambda: 0.0),
                                 settings=SimpleNamespace(master_url="http://127.0.0.1:1"))
     d = FrontDoor(node)
     master = StuckMaster()
@@ -136,12 +136,11 @@ async def test_an_answer_that_does_not_fit_is_an_unknown_outcome(
     await d.aclose()
 
 
-async def test_a_lost_block_grant_is_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_lost_block_grant_is_a_refusal(door: tuple[FrontDoor, StuckMaster],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A block request whose answer was lost enqueued nothing: the client request is
     refused (503, retry), not reported as an unknown outcome."""
-    node: Any = SimpleNamespace(node_id="n1", clock=SimpleNamespace(now=lambda: 0.0),
-                                settings=SimpleNamespace(master_url="http://127.0.0.1:1"))
-    d = FrontDoor(node)
+    d, _ = door
 
     async def lost(path: str, body: dict[str, Any]) -> dict[str, Any]:
         assert path == "/v1/nodes/blocks"
@@ -211,7 +210,6 @@ async def test_a_batch_short_of_its_write_quorum_is_refused_before_any_commit(
     d.node.batch_receipt = lambda metas: "receipt"
     d._block = _Block("b", 1000, expires_at=1e12, replicas=["http://peer"], quorum=2,
                       granted_at=0.0)
-    d.node.clock = SimpleNamespace(now=lambda: 0.0)
     monkeypatch.setattr(frontdoor, "forward_batch", forward)
     with pytest.raises(Unavailable, match=r"write quorum not met .* durable on 1 of 2 "
                                           r"replicas, 2 needed; failed: http://peer: disk full"):
