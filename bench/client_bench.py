@@ -50,6 +50,7 @@ from bench.harness import (
     machine_info,
     metrics_text,
     ms,
+    only_workloads,
     pct,
     print_table,
     proc_cpu_s,
@@ -363,9 +364,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--async-handler", action="store_true", help="D: async no-op handler")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     a = ap.parse_args(argv)
-    a.only = [w.strip().upper() for w in a.only.split(",") if w.strip()]
-    if bad := [w for w in a.only if w not in WORKLOADS]:
-        ap.error(f"unknown workload(s) {bad}")
+    a.only = only_workloads(ap, a.only, WORKLOADS)
     return a
 
 

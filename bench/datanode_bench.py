@@ -49,7 +49,14 @@ from bench.dn_rows import (
     timed_loop,
     write_results,
 )
-from bench.harness import exit_code, fdatasync_latency, load1, machine_info, pct
+from bench.harness import (
+    exit_code,
+    fdatasync_latency,
+    load1,
+    machine_info,
+    only_workloads,
+    pct,
+)
 from bench.profiling import Profiler
 
 
@@ -252,9 +259,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="raise the benchmark's priority by N (root)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs and logs")
     a = ap.parse_args(argv)
-    a.only = [w.strip().upper() for w in a.only.split(",") if w.strip()]
-    if bad := [w for w in a.only if w not in WORKLOADS]:
-        ap.error(f"unknown workload(s) {bad}")
+    a.only = only_workloads(ap, a.only, WORKLOADS)
     return a
 
 

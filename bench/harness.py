@@ -8,6 +8,7 @@ py-spy is in :mod:`bench.profiling`.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -439,6 +440,14 @@ def write_results(out: Path, stem: str, doc: dict[str, Any], merge: bool, *, tit
     jpath.write_text(json.dumps(doc, indent=2) + "\n")
     (out / f"{stem}.md").write_text(render_md(doc, title, targets, columns))
 
+
+
+def only_workloads(ap: argparse.ArgumentParser, value: str, known: Iterable[str]) -> list[str]:
+    """``--only A,b`` → ["A", "B"]; an unknown name is a usage error naming the known ones."""
+    only, known = [w.strip().upper() for w in value.split(",") if w.strip()], list(known)
+    if bad := [w for w in only if w not in known]:
+        ap.error(f"unknown workload(s) {bad}; choose among {','.join(known)}")
+    return only
 
 
 def exit_code(doc: dict[str, Any], argv: list[str] | None) -> int:

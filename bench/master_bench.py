@@ -60,6 +60,7 @@ from bench.harness import (
     metered,
     metric,
     ms,
+    only_workloads,
     pct,
     print_table,
     proc_cpu_s,
@@ -374,10 +375,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="raise the priority of the benchmark and its servers by N (needs "
                     "root; reduces noise from other work on a shared machine)")
     a = ap.parse_args(argv)
-    a.only = [w.strip().upper() for w in a.only.split(",") if w.strip()]
-    bad = [w for w in a.only if w not in WORKLOADS]
-    if bad:
-        ap.error(f"unknown workload(s) {bad}; choose among {','.join(WORKLOADS)}")
+    a.only = only_workloads(ap, a.only, WORKLOADS)
     return a
 
 

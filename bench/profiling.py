@@ -36,21 +36,35 @@ class Profiler:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         out = self.out_dir / f"{label}.txt"
-        spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
-        p = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "100", "--format",
-                              "raw", "--threads", "-o", str(out)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.5)  # let py-spy attach
         try:
-            yield
+            with py_spy(out, pid, 100):
+                yield
         finally:
-            p.send_signal(signal.SIGINT)
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
             if out.exists():
                 self.summaries[label] = summarize_profile(out)
+
+
+@contextlib.contextmanager
+def py_spy(out: Path, pid: int, rate: int, *extra: str, attach_s: float = 0.5
+           ) -> Iterator[None]:
+    """``py-spy record`` of `pid` (raw collapsed stacks, with thread ids) into `out` while
+    the block runs; `extra`: more of py-spy's options (``--subprocesses``)."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+    p = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(rate), "--format",
+                          "raw", "--threads", *extra, "-o", str(out)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(attach_s)  # let py-spy attach
+    if p.poll() is not None:
+        why = p.stderr.read().decode(errors="replace")[:300] if p.stderr else ""
+        raise RuntimeError(f"py-spy exited ({why.strip()}); it needs root or ptrace rights")
+    try:
+        yield
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def _frame_module(frame: str) -> str:
