@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-spark
 
-.PHONY: run test lint typecheck bench soak clean chromium
+.PHONY: run test lint typecheck bench profile soak clean chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -55,6 +55,13 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.client_bench
 	$(BIN)/python -m bench.dashboard_bench
+
+## profile: where the client workloads that miss issue 9's targets (A.put, B.put, D) spend
+##          their time: CPU per task by process and thread, and py-spy samples by
+##          category; bench/results/client-profile.md (py-spy needs root or ptrace rights)
+profile: $(STAMP)
+	$(BIN)/pip install -q 'py-spy>=0.4'
+	$(BIN)/python -m bench.client_profile
 
 ## soak: the master's model test on MODEL_SEEDS random seeds (each printed; a failure
 ##       stops with its seed), then the chaos soak: 10 minutes of seeded faults against a
