@@ -250,7 +250,7 @@ def profile(ctx: Ctx, key: str, raw: Path, rate: int, spy_scale: float) -> dict[
     per: dict[str, list[float]] = {}
     for (role, tid), (u, s, comm) in cpu1.items():
         u0, s0, _ = cpu0.get((role, tid), (0.0, 0.0, ""))
-        k = f"{role}: {names.get(tid) or _NUMBERED.sub('', comm) + ' (no Python frames)'}"
+        k = f"{role}: {names.get(tid) or _NUMBERED.sub('', comm) + ' (never busy under py-spy)'}"
         acc = per.setdefault(k, [0.0, 0.0])
         acc[0] += 1e6 * (u - u0) / max(1, n)
         acc[1] += 1e6 * (s - s0) / max(1, n)

@@ -50,13 +50,15 @@ def py_spy(out: Path, pid: int, rate: int, *extra: str, attach_s: float = 0.5
     """``py-spy record`` of `pid` (raw collapsed stacks, with thread ids) into `out` while
     the block runs; `extra`: more of py-spy's options (``--subprocesses``)."""
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
-    p = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(rate), "--format",
-                          "raw", "--threads", *extra, "-o", str(out)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = out.with_name(out.name + ".log")  # py-spy's messages (a pipe nobody reads could fill)
+    with log.open("wb") as err:
+        p = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(rate),
+                              "--format", "raw", "--threads", *extra, "-o", str(out)],
+                             stdout=subprocess.DEVNULL, stderr=err)
     time.sleep(attach_s)  # let py-spy attach
     if p.poll() is not None:
-        why = p.stderr.read().decode(errors="replace")[:300] if p.stderr else ""
-        raise RuntimeError(f"py-spy exited ({why.strip()}); it needs root or ptrace rights")
+        why = log.read_text(errors="replace")[-300:].strip()
+        raise RuntimeError(f"py-spy exited ({why}); it needs root or ptrace rights")
     try:
         yield
     finally:
