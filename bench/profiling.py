@@ -57,8 +57,10 @@ def py_spy(out: Path, pid: int, rate: int, *extra: str, attach_s: float = 0.5
                              stdout=subprocess.DEVNULL, stderr=err)
     time.sleep(attach_s)  # let py-spy attach
     if p.poll() is not None:
-        why = log.read_text(errors="replace")[-300:].strip()
-        raise RuntimeError(f"py-spy exited ({why}); it needs root or ptrace rights")
+        lines = log.read_text(errors="replace").splitlines()
+        why = next((x for x in lines if x.startswith("Error")), lines[0] if lines else "")
+        raise RuntimeError(f"py-spy exited: {why[:300]} (it needs root or ptrace rights, "
+                           f"and process {pid} alive)")
     try:
         yield
     finally:
