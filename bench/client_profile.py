@@ -54,6 +54,7 @@ from bench.harness import (
     machine_info,
     only_workloads,
     self_cpu_s,
+    stat_cpu_s,
 )
 from bench.profiling import py_spy
 from squall.client import Client
@@ -163,22 +164,15 @@ def summarize(raw: Path, top: int = 8) -> dict[str, dict[str, Any]]:
 
 
 # -- CPU from /proc -------------------------------------------------------------------------
-def _ticks(path: str) -> tuple[int, int]:
-    f = Path(path).read_text().rsplit(")", 1)[1].split()
-    return int(f[11]), int(f[12])
-
-
 def thread_cpu(pids: dict[str, int]) -> dict[tuple[str, int], tuple[float, float, str]]:
     """(user s, system s, the OS's name) of every thread of the servers, by (role, id)."""
-    hz = os.sysconf("SC_CLK_TCK")
     out: dict[tuple[str, int], tuple[float, float, str]] = {}
     for name, pid in pids.items():
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):
-                u, s = _ticks(f"/proc/{pid}/task/{tid}/stat")
+                u, s = stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
                 comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-                out[("master" if name == "master" else "data nodes", int(tid))] = (
-                    u / hz, s / hz, comm)
+                out[("master" if name == "master" else "data nodes", int(tid))] = (u, s, comm)
     return out
 
 

@@ -90,15 +90,22 @@ def ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1000, 3)
 
 
+def stat_cpu_s(path: str) -> tuple[float, float]:
+    """(utime, stime) in seconds from a ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat``
+    file; OSError if the process or thread is gone."""
+    with open(path) as f:
+        stat = f.read()
+    rest = stat[stat.rfind(")") + 2 :].split()
+    hz = os.sysconf("SC_CLK_TCK")
+    return int(rest[11]) / hz, int(rest[12]) / hz
+
+
 def proc_cpu_s(pid: int) -> float:
     """utime + stime of a process, in seconds (0 if it is gone)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
+        return sum(stat_cpu_s(f"/proc/{pid}/stat"))
     except OSError:
         return 0.0
-    rest = stat[stat.rfind(")") + 2 :].split()
-    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def self_cpu_s() -> float:
