@@ -20,7 +20,7 @@ from typing import Annotated
 from fastapi import FastAPI, Path, Request
 from starlette.responses import Response
 
-from squall.common.models import NAME_PATTERN, EnqueueRequest
+from squall.common.wire.models import NAME_PATTERN, EnqueueRequest
 
 OK = b'{"ok":true}'
 GroupP = Annotated[str, Path(pattern=NAME_PATTERN)]

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from bench.harness import AUTH
-from squall.master.app import create_master_app
+from squall.master.http.app import create_master_app
 from squall.master.service import MasterSettings
 from squall.master.telemetry import Telemetry
 

@@ -1,6 +1,6 @@
 """A master and data nodes as real processes for the data node benchmark, and the client
 side of the payload paths (allocate → write → enqueue with receipts; lease → read →
-dequeue), written against the wire protocol with ``common/payload.py``'s helpers.
+dequeue), written against the wire protocol with ``common/wire/payload.py``'s helpers.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import httpx
 import orjson
 
 from bench.harness import AUTH, Server, free_port, proc_cpu_s
-from squall.common import payload
-from squall.common.cluster import BatchPutResult
+from squall.common.wire import payload
+from squall.common.wire.cluster import BatchPutResult
 
 KEY = "bench-cluster-key-0123456789abcdef"
 ENV = {"SQUALL_CLUSTER_KEY": KEY}

@@ -32,7 +32,7 @@ import httpx
 # admin credential (SQUALL_TOKEN), raw HTTP calls the AUTH headers
 os.environ.setdefault("SQUALL_AUTH_KEY", "squall-bench-auth-key-0123456789abcdef")
 if not os.environ.get("SQUALL_TOKEN"):
-    from squall.common.auth import load_auth_keys, mint
+    from squall.common.security.auth import load_auth_keys, mint
 
     _keys = load_auth_keys()
     assert _keys is not None

@@ -6,7 +6,7 @@
 (2 ms apart, so the consumers are parked when each arrives). It prints, and writes to
 ``bench/results/lease-herd.md``, the master's CPU per task (put + lease + done) and the
 leases tried by woken parked requests (``squall_lease_wait_attempts_total``). Before
-targeted wake-ups every new task woke every parked lease (``master/waiters.py``).
+targeted wake-ups every new task woke every parked lease (``master/tasks/waiters.py``).
 """
 
 from __future__ import annotations

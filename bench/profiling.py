@@ -72,7 +72,7 @@ def py_spy(out: Path, pid: int, rate: int, *extra: str, attach_s: float = 0.5
 
 
 def _frame_module(frame: str) -> str:
-    """'func (path:line)' -> squall.master.wal for squall, else the top-level package."""
+    """'func (path:line)' -> squall.master.storage.wal for squall, else the top-level package."""
     m = re.search(r"\((.*?):\d+\)$", frame)
     path = (m.group(1) if m else frame).split("site-packages/")[-1]
     if "/squall/" in "/" + path:

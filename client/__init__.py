@@ -20,7 +20,7 @@ from squall.client._async import AsyncClient, AsyncLeasedTask, AsyncTransaction
 from squall.client._effects import ConnectError, Retry, may_have_applied
 from squall.client._sync import Client, LeasedTask, Transaction
 from squall.client._tasks import NewTask, fifo_pid
-from squall.client.worker import Worker
+from squall.client.worker.runtime import Worker
 from squall.common.errors import (
     BadRequest,
     Conflict,
@@ -40,7 +40,7 @@ from squall.common.errors import (
     Unauthorized,
     Unavailable,
 )
-from squall.common.models import Backoff, Policy, Schedule
+from squall.common.wire.models import Backoff, Policy, Schedule
 
 __all__ = [
     "AsyncBatches",

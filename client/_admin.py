@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from squall.client._effects import Emit, Proto
 from squall.client._paths import node_path, pid_segment, policy_path, qpath, schedule_path
 from squall.common.errors import NotFound
-from squall.common.models import (
+from squall.common.wire.models import (
     CancelResponse,
     ClusterInfo,
     ClusterStats,
@@ -25,7 +25,7 @@ from squall.common.models import (
     ScheduleInfo,
     TaskInfo,
 )
-from squall.common.names import split_queue
+from squall.common.wire.names import split_queue
 
 
 class AdminVerbs:

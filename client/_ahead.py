@@ -26,9 +26,9 @@ from typing import Any, Generic, TypeVar
 from squall.client._effects import Join, Proto, Spawn
 from squall.client._tasks import TaskBase
 from squall.common.errors import BadRequest, SquallError
-from squall.common.models import MAX_BATCH
-from squall.common.models import LeasedTask as WireTask
-from squall.common.names import split_queue
+from squall.common.wire.models import MAX_BATCH
+from squall.common.wire.models import LeasedTask as WireTask
+from squall.common.wire.names import split_queue
 
 T = TypeVar("T", bound=TaskBase)
 

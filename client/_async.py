@@ -19,7 +19,7 @@ from squall.client._leanasync import LeanAsyncTransport
 from squall.client._protocol import IN_FLIGHT, Core, default_master, first_failure, held_wire
 from squall.client._tasks import NewTask, Payload, TaskBase, Tasks, TxBuilder, as_list
 from squall.common.errors import SquallError
-from squall.common.models import (
+from squall.common.wire.models import (
     CancelResponse,
     ClusterInfo,
     ClusterStats,
@@ -37,7 +37,7 @@ from squall.common.models import (
     TaskInfo,
     UpdateResponse,
 )
-from squall.common.models import LeasedTask as WireTask
+from squall.common.wire.models import LeasedTask as WireTask
 
 T = TypeVar("T")
 

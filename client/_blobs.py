@@ -26,7 +26,6 @@ from typing import Any
 from squall.client._effects import Call, Close, Emit, Proto, Read, Reply, Retry, call
 from squall.client._tasks import Stream
 from squall.common.checksum import CRC_HEADER, Crc32c, crc32c
-from squall.common.cluster import AllocateResponse, Allocation
 from squall.common.errors import (
     DataCorrupt,
     Forbidden,
@@ -38,8 +37,9 @@ from squall.common.errors import (
     Unauthorized,
     Unavailable,
 )
-from squall.common.models import PayloadRef
-from squall.common.payload import (
+from squall.common.wire.cluster import AllocateResponse, Allocation
+from squall.common.wire.models import PayloadRef
+from squall.common.wire.payload import (
     OK,
     batch_get_body,
     batch_groups,

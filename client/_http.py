@@ -17,7 +17,7 @@ import orjson
 from squall.client._direct import Plain
 from squall.client._effects import Call, ConnectError, Reply
 from squall.common.errors import ServerError, StatusError, TransportError, from_response
-from squall.common.tls import TLSConfig
+from squall.common.security.tls import TLSConfig
 
 if TYPE_CHECKING:
     from squall.client._leanasync import LeanAsyncTransport
@@ -63,7 +63,7 @@ def sync_transport(limits: httpx.Limits) -> LeanTransport:
 
 def async_transport(limits: httpx.Limits) -> LeanAsyncTransport:
     """The async client's default transport: :class:`LeanAsyncTransport` (asyncio streams,
-    ``common/leanio.py``), TLS as :func:`tls_verify`, TCP_NODELAY."""
+    ``common/transport/aio.py``), TLS as :func:`tls_verify`, TCP_NODELAY."""
     from squall.client._leanasync import LeanAsyncTransport
 
     return LeanAsyncTransport(tls_verify(), limits.max_keepalive_connections or 100,

@@ -1,5 +1,5 @@
 """The async client's HTTP/1.1 transport: httpx's interface over the shared asyncio core
-(``common/leanio.py``, which the data nodes' peer client uses too).
+(``common/transport/aio.py``, which the data nodes' peer client uses too).
 
 httpx's default async transport (httpcore + h11 + anyio) was about a third of the async
 ``Worker``'s CPU per task (py-spy, issue 9). This transport keeps everything above it:
@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from squall.client._direct import Direct, Plain
-from squall.common.leanio import Broken, Pool, Response
+from squall.common.transport.aio import Broken, Pool, Response
 
 IDLE_S = 4.0  # below uvicorn's 5 s keep-alive: a server rarely closes one under us
 

@@ -11,7 +11,7 @@ mapping (``_http.py``) see exactly what they saw before.
 :meth:`exchange` is the direct path (``_direct.py``): the same pool and failures for a
 call that skips httpx's request and response objects. It writes the request and reads the
 answer on the pooled connection's socket itself, with the head built and parsed by
-``common/http1.py`` (shared with the async transport): ``http.client``'s request and
+``common/transport/http1.py`` (shared with the async transport): ``http.client``'s request and
 header machinery (``email.parser``) cost ~100 µs of CPU per exchange, measured with 1 KiB
 tasks, where the whole client spends ~170 µs per request without it.
 
@@ -41,7 +41,7 @@ from typing import BinaryIO, cast
 import httpx
 
 from squall.client._direct import Direct, Plain
-from squall.common.http1 import (
+from squall.common.transport.http1 import (
     COALESCE_BYTES,
     MAX_HEAD_BYTES,
     MAX_INTERIM,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from squall.common.errors import BadRequest
-from squall.common.names import split_queue
+from squall.common.wire.names import split_queue
 
 
 def qpath(queue: str) -> tuple[str, str, str]:

@@ -14,7 +14,7 @@ from squall.common.errors import NotFound, SquallError, TransportError, Unavaila
 
 if TYPE_CHECKING:
     from squall.client._blobs import Blobs
-    from squall.common.models import TaskInfo
+    from squall.common.wire.models import TaskInfo
 
 _STALE = (TransportError, Unavailable, NotFound)  # no listed replica could deliver
 

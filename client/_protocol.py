@@ -32,13 +32,13 @@ from squall.common.errors import (
     BadRequest,
     SquallError,
 )
-from squall.common.models import (
+from squall.common.wire.models import (
     MAX_BATCH,
     EnqueueResult,
     UpdateResponse,
 )
-from squall.common.models import LeasedTask as WireTask
-from squall.common.names import split_queue
+from squall.common.wire.models import LeasedTask as WireTask
+from squall.common.wire.names import split_queue
 
 T = TypeVar("T", bound=TaskBase)
 DEFAULT_MASTER = "http://127.0.0.1:7070"

@@ -25,7 +25,7 @@ from squall.client._protocol import (
 )
 from squall.client._syncdriver import Driver
 from squall.client._tasks import NewTask, Payload, TaskBase, Tasks, TxBuilder, as_list
-from squall.common.models import (
+from squall.common.wire.models import (
     CancelResponse,
     ClusterInfo,
     ClusterStats,
@@ -43,7 +43,7 @@ from squall.common.models import (
     TaskInfo,
     UpdateResponse,
 )
-from squall.common.models import LeasedTask as WireTask
+from squall.common.wire.models import LeasedTask as WireTask
 
 T = TypeVar("T")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import IO, Any, TypeAlias
 
 from squall.common.errors import BadRequest
-from squall.common.models import LeasedTask as WireTask
-from squall.common.models import PayloadRef
-from squall.common.names import split_queue
+from squall.common.wire.models import LeasedTask as WireTask
+from squall.common.wire.models import PayloadRef
+from squall.common.wire.names import split_queue
 
 Payload = bytes | bytearray | memoryview | str | Path | IO[bytes] | Iterable[bytes] | None
 SMALL_FILE_BYTES = 1 << 20  # files up to this size are read whole (retries, batch writes)

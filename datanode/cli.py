@@ -7,17 +7,17 @@ from pathlib import Path
 
 import typer
 
-from squall.common.auth import check_bind, cluster_key_configured, load_auth_keys
-from squall.common.tls import TLSConfig
+from squall.common.security.auth import check_bind, cluster_key_configured, load_auth_keys
+from squall.common.security.tls import TLSConfig
 from squall.datanode.config import DataNodeSettings
 
 
 def serve(settings: DataNodeSettings, host: str, port: int) -> None:
     import uvicorn
 
-    from squall.common.runtime import serve_tuning
-    from squall.common.serving import uvicorn_options
-    from squall.datanode.app import create_datanode_app
+    from squall.common.server.runtime import serve_tuning
+    from squall.common.server.serving import uvicorn_options
+    from squall.datanode.http.app import create_datanode_app
 
     app = create_datanode_app(settings)
     serve_tuning()
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
             help="mutual TLS: refuse connections without a certificate from --tls-ca"),
     ) -> None:
         """Run a data node: LMDB blob store, replication, heartbeats to the master."""
-        from squall.common.tokens import load_cluster_key
+        from squall.common.security.tokens import load_cluster_key
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per peer request

@@ -6,8 +6,8 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from squall.common.tls import TLSConfig
-from squall.common.tokens import DEV_CLUSTER_KEY
+from squall.common.security.tls import TLSConfig
+from squall.common.security.tokens import DEV_CLUSTER_KEY
 
 
 @dataclass

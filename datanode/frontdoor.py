@@ -3,7 +3,7 @@ payloads (issue 9; DESIGN §2).
 
     client --POST {node}/v1/groups/{g}/queues/{q}/tasks (msgpack)--> front-door node
       1. blob ids from a block the master granted this node ahead of time (no allocation
-         round trip; see master/routes/frontdoor.py)
+         round trip; see master/http/routes/frontdoor.py)
       2. store the payloads here (one transaction, synced) and on the block's peers
          (``/v1/replicate:batch-put?receipt=batch``) at once; every node signs one batch
          receipt for the request's blobs (the master checks one MAC per node, not per blob)
@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from squall.common.checksum import crc32c
-from squall.common.cluster import BlockGrant, PeerError
 from squall.common.errors import OutcomeUnknown, StatusError, Unavailable, from_response
-from squall.common.payload import Frame, encode_frame
-from squall.datanode.peers import PeerUnreachable
-from squall.datanode.replication import forward_batch, quorum_message
-from squall.datanode.store import BlobMeta
+from squall.common.wire.cluster import BlockGrant, PeerError
+from squall.common.wire.payload import Frame, encode_frame
+from squall.datanode.replication.peers import PeerUnreachable
+from squall.datanode.replication.pipeline import forward_batch, quorum_message
+from squall.datanode.store.blobstore import BlobMeta
 
 if TYPE_CHECKING:
     from squall.datanode.service import DataNode
@@ -116,7 +116,8 @@ class FrontDoor:
         reached it; OutcomeUnknown if it may have and no answer came back."""
         if not self.master:
             raise Unavailable("this data node has no master (--master): no front door")
-        assert self.node.peers is not None  # the lean keep-alive client (datanode/peers.py)
+        # the lean keep-alive client (datanode/replication/peers.py)
+        assert self.node.peers is not None
         try:
             r = await self.node.peers.post(self.master + path, content=orjson.dumps(body),
                                            headers={**self._auth(),

@@ -1,9 +1,9 @@
 """The data node's heartbeat to the master, and the commands it brings back.
 
 Every ``heartbeat_interval_s`` (first beat at once) the node POSTs a
-:class:`~squall.common.cluster.HeartbeatRequest` to ``{master}/v1/nodes/heartbeat`` with
+:class:`~squall.common.wire.cluster.HeartbeatRequest` to ``{master}/v1/nodes/heartbeat`` with
 ``Authorization: Bearer <heartbeat token>`` (op ``heartbeat``, scoped to its node id, signed
-with the cluster key). See ``common/cluster.py`` for the fields: space, blob count, an
+with the cluster key). See ``common/wire/cluster.py`` for the fields: space, blob count, an
 incremental block report (added / deleted since the last good beat), a full inventory on
 the first beat, after a failed one, every ``full_report_every`` beats and when the master
 asks; corrupt replicas dropped; outcomes of replicate commands.
@@ -32,7 +32,7 @@ import httpx
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from squall.common.cluster import (
+from squall.common.wire.cluster import (
     Command,
     DeleteCommand,
     HeartbeatRequest,
@@ -40,7 +40,7 @@ from squall.common.cluster import (
     ReplicateCommand,
     ReplicationReport,
 )
-from squall.datanode.replication import copy_batch, copy_blob
+from squall.datanode.replication.pipeline import copy_batch, copy_blob
 from squall.datanode.service import DataNode
 
 log = logging.getLogger("squall.datanode.heartbeat")

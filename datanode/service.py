@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from squall.common.clock import Clock, SystemClock
-from squall.common.tokens import (
+from squall.common.security.tokens import (
     TokenClaims,
     bearer,
     sign,
@@ -21,14 +21,14 @@ from squall.common.tokens import (
     verify,
 )
 from squall.datanode.config import DataNodeSettings
-from squall.datanode.peers import Peers
-from squall.datanode.repairpace import RepairPace
-from squall.datanode.store import BlobMeta, BlobStore
+from squall.datanode.replication.peers import Peers
+from squall.datanode.replication.repairpace import RepairPace
+from squall.datanode.store.blobstore import BlobMeta, BlobStore
 
 if TYPE_CHECKING:
     from squall.datanode.frontdoor import FrontDoor
     from squall.datanode.heartbeat import Heartbeat
-    from squall.datanode.scrubber import Scrubber
+    from squall.datanode.store.scrubber import Scrubber
 
 log = logging.getLogger("squall.datanode")
 
@@ -71,7 +71,7 @@ class DataNode:
                             self.clock.now())
 
     def batch_receipt(self, metas: Iterable[BlobMeta]) -> str:
-        """One receipt for a whole batch (see ``common/tokens.py``)."""
+        """One receipt for a whole batch (see ``common/security/tokens.py``)."""
         return sign_batch_receipt(self.key, self.node_id,
                                   [(m.blob_id, m.size, m.crc32c) for m in metas],
                                   self.clock.now())
@@ -83,7 +83,7 @@ class DataNode:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, background: bool = True) -> None:
         from squall.datanode.heartbeat import Heartbeat
-        from squall.datanode.scrubber import Scrubber
+        from squall.datanode.store.scrubber import Scrubber
 
         s = self.settings
         ctx = s.tls.client_context()

@@ -45,7 +45,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from squall.client import Client, NotFound
-from squall.common.models import QueueStats
+from squall.common.wire.models import QueueStats
 
 RAW, TERMS = "docs#raw", "docs#terms"
 WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]{2,}")

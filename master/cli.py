@@ -8,9 +8,9 @@ from types import FrameType
 
 import typer
 
-from squall.common.auth import check_bind, cluster_key_configured, load_auth_keys
-from squall.common.tls import TLSConfig
-from squall.master.nodes import ClusterSettings
+from squall.common.security.auth import check_bind, cluster_key_configured, load_auth_keys
+from squall.common.security.tls import TLSConfig
+from squall.master.cluster.nodes import ClusterSettings
 from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
 
@@ -19,9 +19,9 @@ def serve(settings: MasterSettings, host: str, port: int,
           security: SecuritySettings | None = None, tls: TLSConfig | None = None) -> None:
     import uvicorn
 
-    from squall.common.runtime import serve_tuning
-    from squall.common.serving import uvicorn_options
-    from squall.master.app import create_master_app
+    from squall.common.server.runtime import serve_tuning
+    from squall.common.server.serving import uvicorn_options
+    from squall.master.http.app import create_master_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = create_master_app(settings, security=security)

@@ -19,19 +19,19 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from squall.common.errors import Unavailable
-from squall.master import admin
+from squall.master.tasks import admin
 
 if TYPE_CHECKING:
-    from squall.master.cluster import Cluster
-    from squall.master.commit import GroupCommit
-    from squall.master.dedup import Dedup
-    from squall.master.engine import Engine
-    from squall.master.index import Index
+    from squall.master.cluster.state import Cluster
     from squall.master.service import MasterSettings
-    from squall.master.stats import Meters
-    from squall.master.view import Plan
-    from squall.master.waiters import Waiters
-    from squall.master.wal import WAL
+    from squall.master.storage.commit import GroupCommit
+    from squall.master.storage.index import Index
+    from squall.master.storage.wal import WAL
+    from squall.master.tasks.dedup import Dedup
+    from squall.master.tasks.engine import Engine
+    from squall.master.tasks.stats import Meters
+    from squall.master.tasks.view import Plan
+    from squall.master.tasks.waiters import Waiters
 
 log = logging.getLogger("squall.master")
 FREED_PER_TICK = 50_000

@@ -21,10 +21,10 @@ import orjson
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from squall.common import auth
 from squall.common.errors import NotFound
-from squall.common.models import ErrorResponse, Name
-from squall.master.http import ERROR_RESPONSES, JSON
+from squall.common.security import auth
+from squall.common.wire.models import ErrorResponse, Name
+from squall.master.http.answers import ERROR_RESPONSES, JSON
 
 log = logging.getLogger("squall.master.security")
 MAX_LOG = 10_000  # credentials remembered (the oldest expired ones go first)

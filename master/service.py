@@ -1,6 +1,6 @@
 """The master service: recovery, the commit path, the verbs and reads.
 
-Commit path of every mutating request (see :mod:`squall.master.commit`)::
+Commit path of every mutating request (see :mod:`squall.master.storage.commit`)::
 
     child txn of the open batch txn: plan (read + validate) -> apply ops, applied = ticket
     the batch closes: its WAL records are written as one group and fdatasynced
@@ -34,7 +34,8 @@ import msgpack
 
 from squall.common.clock import Clock, SystemClock
 from squall.common.errors import StatusError
-from squall.common.models import (
+from squall.common.security.tokens import load_cluster_key
+from squall.common.wire.models import (
     LeaseRequest,
     PayloadRef,
     Policy,
@@ -43,25 +44,25 @@ from squall.common.models import (
     UpdateLease,
     UpdateRequest,
 )
-from squall.common.names import check_name, check_pid
-from squall.common.tokens import load_cluster_key
-from squall.master import admin, blobgc, drain
-from squall.master.blobscan import blob_ids_after
-from squall.master.cluster import Cluster, ClusterSettings
-from squall.master.commit import GroupCommit
-from squall.master.dedup import Dedup
-from squall.master.engine import Engine
+from squall.common.wire.names import check_name, check_pid
+from squall.master.cluster import blobgc, drain
+from squall.master.cluster.blobscan import blob_ids_after
+from squall.master.cluster.placement import Placement
+from squall.master.cluster.state import Cluster, ClusterSettings
 from squall.master.housekeeping import Housekeeping
-from squall.master.index import Index
-from squall.master.leasetokens import LeaseTokens, load_or_make_key
-from squall.master.ops import apply, replay
-from squall.master.placement import Placement
-from squall.master.records import LEASED, QueueRec
-from squall.master.stats import Meters
-from squall.master.view import Plan
-from squall.master.waiters import Waiters
-from squall.master.wal import WAL
-from squall.master.walfile import Tail, read_records
+from squall.master.storage.commit import GroupCommit
+from squall.master.storage.index import Index
+from squall.master.storage.ops import apply, replay
+from squall.master.storage.records import LEASED, QueueRec
+from squall.master.storage.wal import WAL
+from squall.master.storage.walfile import Tail, read_records
+from squall.master.tasks import admin
+from squall.master.tasks.dedup import Dedup
+from squall.master.tasks.engine import Engine
+from squall.master.tasks.leasetokens import LeaseTokens, load_or_make_key
+from squall.master.tasks.stats import Meters
+from squall.master.tasks.view import Plan
+from squall.master.tasks.waiters import Waiters
 
 log = logging.getLogger("squall.master")
 REPLAY_TXN_RECORDS = 5000
@@ -304,7 +305,7 @@ class Master(Housekeeping):
     async def set_schedule(self, group: str, name: str, s: Schedule | None) -> dict[str, Any]:
         return await self._execute(lambda txn: admin.plan_schedule(self.engine, group, name, s))
 
-    # -- data nodes: decommission (master/drain.py) ------------------------------------
+    # -- data nodes: decommission (master/cluster/drain.py) ------------------------------------
     async def _mark_node(self, node_id: str, mark: dict[str, Any] | None) -> None:
         await self._execute(lambda txn: Plan([("C", "N", "", node_id, mark)]))
 

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from squall.common.names import join_queue
-from squall.master import policies
+from squall.common.wire.names import join_queue
+from squall.master.tasks import policies
 
 if TYPE_CHECKING:
-    from squall.master.records import QueueRec
     from squall.master.service import Master
+    from squall.master.storage.records import QueueRec
 
 log = logging.getLogger("squall.master")
 TOP_QUEUES = 100  # queues the dashboard lists (sortable); /metrics labels the first 50

@@ -16,9 +16,9 @@ import httpx
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse
 
-from squall.common import tokens
-from squall.common.cluster import HeartbeatRequest
 from squall.common.errors import StatusError
+from squall.common.security import tokens
+from squall.common.wire.cluster import HeartbeatRequest
 from tests.helpers import DataNodeProcess, start_all
 
 KEY = b"squall-test-cluster-key-0123456789"

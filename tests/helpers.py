@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 if TYPE_CHECKING:
-    from squall.client._cli_dev import DevCluster
+    from squall.client.cli.dev import DevCluster
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ os.environ["SQUALL_AUTH_KEY"] = TEST_AUTH_KEY.decode()
 
 def mint(*roles: str, ttl_s: float = 20 * 365 * 86400.0, **kw: Any) -> str:
     """A credential under the tests' auth key."""
-    from squall.common.auth import mint as _mint
+    from squall.common.security.auth import mint as _mint
 
     return _mint(TEST_AUTH_KEY, roles, ttl_s, time.time(), **kw)
 
@@ -42,7 +42,7 @@ os.environ["SQUALL_TOKEN"] = ADMIN_TOKEN
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # headers for raw HTTP calls
 
 
-# lease tokens on the wire are `<fencing number>.<mac>` (master/leasetokens.py)
+# lease tokens on the wire are `<fencing number>.<mac>` (master/tasks/leasetokens.py)
 FAKE_TOKEN = "1." + "0" * 32  # well formed, never issued: stands in where any token does
 
 
@@ -73,7 +73,7 @@ def start_cluster(data_dir: Path, nodes: int, *, heartbeat_interval_s: float = 0
                   extra_env: dict[str, str] | None = None) -> DevCluster:
     """A `squall dev` cluster (master and `nodes` data nodes as subprocesses) on a free
     block of ports, tried again on another block if one was taken meanwhile."""
-    from squall.client._cli_dev import DevCluster
+    from squall.client.cli.dev import DevCluster
 
     for _ in range(5):
         c = DevCluster(data_dir, free_port_block(nodes + 1), nodes,
@@ -274,7 +274,7 @@ def running_master(data_dir: str, **kw: Any) -> Iterator[MasterProcess]:
 async def asgi_master(settings: Any, clock: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
     """A master app in this process (no background loop: the test ticks it), started, and an
     admin client talking to it over ASGI; yields (client, Master)."""
-    from squall.master.app import create_master_app
+    from squall.master.http.app import create_master_app
 
     app = create_master_app(settings, clock=clock, background=False)
     async with app.router.lifespan_context(app):

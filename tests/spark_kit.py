@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 
 from squall.client import Client, LeasedTask, NotFound
 from squall.client.spark import local_session
-from squall.common.models import QueueStats
+from squall.common.wire.models import QueueStats
 from tests.helpers import DataNodeProcess, MasterProcess, start_all, wait_for
 
 KEY = "test-spark-key-0123456789abcdef01"

@@ -15,11 +15,11 @@ import pytest
 from fastapi.routing import APIRoute
 from starlette.routing import Route
 
-from squall.common import auth
-from squall.common.access import DATANODE_RULES, MASTER_RULES
-from squall.datanode.app import create_datanode_app
+from squall.common.security import auth
+from squall.common.security.access import DATANODE_RULES, MASTER_RULES
 from squall.datanode.config import DataNodeSettings
-from squall.master.app import create_master_app
+from squall.datanode.http.app import create_datanode_app
+from squall.master.http.app import create_master_app
 from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
 from tests.helpers import TEST_AUTH_KEY, mint
@@ -87,7 +87,7 @@ def test_every_route_has_a_rule(tmp_path) -> None:  # type: ignore[no-untyped-de
             for method in ops:
                 assert (method.upper(), path) in rules or (
                     method.upper(), path.replace("{pid}", "{pid:path}")) in rules, \
-                    f"{server}: {method.upper()} {path} has no rule in common/access.py"
+                    f"{server}: {method.upper()} {path} has no rule in common/security/access.py"
         missing = routes_of(app) - set(rules)
         assert not missing, f"{server}: routes without a rule: {sorted(missing)}"
 

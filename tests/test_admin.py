@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from squall.common.clock import ManualClock
-from squall.master.app import create_master_app
+from squall.master.http.app import create_master_app
 from squall.master.service import Master, MasterSettings
 from tests.helpers import ADMIN
 from tests.test_api import info, lease, put, update

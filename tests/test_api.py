@@ -186,7 +186,7 @@ async def test_long_pids_keep_order_and_identity(api: Api) -> None:
 
 
 async def test_leases_survive_restart(master_settings: Any, clock: ManualClock) -> None:
-    from squall.master.app import create_master_app
+    from squall.master.http.app import create_master_app
 
     async def session() -> Any:
         app = create_master_app(master_settings, clock=clock, background=False)
@@ -214,7 +214,7 @@ async def test_index_sync_mode_survives_a_power_loss(tmp_path: Any) -> None:
     committed snapshot; the WAL replays onto it after a crash without any checkpoint."""
     import shutil
 
-    from squall.common.models import LeaseRequest, TaskSpec
+    from squall.common.wire.models import LeaseRequest, TaskSpec
     from squall.master.service import MasterSettings
     from tests.crashkit import kill9
 

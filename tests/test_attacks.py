@@ -16,15 +16,15 @@ import httpx
 import orjson
 import pytest
 
-from squall.common import auth, tokens
-from squall.common.cluster import HeartbeatRequest
 from squall.common.errors import Forbidden, Unauthorized
-from squall.common.serving import HeaderDeadline
-from squall.master.app import create_master_app
-from squall.master.cluster import Cluster, ClusterSettings
-from squall.master.leasetokens import LeaseTokens
+from squall.common.security import auth, tokens
+from squall.common.server.serving import HeaderDeadline
+from squall.common.wire.cluster import HeartbeatRequest
+from squall.master.cluster.state import Cluster, ClusterSettings
+from squall.master.http.app import create_master_app
 from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
+from squall.master.tasks.leasetokens import LeaseTokens
 from tests.helpers import ADMIN, TEST_AUTH_KEY, mint, running_app
 from tests.test_datanode_tokens import mutations
 
@@ -247,8 +247,8 @@ def test_a_fake_node_claiming_a_blob_does_not_trim_a_real_replica() -> None:
 
 def test_extra_blobs_under_a_write_token_are_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A write token covers exactly the blob ids allocated with it."""
-    from squall.datanode.app import create_datanode_app
     from squall.datanode.config import DataNodeSettings
+    from squall.datanode.http.app import create_datanode_app
 
     key = b"a-real-cluster-key-0123456789abcdef"
     app = create_datanode_app(DataNodeSettings(data_dir=str(tmp_path / "d"), cluster_key=key,

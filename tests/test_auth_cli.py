@@ -14,9 +14,9 @@ import typer
 from typer.testing import CliRunner
 
 from squall.client.cli import app as cli_app
-from squall.common import auth
-from squall.common.tokens import DEV_CLUSTER_KEY
-from squall.master.app import create_master_app
+from squall.common.security import auth
+from squall.common.security.tokens import DEV_CLUSTER_KEY
+from squall.master.http.app import create_master_app
 from squall.master.service import MasterSettings
 from tests.helpers import TEST_AUTH_KEY, running_app
 
@@ -67,7 +67,7 @@ def test_mint_list_revoke_through_the_master(tmp_path: Path,
 
 
 def test_squall_dev_makes_its_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from squall.client._cli_dev import DevCluster
+    from squall.client.cli.dev import DevCluster
 
     for v in ("SQUALL_AUTH_KEY", "SQUALL_AUTH_KEY_FILE", "SQUALL_CLUSTER_KEY",
               "SQUALL_CLUSTER_KEY_FILE"):

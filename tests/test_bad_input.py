@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from squall.common.clock import ManualClock
-from squall.common.models import MAX_BATCH
-from squall.common.names import PID_MAX_BYTES
+from squall.common.wire.models import MAX_BATCH
+from squall.common.wire.names import PID_MAX_BYTES
 from squall.master.service import Master, MasterSettings
 from tests.helpers import ADMIN, FAKE_TOKEN, MasterProcess, forge_token, lease_seq
 

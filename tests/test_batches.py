@@ -17,10 +17,10 @@ import pytest
 
 from squall.client import AsyncClient, BadRequest, Client, LeaseLost, NewTask
 from squall.client._ahead import ReadAhead
-from squall.client._cli_dev import DevCluster
 from squall.client._effects import Join, Spawn
 from squall.client._protocol import held_wire
 from squall.client._tasks import TaskBase
+from squall.client.cli.dev import DevCluster
 from tests.helpers import cluster_fixture, wait_for
 
 # -- the state machine, against a scripted core ---------------------------------------------

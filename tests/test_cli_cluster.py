@@ -15,9 +15,10 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from squall.client import Client, _cli_common
-from squall.client._cli_common import clean
+from squall.client import Client
 from squall.client.cli import app
+from squall.client.cli import common as _cli_common
+from squall.client.cli.common import clean
 from tests.helpers import DataNodeProcess, MasterProcess, wait_for
 
 runner = CliRunner()

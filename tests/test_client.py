@@ -13,7 +13,7 @@ import squall.client as sc
 from squall.client import AsyncClient, Client, NewTask
 from squall.client._tasks import is_fifo_pid
 from squall.common.clock import ManualClock
-from squall.master.app import create_master_app
+from squall.master.http.app import create_master_app
 from squall.master.service import MasterSettings
 from tests.helpers import MasterProcess
 

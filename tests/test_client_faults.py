@@ -16,10 +16,10 @@ import pytest
 import squall.client as sc
 from squall.client import AsyncClient, Client, NewTask
 from squall.common.checksum import CRC_HEADER, crc32c
-from squall.common.models import LeasedTask as WireTask
-from squall.common.models import PayloadRef
-from squall.common.payload import decode_frames
-from squall.master.app import create_master_app
+from squall.common.wire.models import LeasedTask as WireTask
+from squall.common.wire.models import PayloadRef
+from squall.common.wire.payload import decode_frames
+from squall.master.http.app import create_master_app
 from squall.master.service import MasterSettings
 from tests.helpers import FAKE_TOKEN
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from squall.common.errors import Forbidden
-from squall.common.payload import get_blob, put_blob
+from squall.common.wire.payload import get_blob, put_blob
 from tests.helpers import ADMIN, DataNodeProcess, MasterProcess, wait_for
 
 KEY = "test-cluster-key-0123456789abcdef"
@@ -147,7 +147,7 @@ def test_orphans_are_collected_and_dead_nodes_avoided(cluster: Cluster) -> None:
     assert tok.status_code == 200
     kept = c.http.get(f"{G}/queues/o/tasks/keep").json()["payload"]
     read = dict(kept)
-    from squall.common.tokens import sign
+    from squall.common.security.tokens import sign
 
     read_tok = sign(KEY.encode(), "read", [orphan["blob_id"]], 2e9)
     assert c.holders(orphan["blob_id"], read_tok)

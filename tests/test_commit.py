@@ -1,4 +1,4 @@
-"""The master's group commit (master/commit.py): what a batch commits, and when it may skip
+"""The master's group commit (master/storage/commit.py): what a batch commits, and when it may skip
 the commit altogether. (Refusals and disk faults: test_refused.py; the log: test_wal.py.)"""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from squall.common.clock import ManualClock
-from squall.common.models import LeaseRequest, TaskSpec
-from squall.master.commit import ANSWER_WHEN_DURABLE
-from squall.master.records import LEASED, task_key
+from squall.common.wire.models import LeaseRequest, TaskSpec
 from squall.master.service import Master, MasterSettings
+from squall.master.storage.commit import ANSWER_WHEN_DURABLE
+from squall.master.storage.records import LEASED, task_key
 from tests.crashkit import kill9, restore_index, snapshot_index
 
 G = "g"

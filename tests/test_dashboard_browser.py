@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from squall.client import Client
-from squall.client._cli_dev import DevCluster
+from squall.client.cli.dev import DevCluster
 from tests.helpers import ADMIN, ADMIN_TOKEN, cluster_fixture, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

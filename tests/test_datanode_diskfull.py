@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from squall.common import payload
 from squall.common.errors import InsufficientStorage
+from squall.common.wire import payload
 from tests.dn_kit import ENV, auth, chunks, tok
 from tests.helpers import DataNodeProcess
 

@@ -1,5 +1,5 @@
 """The data node's fast paths: the node-to-node client (keep-alive, chunked and streamed
-bodies, early error answers), the stdlib blob reader of common/payload.py, batch-gets with
+bodies, early error answers), the stdlib blob reader of common/wire/payload.py, batch-gets with
 one token per blob, preallocation of the data file, and CRC32C of writable buffers."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import google_crc32c
 import httpx
 import pytest
 
-from squall.common import payload
 from squall.common.checksum import crc32c
 from squall.common.errors import Forbidden, NotFound, Unauthorized
-from squall.datanode.peers import Peers, PeerUnreachable
-from squall.datanode.store import BlobStore
+from squall.common.wire import payload
+from squall.datanode.replication.peers import Peers, PeerUnreachable
+from squall.datanode.store.blobstore import BlobStore
 from tests.dn_kit import node_processes, tok
 from tests.helpers import ADMIN, DataNodeProcess, free_port
 

@@ -13,10 +13,11 @@ from functools import partial
 import httpx
 import pytest
 
-from squall.common import payload, tokens
 from squall.common.checksum import crc32c
-from squall.common.cluster import HeartbeatRequest, ReplicationReport
 from squall.common.errors import NotFound
+from squall.common.security import tokens
+from squall.common.wire import payload
+from squall.common.wire.cluster import HeartbeatRequest, ReplicationReport
 from tests.dn_kit import ENV, KEY, FakeMaster, data_file, flip_bytes_in_file, node_id_of, tok
 from tests.helpers import ADMIN, DataNodeProcess, running_app, start_all, wait_for
 

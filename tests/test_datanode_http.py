@@ -13,9 +13,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from squall.common import payload, tokens
 from squall.common.checksum import CRC_HEADER, Crc32c, crc32c
 from squall.common.errors import BadRequest, NotFound
+from squall.common.security import tokens
+from squall.common.wire import payload
 from tests.dn_kit import KEY, auth, chunks, node_processes, tok
 from tests.helpers import ADMIN, DataNodeProcess
 from tests.test_datanode_tokens import mutations

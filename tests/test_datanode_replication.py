@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from squall.common import payload, tokens
 from squall.common.checksum import crc32c
 from squall.common.errors import DataCorrupt, NotFound, TransportError, Unavailable
+from squall.common.security import tokens
+from squall.common.wire import payload
 from tests.dn_kit import (
     KEY,
     auth,

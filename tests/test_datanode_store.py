@@ -23,10 +23,10 @@ from squall.common.errors import (
     Unavailable,
 )
 from squall.datanode.config import DataNodeSettings
-from squall.datanode.lmdbenv import _classify
-from squall.datanode.scrubber import Scrubber
 from squall.datanode.service import DataNode
-from squall.datanode.store import BlobMeta, BlobStore
+from squall.datanode.store.blobstore import BlobMeta, BlobStore
+from squall.datanode.store.lmdbenv import _classify
+from squall.datanode.store.scrubber import Scrubber
 
 CB = 4096  # small chunks, so a few KiB exercise every multi-chunk path
 

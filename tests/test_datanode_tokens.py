@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from squall.common import payload, tokens
 from squall.common.checksum import Crc32c, crc32c, crc32c_combine, crc_of, parse_crc
 from squall.common.errors import BadRequest, DataCorrupt, Forbidden, Unauthorized
-from squall.datanode.routes.blobs import parse_range
+from squall.common.security import tokens
+from squall.common.wire import payload
+from squall.datanode.http.routes.blobs import parse_range
 
 KEY = b"test-cluster-key-0123456789abcdef"
 NOW = 1_800_000_000.0

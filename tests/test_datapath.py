@@ -25,8 +25,8 @@ import pytest
 
 from squall.client import Client, NewTask, NotFound, _protocol
 from squall.client._blobs import BATCH_BLOB_BYTES
-from squall.client._cli_dev import DevCluster
 from squall.client._frontdoor import MAX_BYTES as INLINE
+from squall.client.cli.dev import DevCluster
 from tests.helpers import cluster_fixture, start_cluster, wait_for
 
 

@@ -12,14 +12,14 @@ import httpx
 import pytest
 
 from squall.common.clock import ManualClock
-from squall.common.cluster import (
+from squall.common.wire.cluster import (
     HeartbeatRequest,
     ReplicateBatchCommand,
     ReplicateCommand,
     ReplicationReport,
 )
-from squall.master import blobgc
-from squall.master.app import create_master_app
+from squall.master.cluster import blobgc
+from squall.master.http.app import create_master_app
 from squall.master.service import Master, MasterSettings
 from tests.helpers import ADMIN, asgi_master
 

@@ -1,4 +1,4 @@
-"""Enqueue idempotency keys (master/dedup.py): at most once per (group, key) within the
+"""Enqueue idempotency keys (master/tasks/dedup.py): at most once per (group, key) within the
 retention window, even after the task was dequeued; other groups, expired keys and
 keyless enqueues are not deduplicated; the window survives a restart; expired records
 are swept; a refused enqueue records no key; op K replays idempotently."""
@@ -20,11 +20,11 @@ import msgpack
 from squall.client import AsyncClient, NewTask
 from squall.common.clock import ManualClock
 from squall.common.errors import Unavailable
-from squall.common.models import TaskSpec
-from squall.master.app import create_master_app
-from squall.master.ops import replay
+from squall.common.wire.models import TaskSpec
+from squall.master.http.app import create_master_app
 from squall.master.service import Master, MasterSettings
-from squall.master.walfile import read_records
+from squall.master.storage.ops import replay
+from squall.master.storage.walfile import read_records
 from tests.crashkit import dump_index, kill9
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import squall.client as sc
 from squall.client import AsyncClient, Client, NewTask, Worker
-from squall.client._cli_dev import DevCluster
+from squall.client.cli.dev import DevCluster
 from tests.helpers import cluster_fixture, free_port_block, start_cluster, wait_for
 
 cluster = cluster_fixture("e2e", heartbeat_interval_s=0.5)

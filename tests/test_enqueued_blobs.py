@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from squall.common.clock import ManualClock
-from squall.common.cluster import DeleteCommand, HeartbeatRequest
-from squall.common.tokens import sign_receipt
-from squall.master import blobgc
-from squall.master.nodes import ClusterSettings
+from squall.common.security.tokens import sign_receipt
+from squall.common.wire.cluster import DeleteCommand, HeartbeatRequest
+from squall.master.cluster import blobgc
+from squall.master.cluster.nodes import ClusterSettings
 from squall.master.service import Master, MasterSettings
 from tests.helpers import asgi_master
 from tests.test_repair_plan import BEAT, World, copies, deletes

@@ -17,12 +17,12 @@ import msgpack
 import pytest
 
 from squall.client import Client, NewTask
-from squall.client._cli_dev import DevCluster
 from squall.client._frontdoor import MAX_BYTES
-from squall.common import tokens
+from squall.client.cli.dev import DevCluster
 from squall.common.checksum import crc32c
-from squall.common.payload import encode_frame
-from squall.common.tokens import load_cluster_key
+from squall.common.security import tokens
+from squall.common.security.tokens import load_cluster_key
+from squall.common.wire.payload import encode_frame
 from squall.datanode.frontdoor import BLOCK_IDS, BLOCK_IDS_MAX, _Block, next_block_ids
 from tests.helpers import ADMIN, cluster_fixture, start_cluster, wait_for
 

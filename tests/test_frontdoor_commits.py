@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from squall.common.cluster import PeerError
 from squall.common.errors import OutcomeUnknown, Unavailable
+from squall.common.wire.cluster import PeerError
 from squall.datanode import frontdoor
 from squall.datanode.frontdoor import COMMITS_IN_FLIGHT, FrontDoor, _Block
-from squall.datanode.layout import BlobMeta
+from squall.datanode.store.layout import BlobMeta
 from tests.helpers import until
 
 

@@ -1,4 +1,4 @@
-"""Request heads are bounded (common/serving.py): a head that grows past the byte bound, or
+"""Request heads are bounded (common/server/serving.py): a head that grows past the byte bound, or
 arrives in more reads than the read bound, is answered 431 and its connection closed;
 legitimate heads (a large token, a head that starts in the read that ends a pipelined body)
 pass. The protocol is fed reads of chosen sizes through a fake transport, so the counting is
@@ -19,13 +19,13 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from squall.common.serving import (
+from squall.common.server.serving import (
     HEADER_TIMEOUT_S,
     MAX_HEAD_BYTES,
     HeaderDeadline,
     uvicorn_options,
 )
-from squall.master.app import create_master_app
+from squall.master.http.app import create_master_app
 from squall.master.service import MasterSettings
 from tests.helpers import running_app, until
 

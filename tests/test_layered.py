@@ -1,4 +1,4 @@
-"""common/layered.py: hot routes go through the app's own layers straight into the hot
+"""common/server/layered.py: hot routes go through the app's own layers straight into the hot
 path, skipping the framework's stack; everything else takes the full stack."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from squall.common.layered import LayeredApp
+from squall.common.server.layered import LayeredApp
 
 Log = list[str]
 

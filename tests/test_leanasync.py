@@ -1,4 +1,4 @@
-"""The async client's asyncio transport (client/_leanasync.py over common/leanio.py) against
+"""The async client's asyncio transport (client/_leanasync.py over common/transport/aio.py) against
 a raw HTTP/1.1 server on 127.0.0.1: keep-alive reuse, an idle connection the server closed,
 no resend, a response left half-read, chunked and Content-Length bodies, a large body in
 bounded parts, errors mapped to httpx's exceptions, TLS."""
@@ -16,7 +16,7 @@ import pytest
 import trustme
 
 from squall.client._leanasync import LeanAsyncTransport
-from squall.common.leanio import CHUNK, COALESCE_BYTES, Body, Broken, Pool
+from squall.common.transport.aio import CHUNK, COALESCE_BYTES, Body, Broken, Pool
 from tests.helpers import until
 from tests.rawhttp import Answer, RawServer, chunked_echo, ok
 

@@ -16,12 +16,12 @@ import httpx
 import pytest
 
 from squall.client import AsyncClient, Client, Overloaded, TransportError, Unavailable
-from squall.common import tokens
 from squall.common.clock import ManualClock
-from squall.common.models import EnqueueItem, PayloadRef, UpdateRequest
-from squall.master.app import create_master_app
+from squall.common.security import tokens
+from squall.common.wire.models import EnqueueItem, PayloadRef, UpdateRequest
+from squall.master.http.app import create_master_app
 from squall.master.service import Master, MasterSettings
-from squall.master.waiters import Waiters
+from squall.master.tasks.waiters import Waiters
 from tests.helpers import ADMIN, MasterProcess, until, wait_for
 
 Env = tuple[AsyncClient, Master, ManualClock]

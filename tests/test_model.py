@@ -39,7 +39,7 @@ from squall.common.errors import (
     PayloadTooLarge,
     StatusError,
 )
-from squall.common.models import (
+from squall.common.wire.models import (
     EnqueueItem,
     LeaseRequest,
     Policy,
@@ -49,10 +49,10 @@ from squall.common.models import (
     TaskSpec,
     UpdateRequest,
 )
-from squall.common.names import PID_MAX_BYTES
-from squall.master.engine import AUTO_PID_DIGITS, ms
-from squall.master.records import AVAILABLE, DELAYED, LEASED, STATE_NAMES, Task, pidkey
+from squall.common.wire.names import PID_MAX_BYTES
 from squall.master.service import Master, MasterSettings
+from squall.master.storage.records import AVAILABLE, DELAYED, LEASED, STATE_NAMES, Task, pidkey
+from squall.master.tasks.engine import AUTO_PID_DIGITS, ms
 from tests.crashkit import dump_index, kill9, restore_index, snapshot_index
 from tests.helpers import FAKE_TOKEN, forge_token, lease_seq
 

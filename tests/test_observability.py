@@ -29,7 +29,7 @@ async def test_counters_never_decrease_and_series_are_bounded(api: Api, clock: M
                                                               ) -> None:
     c, m = api
     monkeypatch.setattr(telemetry, "METRIC_QUEUES", 3)
-    monkeypatch.setattr("squall.master.metrics.METRIC_QUEUES", 3)
+    monkeypatch.setattr("squall.master.http.metrics.METRIC_QUEUES", 3)
     await put(c, "big", *({"pid": f"{i:02d}"} for i in range(10)))
     for i in range(6):
         await put(c, f"small{i}", {"pid": "x"})
@@ -189,7 +189,7 @@ def test_fast_exposition_matches_prometheus_client() -> None:
         HistogramMetricFamily,
     )
 
-    from squall.common.metrics import Hist, hist_text, render
+    from squall.common.server.metrics import Hist, hist_text, render
 
     h = Hist()
     for v in (0.003, 100.0, 0.0, 0.001):

@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 
 from squall.common.clock import ManualClock
-from squall.common.models import (
+from squall.common.wire.models import (
     EnqueueItem,
     LeaseRequest,
     PayloadRef,
@@ -21,10 +21,10 @@ from squall.common.models import (
     UpdateLease,
     UpdateRequest,
 )
-from squall.master import ops as ops_mod
 from squall.master import service
 from squall.master.service import Master, MasterSettings
-from squall.master.walfile import read_records
+from squall.master.storage import ops as ops_mod
+from squall.master.storage.walfile import read_records
 
 
 async def test_wal_bodies_are_msgpack_of_their_ops(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

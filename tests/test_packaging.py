@@ -60,7 +60,8 @@ def test_wheel_ships_every_package(tmp_path: Path) -> None:
         f"sys.path.insert(0, {str(site)!r}); "
         "import importlib; "
         "mods = [importlib.import_module(m) for m in "
-        "('squall.master.app', 'squall.common.models', 'squall.client.cli', 'squall.datanode')]; "
+        "('squall.master.http.app', 'squall.common.wire.models', 'squall.client.cli', "
+        "'squall.datanode')]; "
         f"assert all(m.__file__.startswith({str(site)!r}) for m in mods), "
         "[m.__file__ for m in mods]"
     )

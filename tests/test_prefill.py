@@ -1,4 +1,4 @@
-"""The data node's page-cache prefill (datanode/prefill.py): it reads the preallocated tail
+"""The data node's page-cache prefill (datanode/store/prefill.py): it reads the preallocated tail
 of LMDB's file ahead of the writer, within its window, never past the file, stops on close,
 and LMDB's writes into the pages it read keep every blob intact."""
 
@@ -8,8 +8,8 @@ import os
 import threading
 from pathlib import Path
 
-from squall.datanode.prefill import STEP, Prefill
-from squall.datanode.store import BlobStore
+from squall.datanode.store.blobstore import BlobStore
+from squall.datanode.store.prefill import STEP, Prefill
 from tests.helpers import wait_for
 
 

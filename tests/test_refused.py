@@ -24,10 +24,10 @@ from squall.client import AsyncClient
 from squall.client import Unavailable as ClientUnavailable
 from squall.common.clock import ManualClock
 from squall.common.errors import Unavailable
-from squall.common.models import LeaseRequest, Policy, TaskRef, TaskSpec, UpdateRequest
-from squall.master.app import create_master_app
-from squall.master.commit import ANSWER_WHEN_DURABLE
+from squall.common.wire.models import LeaseRequest, Policy, TaskRef, TaskSpec, UpdateRequest
+from squall.master.http.app import create_master_app
 from squall.master.service import Master, MasterSettings
+from squall.master.storage.commit import ANSWER_WHEN_DURABLE
 from tests.crashkit import dump_index, kill9
 from tests.helpers import ADMIN, MasterProcess, until, wait_for
 

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from squall.common import payload
 from squall.common.checksum import crc32c
-from squall.common.cluster import ReplicationReport
 from squall.common.errors import NotFound
-from squall.common.payload import OK
-from squall.common.tokens import sign, verify_receipt
+from squall.common.security.tokens import sign, verify_receipt
+from squall.common.wire import payload
+from squall.common.wire.cluster import ReplicationReport
+from squall.common.wire.payload import OK
 from tests.dn_kit import ENV as DN_ENV
 from tests.dn_kit import KEY as DN_KEY
 from tests.dn_kit import FakeMaster, data_file, flip_bytes_in_file, node_id_of, tok
@@ -132,7 +132,7 @@ def test_a_dead_node_with_2000_tiny_blobs_is_repaired_in_batches(tmp_path: Path)
         assert i["copies_done"] >= 2000 and i["lost"] == 0
         m = c.http.get("/metrics").text
         assert "squall_blobs_lost 0.0" in m and "squall_blobs_under_replicated 0.0" in m
-        # the servers run tuned (common/runtime.py): the collection at start was timed
+        # the servers run tuned (common/server/runtime.py): the collection at start was timed
         node_m = httpx.get(a.url + "/metrics", headers=ADMIN, timeout=10).text
         for text in (m, node_m):
             assert re.search(r'^squall_gc_pause_seconds_count\{generation="2"\} [1-9]', text,

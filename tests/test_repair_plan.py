@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from squall.common.clock import ManualClock
-from squall.common.cluster import (
+from squall.common.security.tokens import verify
+from squall.common.wire.cluster import (
     MAX_REPLICATE_BATCH,
     DeleteCommand,
     HeartbeatRequest,
@@ -18,11 +19,10 @@ from squall.common.cluster import (
     ReplicateCommand,
     ReplicationReport,
 )
-from squall.common.tokens import verify
-from squall.master import drain
-from squall.master.cluster import CHECK_BATCH, Cluster, ClusterSettings
-from squall.master.placement import Placement
-from squall.master.repair import BATCH_BYTES, PLAN_SCAN, Repair
+from squall.master.cluster import drain
+from squall.master.cluster.placement import Placement
+from squall.master.cluster.repair import BATCH_BYTES, PLAN_SCAN, Repair
+from squall.master.cluster.state import CHECK_BATCH, Cluster, ClusterSettings
 
 KEY = b"repair-plan-test-key-0123456789"
 BEAT = 1.0
@@ -250,7 +250,7 @@ def test_scan_reports_referenced_blobs_no_live_node_holds(caplog: pytest.LogCapt
     w.clock.advance(5 * BEAT)
     w.beat("a")
     w.beat("b")
-    with caplog.at_level(logging.WARNING, "squall.master.blobscan"):
+    with caplog.at_level(logging.WARNING, "squall.master.cluster.blobscan"):
         for _ in range(10):
             w.tick()
     info = w.c.info()
@@ -276,7 +276,7 @@ def test_repair_copies_are_paced_only_while_clients_use_the_node() -> None:
     sleep that moves it."""
     import asyncio
 
-    from squall.datanode.repairpace import BLOB_CHARGE, BUSY_S, RepairPace
+    from squall.datanode.replication.repairpace import BLOB_CHARGE, BUSY_S, RepairPace
 
     clock = ManualClock(start=100.0)
     slept: list[float] = []
@@ -482,7 +482,7 @@ def test_a_large_backlog_is_planned_slice_after_slice_without_waiting(
     """Examining and planning go in slices of ``CHECK_BATCH`` / ``PLAN_SCAN`` blobs;
     the next slice follows at the next tick, not a second later (also when all of them were
     examined at once and wait to be planned)."""
-    monkeypatch.setattr("squall.master.cluster.CHECK_BATCH", check_batch)
+    monkeypatch.setattr("squall.master.cluster.state.CHECK_BATCH", check_batch)
     w = World(max_copies_per_node=10_000, max_repair_bytes_per_node=1 << 30)
     ids = [f"g{i:05d}" for i in range(2500)]
     w.two_copies(ids, 100)

@@ -14,14 +14,15 @@ import httpx
 import lmdb
 import pytest
 
-from squall.common import payload, tokens
 from squall.common.clock import ManualClock
-from squall.common.cluster import REPAIR_HEADER
-from squall.datanode import lmdbenv
-from squall.datanode.app import create_datanode_app
+from squall.common.security import tokens
+from squall.common.wire import payload
+from squall.common.wire.cluster import REPAIR_HEADER
 from squall.datanode.config import DataNodeSettings
-from squall.datanode.lmdbenv import Env
-from squall.datanode.repairpace import BUSY_S, RepairPace
+from squall.datanode.http.app import create_datanode_app
+from squall.datanode.replication.repairpace import BUSY_S, RepairPace
+from squall.datanode.store import lmdbenv
+from squall.datanode.store.lmdbenv import Env
 from tests.helpers import wait_for
 
 KEY = b"repair-priority-test-key-0123456789"

@@ -1,4 +1,4 @@
-"""The servers' runtime settings (common/runtime.py): run in a fresh interpreter, so that
+"""The servers' runtime settings (common/server/runtime.py): run in a fresh interpreter, so that
 the test process keeps Python's defaults."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import json
 import subprocess
 import sys
 
-from squall.common import runtime
+from squall.common.server import runtime
 
 PROBE = """
 import gc, json, platform, sys
-from squall.common import runtime
+from squall.common.server import runtime
 runtime.serve_tuning(full_every_s=0.05)
 runtime.serve_tuning()  # idempotent: one callback, one timer
 before = runtime.PAUSES[2].counts[:]

@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from squall.master.app import create_master_app
+from squall.master.http.app import create_master_app
 from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
 from tests.helpers import ADMIN

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from squall.client import Backoff, LeasedTask, NewTask
 from squall.client.spark import derived_pid, outputs, run_stage, save
 from squall.client.spark._fetch import _groups
-from squall.common.models import PayloadRef, QueueStats
+from squall.common.wire.models import PayloadRef, QueueStats
 from tests.helpers import wait_for
 from tests.spark_kit import Cluster, cluster, expected, lease_all, spark, total
 

@@ -15,8 +15,8 @@ from pyspark.sql import SparkSession
 
 from squall.client import Client, NewTask
 from squall.client.spark._read import ReadOptions, partition_size, plan_bounds, read_range
-from squall.common.names import pid_key
-from squall.master.records import pidkey
+from squall.common.wire.names import pid_key
+from squall.master.storage.records import pidkey
 from tests.spark_kit import Cluster, cluster, spark
 
 __all__ = ["cluster", "spark"]  # module fixtures

@@ -32,7 +32,7 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from squall.client import Client, NewTask
 from squall.client.spark._stream import SquallStreamReader, StreamOptions, TasksPartition
-from squall.common.models import QueueStats
+from squall.common.wire.models import QueueStats
 from tests.helpers import MasterProcess, wait_for
 from tests.spark_kit import Cluster, cluster, lease_all, spark, total
 

@@ -15,8 +15,8 @@ import pytest
 import trustme
 
 from squall.client import Client
-from squall.common import payload as wire
 from squall.common.errors import TransportError
+from squall.common.wire import payload as wire
 from tests.helpers import ADMIN, DataNodeProcess, MasterProcess, start_all, wait_for
 
 KEY = "tls-test-cluster-key-0123456789abcdef"

@@ -1,4 +1,5 @@
-"""The write-ahead log (master/wal.py) and recovery through `Master`, under damage and crashes.
+"""The write-ahead log (master/storage/wal.py) and recovery through `Master`, under damage
+and crashes.
 
 Raw WAL: frames round-trip, group commit, segment roll and `drop_through`, a torn tail at
 every byte offset of the last frame, a bit flip anywhere in the last frame, damage before
@@ -25,7 +26,7 @@ import pytest
 
 from squall.common.clock import ManualClock
 from squall.common.errors import NotFound
-from squall.common.models import (
+from squall.common.wire.models import (
     EnqueueItem,
     LeaseRequest,
     ReleaseItem,
@@ -34,10 +35,10 @@ from squall.common.models import (
     TaskSpec,
     UpdateRequest,
 )
-from squall.master import wal as wal_mod
 from squall.master.service import Master, MasterSettings
-from squall.master.wal import PROBE_BODY, WAL, WALFailed
-from squall.master.walfile import MAGIC, Tail, WALCorrupt, encode_frame, read_records
+from squall.master.storage import wal as wal_mod
+from squall.master.storage.wal import PROBE_BODY, WAL, WALFailed
+from squall.master.storage.walfile import MAGIC, Tail, WALCorrupt, encode_frame, read_records
 from tests.crashkit import dump_index, kill9, restore_index, snapshot_index
 
 HDR = struct.Struct("<IIQ")
@@ -698,7 +699,7 @@ async def test_index_ahead_of_wal_then_power_loss(data_dir: str, clock: ManualCl
     queue that change created), so it must be made durable before they are logged, or a
     power loss leaves a WAL that cannot be replayed onto the synced index."""
     synced: list[str] = []
-    from squall.master.index import Index
+    from squall.master.storage.index import Index
 
     real_sync = Index.sync
 

@@ -15,7 +15,7 @@ import pytest
 
 import squall.client as sc
 from squall.client import AsyncClient, NewTask, Worker
-from squall.master.app import create_master_app
+from squall.master.http.app import create_master_app
 from squall.master.service import MasterSettings
 from tests.helpers import until
 

@@ -17,10 +17,10 @@ import pytest
 
 import squall.client as sc
 from squall.client import AsyncClient, Client, NewTask, Worker
-from squall.client._acker import ACK_BATCH_MAX, Acker
 from squall.client._protocol import held_wire
 from squall.client._tasks import TaskBase
-from squall.master.app import create_master_app
+from squall.client.worker.acker import ACK_BATCH_MAX, Acker
+from squall.master.http.app import create_master_app
 from squall.master.service import MasterSettings
 from tests.helpers import MasterProcess, until, wait_for
 

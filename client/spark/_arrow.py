@@ -35,7 +35,7 @@ from squall.client.spark._stage import (
     stage_update,
 )
 from squall.common.errors import SquallError
-from squall.common.models import MAX_BATCH
+from squall.common.wire.models import MAX_BATCH
 
 
 def record_batch(tasks: Sequence[LeasedTask], datas: Sequence[bytes | None]) -> Any:

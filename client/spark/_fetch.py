@@ -4,7 +4,7 @@ batch of tasks, instead of one ``GET`` per task.
 The client library reads one payload per call (``LeasedTask.payload()``); a stage leasing
 hundreds of small tasks per batch would spend its time on those round trips. Here the
 payloads up to ``BATCH_BLOB_BYTES`` are grouped by their first live replica (and long
-read token: a lease answer's) and fetched with ``squall.common.payload.get_batch`` (the
+read token: a lease answer's) and fetched with ``squall.common.wire.payload.get_batch`` (the
 lease answer's one read token, sent once); each frame is checked against the size and
 CRC32C the master recorded. Anything that does not come back whole (a node down, a blob
 missing or corrupt there, a large blob) falls back to ``fallback(i)``: the client's own
@@ -20,8 +20,8 @@ from concurrent.futures import Executor
 import httpx
 
 from squall.common.errors import SquallError
-from squall.common.models import PayloadRef
-from squall.common.payload import OK, batch_groups, get_batch
+from squall.common.wire.models import PayloadRef
+from squall.common.wire.payload import OK, batch_groups, get_batch
 
 log = logging.getLogger("squall.spark")
 BATCH_BLOB_BYTES = 256 << 10

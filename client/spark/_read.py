@@ -5,7 +5,7 @@ partitions from it and the session's parallelism (or takes ``partitions`` /
 ``partition_size``). With more than one partition it walks the task listing once, metadata
 only, and keeps every ``partition_size``-th pid as a cursor: partition *i* holds the tasks
 after cursor ``i-1`` up to and including cursor ``i`` **in the master's order**, i.e. by
-:func:`squall.common.names.pid_key` (pids over 448 bytes sharing their first 448 bytes are
+:func:`squall.common.wire.names.pid_key` (pids over 448 bytes sharing their first 448 bytes are
 ordered by hash there, not by the string: comparing pid strings would skip or repeat rows).
 Each partition then lists its own range again (fresh read tokens) and, with
 ``with_payload=true``, fetches the payloads from the data nodes on the executor, several
@@ -27,9 +27,9 @@ import httpx
 
 from squall.client import Client, LeasedTask, NotFound, SquallError
 from squall.client.spark._fetch import fetch_many
-from squall.common.models import LeasedTask as WireTask
-from squall.common.models import TaskInfo
-from squall.common.names import pid_key, split_queue
+from squall.common.wire.models import LeasedTask as WireTask
+from squall.common.wire.models import TaskInfo
+from squall.common.wire.names import pid_key, split_queue
 
 MIN_PARTITION_TASKS = 250  # fewer per partition costs more in Spark tasks than it gains
 MAX_PARTITION_TASKS = 20_000  # more per partition serialises the payload reads

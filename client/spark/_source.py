@@ -63,7 +63,7 @@ from squall.client.spark._write import (
     write_partition,
     write_summary,
 )
-from squall.common.names import split_queue
+from squall.common.wire.names import split_queue
 
 try:  # Arrow batches straight from Spark (pyspark >= 4.1); Rows before that
     from pyspark.sql.datasource import DataSourceArrowWriter as _WriterBase

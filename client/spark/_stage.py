@@ -47,8 +47,8 @@ from squall.client import (
     TransportError,
 )
 from squall.client.spark._fetch import fetch_many
-from squall.common.models import MAX_BATCH, QueueStats
-from squall.common.names import split_queue
+from squall.common.wire.models import MAX_BATCH, QueueStats
+from squall.common.wire.names import split_queue
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

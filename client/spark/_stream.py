@@ -50,9 +50,9 @@ import httpx
 from squall.client import Client, LeasedTask, NotFound, SquallError, StatusError
 from squall.client.spark._fetch import fetch_many
 from squall.client.spark._read import task_row
-from squall.common.models import MAX_BATCH
-from squall.common.models import LeasedTask as WireTask
-from squall.common.names import split_queue
+from squall.common.wire.models import MAX_BATCH
+from squall.common.wire.models import LeasedTask as WireTask
+from squall.common.wire.names import split_queue
 
 log = logging.getLogger("squall.spark")
 LEASE_SECS = 60.0

@@ -30,8 +30,8 @@ from typing import Any
 
 from squall.client import Client, NewTask
 from squall.common.errors import SquallError
-from squall.common.models import MAX_BATCH
-from squall.common.names import check_pid
+from squall.common.wire.models import MAX_BATCH
+from squall.common.wire.names import check_pid
 
 log = logging.getLogger("squall.spark")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from squall.common import tokens
+from squall.common.security import tokens
 from tests.chaos import disks
 from tests.chaos.netns import Net
 from tests.helpers import free_port_block, master_auth, wait_for

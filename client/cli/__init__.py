@@ -1,0 +1,78 @@
+"""The `squall` command line.
+
+Task verbs (``put``, ``lease``, ``ack``, ``release``, ``cancel``, ``task``, ``tasks``) live in
+``_cli_verbs.py``, queue verbs (``queues``, ``stats``, ``delete``, ``reset-leases``,
+``dead-letters``, ``redrive``, ``policy …``, ``schedule …``) in ``_cli_admin.py``, ``nodes``
+(list, decommission, forget) in ``_cli_nodes.py``, the local cluster (``squall dev``) in
+``_cli_dev.py``. Server commands (``squall master``, ``squall datanode``) are plugins found
+through the ``squall.cli`` entry-point group, so this package never imports the server
+packages; a plugin that cannot load (e.g. a client-only install) is skipped with a note
+instead of breaking the user verbs.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import PackageNotFoundError, entry_points, version
+from typing import Annotated
+
+import typer
+
+from squall.client.cli import admin as _cli_admin
+from squall.client.cli import auth as _cli_auth
+from squall.client.cli import dev as _cli_dev
+from squall.client.cli import nodes as _cli_nodes
+from squall.client.cli import verbs as _cli_verbs
+
+app = typer.Typer(help="squall: a distributed, durable, priority task queue.",
+                  no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            v = version("squall")
+        except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+            v = "unknown (not installed)"
+        typer.echo(f"squall {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(_v: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="print the version and exit")
+        ] = False,
+          token: Annotated[str, typer.Option(
+        "--token", envvar="SQUALL_TOKEN", show_default=False,
+        help="bearer credential for the master (default: $SQUALL_TOKEN)")] = "") -> None:
+    """squall: a distributed, durable, priority task queue."""
+    if token:
+        os.environ["SQUALL_TOKEN"] = token  # every client this command makes sends it
+
+
+_cli_verbs.register(app)
+_cli_admin.register(app)
+app.add_typer(_cli_nodes.app, name="nodes")
+_cli_dev.register(app)
+_cli_auth.register(app)
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group="squall.cli"):
+        try:
+            ep.load()(app)
+        except ImportError as e:
+            if os.environ.get("SQUALL_DEBUG"):
+                raise
+            typer.echo(f"note: `squall {ep.name}` is unavailable ({e})", err=True)
+
+
+def main() -> None:
+    _load_plugins()
+    app()

@@ -1,0 +1,117 @@
+"""``squall auth``: mint, list and revoke credentials, and make keys.
+
+``mint`` asks the master (with an admin credential from ``--token`` / ``SQUALL_TOKEN``), or,
+with ``--key-file``, signs locally under that auth key (to bootstrap the first admin
+credential of a cluster, or for a machine without access to the master). Output is plain
+text (a credential on stdout, nothing else, so ``$(squall auth mint ...)`` works)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+
+from squall.client.cli.common import MasterOpt, connect, fail
+from squall.common.security import auth
+
+app = typer.Typer(help="Credentials: mint, list, revoke; make auth keys.",
+                  no_args_is_help=True)
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "y": 365 * 86400}
+
+
+def parse_ttl(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdy]?)", text.strip())
+    if not m:
+        raise typer.BadParameter(f"{text!r}: use e.g. 3600, 90m, 12h, 30d, 1y")
+    return float(m[1]) * _UNITS[m[2] or "s"]
+
+
+@app.command("mint")
+def mint(
+    role: Annotated[list[str], typer.Option("--role", "-r", help="producer, consumer, admin "
+                                            "or node (repeat for several)")],
+    group: Annotated[list[str] | None, typer.Option("--group", "-g", help="limit to this "
+                                                    "group (repeat; default: every group)")
+                     ] = None,
+    node: Annotated[str | None, typer.Option("--node", help="node id (role node)")] = None,
+    ttl: Annotated[str, typer.Option("--ttl", help="lifetime: 3600, 90m, 12h, 30d, 1y")
+                   ] = "30d",
+    note: Annotated[str, typer.Option("--note", help="a note kept with its claims")] = "",
+    key_file: Annotated[Path | None, typer.Option(
+        "--key-file", help="sign locally with this auth key file instead of asking the "
+        "master")] = None,
+    master: MasterOpt = "",
+) -> None:
+    """Mint a credential and print it (once: the master keeps only its claims)."""
+    ttl_s = parse_ttl(ttl)
+    if key_file is not None:
+        try:
+            keys = auth.parse_keys(key_file.read_bytes())
+            cred = auth.mint(keys[0], role, ttl_s, time.time(), groups=group or None, node=node)
+        except (OSError, ValueError) as e:
+            fail(str(e), 2)
+        sys.stdout.write(cred + "\n")
+        return
+    with connect(master or None) as c:
+        ans = c.mint_credential(*role, groups=group or None, node=node, ttl_secs=ttl_s,
+                                note=note)
+    sys.stdout.write(ans["credential"] + "\n")
+    until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ans["expires_at"]))
+    sys.stderr.write(f"id {ans['id']}, expires {until}\n")
+
+
+@app.command("list")
+def list_(master: MasterOpt = "",
+          as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """Credentials minted through the master: id, roles, groups, expiry, revoked."""
+    with connect(master or None) as c:
+        creds = c.credentials()
+    if as_json:
+        sys.stdout.write(orjson.dumps(creds, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    for x in creds:
+        state = "revoked" if x["revoked"] else "expired" if x["expired"] else "valid"
+        groups = ",".join(x["groups"]) if x["groups"] is not None else "*"
+        exp = time.strftime("%Y-%m-%d", time.gmtime(x["expires_at"]))
+        line = f"{x['id']}  {','.join(x['roles'])}  groups={groups}  until={exp}  {state}"
+        if x.get("node"):
+            line += f"  node={x['node']}"
+        if x.get("note"):
+            line += f"  note={x['note']!r}"
+        sys.stdout.write(line.encode("ascii", "backslashreplace").decode() + "\n")
+
+
+@app.command("revoke")
+def revoke(what: Annotated[str, typer.Argument(help="credential id, or the credential")],
+           master: MasterOpt = "") -> None:
+    """Revoke a credential: the master refuses it at once, data nodes from their next
+    heartbeat."""
+    cid = auth.credential_id(what) if what.startswith(auth.CRED_PREFIX) else what
+    if not cid:
+        fail("not a credential or credential id", 2)
+    with connect(master or None) as c:
+        c.revoke_credential(cid)
+    sys.stdout.write(f"revoked {cid}\n")
+
+
+@app.command("keygen")
+def keygen(path: Annotated[Path, typer.Argument(help="key file to write")],
+           rotate: Annotated[bool, typer.Option(
+               "--rotate", help="put a new key first in an existing file, keeping the old "
+               "ones (they still verify; drop them once re-minted)")] = False) -> None:
+    """Write a new random auth key (or, without --rotate, a cluster key), readable by its
+    owner only."""
+    old = path.read_bytes() if rotate and path.exists() else b""
+    if path.exists() and not rotate:
+        fail(f"{path} exists; use --rotate to add a new key in front", 2)
+    auth.write_secret(str(path), auth.new_key() + b"\n" + old)
+    sys.stdout.write(f"wrote {path}\n")
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="auth")

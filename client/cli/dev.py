@@ -1,0 +1,325 @@
+"""``squall dev``: one master and N data nodes on 127.0.0.1 as subprocesses, data under one
+folder (``master/``, ``node-1/``, …, logs in ``logs/``). Ports: the master on ``--port``,
+node i on ``--port`` + i, the same on every start so the data nodes keep their addresses
+and a restart keeps the data. Keys: unless the environment names them
+(``SQUALL_CLUSTER_KEY[_FILE]``, ``SQUALL_AUTH_KEY[_FILE]``), a cluster key and an auth key
+are made once under ``keys/``, with an admin credential (``keys/admin.credential``) that
+the banner tells how to use. Ctrl-C (or SIGTERM) stops the nodes, then the master.
+A data node that exits does not stop the cluster: it is reported, the master marks it dead
+and re-replicates its blobs, and ``restart N`` typed on stdin (or SIGHUP, for every dead
+node) starts it again on the same port and folder (with the same keys).
+
+The servers are started as ``python -m squall.master`` / ``python -m squall.datanode``:
+this package never imports them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+
+from squall.client.cli.common import err, fail, say
+from squall.common.security import auth
+
+STOP_TIMEOUT_S = 15.0
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class DevCluster:
+    """The processes of a local cluster (also used by the end-to-end tests)."""
+
+    def __init__(self, data_dir: Path, port: int, nodes: int,
+                 replication_factor: int | None = None, heartbeat_interval_s: float = 1.0,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir.resolve()
+        self.port, self.n = port, nodes
+        self.rf = replication_factor or min(2, max(1, nodes))
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.env = {**os.environ, **(extra_env or {})}
+        self.credential_file: Path | None = None
+        self.admin = self._keys()
+        self.master_proc: subprocess.Popen[bytes] | None = None
+        self.node_procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def master_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def node_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.port + i}"
+
+    def _keys(self) -> str:
+        """Make the cluster's keys under ``keys/`` (once) unless the environment has them;
+        return an admin credential."""
+        keys_dir = self.data_dir / "keys"
+        if not (self.env.get("SQUALL_CLUSTER_KEY") or self.env.get("SQUALL_CLUSTER_KEY_FILE")):
+            path = keys_dir / "cluster.key"
+            if not path.exists():
+                keys_dir.mkdir(parents=True, exist_ok=True)
+                auth.write_secret(str(path), auth.new_key() + b"\n")
+            self.env["SQUALL_CLUSTER_KEY_FILE"] = str(path)
+        keys = auth.load_auth_keys(env=self.env)
+        if keys is None:
+            path = keys_dir / "auth.key"
+            self.credential_file = keys_dir / "admin.credential"
+            if not path.exists():
+                keys_dir.mkdir(parents=True, exist_ok=True)
+                auth.write_secret(str(path), auth.new_key() + b"\n")
+                cred = auth.mint(auth.parse_keys(path.read_bytes())[0], ["admin"],
+                                 365 * 86400.0, time.time())
+                auth.write_secret(str(self.credential_file), cred.encode() + b"\n")
+            self.env["SQUALL_AUTH_KEY_FILE"] = str(path)
+            return self.credential_file.read_text().strip()
+        return auth.mint(keys[0], ["admin"], 86400.0, time.time())
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{name}.log", "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", *argv], stdout=log,
+                                    stderr=subprocess.STDOUT, env=self.env,
+                                    start_new_session=True)  # Ctrl-C reaches only us
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        busy = [p for p in range(self.port, self.port + self.n + 1) if not _port_free(p)]
+        if busy:
+            raise RuntimeError(f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use "
+                               "(another squall dev?); stop it or pick another --port")
+        hb = str(self.heartbeat_interval_s)
+        self.master_proc = self._spawn("master", [
+            "squall.master", "--data-dir", str(self.data_dir / "master"), "--host",
+            "127.0.0.1", "--port", str(self.port), "--replication-factor", str(self.rf),
+            "--heartbeat-interval-s", hb])
+        self._wait(self.master_url + "/readyz", self.master_proc, "master", timeout_s)
+        for i in range(1, self.n + 1):
+            self.start_node(i)
+        for i in range(1, self.n + 1):
+            self._wait(self.node_url(i) + "/readyz", self.node_procs[i], f"node-{i}", timeout_s)
+        self.wait_alive(self.n, timeout_s)
+
+    def start_node(self, i: int, master: str | None = None) -> None:
+        """Start data node `i`; `master`: the master URL it is given (tests: a proxy)."""
+        self.node_procs[i] = self._spawn(f"node-{i}", [
+            "squall.datanode", "--master", master or self.master_url, "--data-dir",
+            str(self.data_dir / f"node-{i}"), "--host", "127.0.0.1", "--port",
+            str(self.port + i), "--advertise", self.node_url(i),
+            "--heartbeat-interval-s", str(self.heartbeat_interval_s)])
+
+    def _wait(self, url: str, proc: subprocess.Popen[bytes], name: str, timeout_s: float
+              ) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; see "
+                                   f"{self.data_dir / 'logs' / (name + '.log')}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"{name} did not become ready in {timeout_s:.0f}s")
+
+    def wait_alive(self, n: int, timeout_s: float = 30.0) -> None:
+        """Until the master sees `n` live data nodes (their first heartbeats)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                info = httpx.get(self.master_url + "/v1/cluster", timeout=2.0,
+                                 headers={"Authorization": f"Bearer {self.admin}"}).json()
+                if sum(1 for x in info["nodes"] if x["state"] == "alive") >= n:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"the master did not see {n} live data nodes in {timeout_s:.0f}s")
+
+    def failed(self) -> str | None:
+        """Name of a server that exited, if any."""
+        if self.master_proc is not None and self.master_proc.poll() is not None:
+            return "master"
+        for i, p in self.node_procs.items():
+            if p.poll() is not None:
+                return f"node-{i}"
+        return None
+
+    def kill_node(self, i: int) -> None:
+        p = self.node_procs[i]
+        if p.poll() is None:
+            p.kill()
+            p.wait(STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """Data nodes first (SIGTERM, then SIGKILL after a timeout), then the master."""
+        procs = list(self.node_procs.values())
+        for group in (procs, [self.master_proc] if self.master_proc else []):
+            for p in group:
+                if p.poll() is None:
+                    p.terminate()
+            for p in group:
+                try:
+                    p.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(STOP_TIMEOUT_S)
+
+
+HELP = ("commands (type + Enter): `restart N` restarts data node N (`restart`: every dead "
+        "one), `kill N` kills node N (watch re-replication), `status`, `help`; "
+        "`kill -HUP {pid}` also restarts dead nodes")
+
+
+class _Console:
+    """What `squall dev` does after start-up: report nodes that exit (the cluster keeps
+    running; the master marks them dead and re-replicates), restart them on request (a
+    command on stdin, or SIGHUP), and stop on Ctrl-C / SIGTERM. Only the master exiting
+    stops the cluster."""
+
+    def __init__(self, cluster: DevCluster) -> None:
+        self.cluster = cluster
+        self.stopping = False
+        self.restart_dead = False
+        self.reported: set[int] = set()
+        self.stdin_open = True
+
+    def log(self, i: int) -> Path:
+        return self.cluster.data_dir / "logs" / f"node-{i}.log"
+
+    def check(self) -> None:
+        c = self.cluster
+        if c.master_proc is not None and c.master_proc.poll() is not None:
+            fail(f"the master exited (code {c.master_proc.returncode}); see "
+                 f"{c.data_dir / 'logs' / 'master.log'}")
+        for i, p in c.node_procs.items():
+            if p.poll() is not None and i not in self.reported:
+                self.reported.add(i)
+                say(f"node-{i} exited (code {p.returncode}); the cluster keeps running and "
+                    f"the master will mark it dead. Log: {self.log(i)}. Type `restart {i}` "
+                    "to start it again.")
+        if self.restart_dead:
+            self.restart_dead = False
+            self.restart(None)
+
+    def dead(self) -> list[int]:
+        return [i for i, p in self.cluster.node_procs.items() if p.poll() is not None]
+
+    def restart(self, i: int | None) -> None:
+        for n in [i] if i is not None else self.dead():
+            if self.cluster.node_procs[n].poll() is None:
+                say(f"node-{n} is running")
+                continue
+            self.cluster.start_node(n)
+            self.reported.discard(n)
+            say(f"node-{n} restarted at {self.cluster.node_url(n)}")
+
+    def status(self) -> None:
+        for i, p in self.cluster.node_procs.items():
+            state = "running" if p.poll() is None else f"exited (code {p.returncode})"
+            say(f"  node-{i}  {self.cluster.node_url(i)}  {state}")
+
+    def command(self, line: str) -> None:
+        words = line.split()
+        if not words:
+            return
+        verb, args = words[0], words[1:]
+        nodes = self.cluster.node_procs
+        if len(args) > 1 or (args and (not args[0].isdigit() or int(args[0]) not in nodes)):
+            say(f"no such node: {' '.join(args)} (nodes are 1..{len(nodes)})")
+        elif verb == "restart":
+            self.restart(int(args[0]) if args else None)
+        elif verb == "kill" and args:
+            self.cluster.kill_node(int(args[0]))
+        elif verb == "status":
+            self.status()
+        else:
+            say(HELP.format(pid=os.getpid()))
+
+    def read_stdin(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for a command line on stdin (if stdin is open)."""
+        if not self.stdin_open:
+            time.sleep(timeout_s)
+            return
+        try:
+            ready, _, _ = select.select([sys.stdin], [], [], timeout_s)
+        except (OSError, ValueError):  # no selectable stdin (closed, or not a file)
+            self.stdin_open = False
+            return
+        if ready:
+            line = sys.stdin.readline()
+            if not line:
+                self.stdin_open = False  # EOF: keep running without commands
+            else:
+                self.command(line)
+
+
+def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to start")] = 3,
+        data_dir: Annotated[Path, typer.Option(envvar="SQUALL_DEV_DIR",
+                                               help="where all data and logs live")
+                            ] = Path(".squall"),
+        port: Annotated[int, typer.Option(min=1, max=65535 - 17, help="master port; node i "
+                                          "listens on port + i")] = 7070,
+        replication_factor: Annotated[int | None, typer.Option(
+            min=1, max=16, help="payload copies (default: 2, or 1 with one node)")] = None,
+        ) -> None:
+    """Run a local cluster: one master and N data nodes on 127.0.0.1 (Ctrl-C stops it).
+    A data node that dies is reported and can be restarted (`restart N` on stdin)."""
+    if replication_factor is not None and replication_factor > max(nodes, 1):
+        fail(f"replication factor {replication_factor} needs at least that many nodes", 2)
+    cluster = DevCluster(data_dir, port, nodes, replication_factor)
+    con = _Console(cluster)
+
+    def on_signal(signum: int, frame: object) -> None:
+        con.stopping = True
+
+    def on_hup(signum: int, frame: object) -> None:
+        con.restart_dead = True
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
+    try:
+        try:
+            cluster.start()
+        except RuntimeError as e:
+            fail(str(e))
+        say(f"squall dev cluster is up (data in {cluster.data_dir})")
+        say(f"  master     {cluster.master_url}   (dashboard /, API docs /docs)")
+        for i in range(1, nodes + 1):
+            say(f"  data node  {cluster.node_url(i)}")
+        say(f"  logs       {cluster.data_dir / 'logs'}")
+        if cluster.credential_file is not None:
+            say(f"  admin credential  {cluster.credential_file}")
+            say(f"use it: export SQUALL_TOKEN=$(cat {cluster.credential_file})")
+        say(f"try: squall put demo#hello 'hi there' --master {cluster.master_url}")
+        say(HELP.format(pid=os.getpid()), style="dim")
+        say("Ctrl-C to stop", style="dim")
+        sys.stdout.flush()
+        while not con.stopping:
+            con.check()
+            sys.stdout.flush()
+            con.read_stdin(0.2)
+        err.print("stopping…")
+    finally:
+        cluster.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+    say("stopped; start again to continue with the same data")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("dev")(dev)

@@ -1,0 +1,2 @@
+"""The worker runtime: ``Worker`` (``runtime.py``), its acknowledgements (``acker.py``) and its
+parts."""

@@ -1,0 +1,1 @@
+"""Credentials, signed tokens, the access rule table and TLS configuration."""

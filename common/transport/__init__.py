@@ -1,0 +1,1 @@
+"""The one HTTP/1.1 client engine every outgoing request of squall goes through."""

@@ -1,0 +1,1 @@
+"""The data node's HTTP face: the app, its routes and the fast dispatcher of the blob routes."""

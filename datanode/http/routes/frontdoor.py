@@ -1,0 +1,96 @@
+"""``POST /v1/groups/{group}/queues/{queue}/tasks`` on a data node: the front door for
+small payloads (see ``datanode/frontdoor.py``). Role: producer.
+
+Body (``Content-Type: application/msgpack``)::
+
+    {"tasks": [{"pid": str, "payload": bytes | nil, "not_before": float | nil,
+                "delay_secs": float | nil}, ...]}
+
+at most 1,000 tasks, each payload at most ``front_door_max_bytes`` (64 KiB; larger ones
+take the streamed path). The answer is the master's enqueue answer (JSON
+``{"ticket", "enqueued": [{"queue", "pid", "collapsed"}]}``), sent once the tasks are in
+the master's fsynced WAL and their payloads on the write quorum.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+from fastapi import APIRouter, Request
+
+from squall.common.errors import BadRequest, PayloadTooLarge, Unavailable
+from squall.common.server.http import JSON
+from squall.common.wire.models import MAX_BATCH, EnqueueResponse
+from squall.common.wire.names import check_name, check_pid
+from squall.datanode.http.deps import NodeDep
+from squall.datanode.http.routes.blobs import ERRORS
+from squall.datanode.service import DataNode
+
+router = APIRouter(tags=["front door"])
+_FIELDS = {"pid", "payload", "not_before", "delay_secs", "idempotency_key"}
+_BODY = {"requestBody": {"required": True, "content": {"application/msgpack": {
+    "schema": {"type": "string", "format": "binary"}}}}}
+
+
+def parse(body: bytes, content_type: str, max_payload: int) -> list[dict[str, Any]]:
+    if content_type.split(";")[0].strip().lower() != "application/msgpack":
+        raise BadRequest("send the tasks as Content-Type: application/msgpack")
+    try:
+        doc = msgpack.unpackb(body, raw=False, strict_map_key=True, max_array_len=MAX_BATCH,
+                              max_map_len=16, max_str_len=4096, max_bin_len=max_payload)
+    except ValueError as e:
+        if "exceeds max_bin_len" in str(e):
+            raise PayloadTooLarge(f"a payload is over the front door's limit of "
+                                  f"{max_payload} bytes; put it through the streamed path "
+                                  "(allocate, PUT, enqueue)") from None
+        raise BadRequest(f"body is not valid msgpack for this route: {e}") from None
+    except Exception as e:  # msgpack raises several unrelated types on bad input
+        raise BadRequest(f"body is not valid msgpack: {type(e).__name__}") from None
+    tasks = doc.get("tasks") if isinstance(doc, dict) else None
+    if not isinstance(tasks, list) or not 1 <= len(tasks) <= MAX_BATCH:
+        raise BadRequest(f'expected {{"tasks": [1..{MAX_BATCH} tasks]}}')
+    for i, t in enumerate(tasks):
+        _check(i, t)
+    return tasks
+
+
+def _check(i: int, t: Any) -> None:
+    if not isinstance(t, dict) or set(t) - _FIELDS:
+        raise BadRequest(f"task {i}: a map of {sorted(_FIELDS)}")
+    pid, data = t.get("pid"), t.get("payload")
+    if pid is not None:
+        if not isinstance(pid, str):
+            raise BadRequest(f"task {i}: pid must be a string")
+        check_pid(pid)
+    key = t.get("idempotency_key")
+    if key is not None and not (isinstance(key, str) and 1 <= len(key) <= 128):
+        raise BadRequest(f"task {i}: idempotency_key must be a string of 1-128 characters")
+    if data is not None and not isinstance(data, bytes):
+        raise BadRequest(f"task {i}: payload must be binary (msgpack bin)")
+    for k in ("not_before", "delay_secs"):
+        v = t.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise BadRequest(f"task {i}: {k} must be a number")
+
+
+@router.post("/v1/groups/{group}/queues/{queue}/tasks", response_model=EnqueueResponse,
+             responses=ERRORS, openapi_extra=_BODY)
+async def enqueue(group: str, queue: str, request: Request, node: NodeDep) -> JSON:
+    """Enqueue tasks with small payloads in one round trip: stored here and on the replica
+    set, committed to the master with other requests, answered when durable."""
+    return JSON(await serve(node, group, queue, await request.body(),
+                            request.headers.get("content-type", "")))
+
+
+async def serve(node: DataNode, group: str, queue: str, body: bytes, content_type: str
+                ) -> dict[str, Any]:
+    """The route's work (the node's fast path calls it too)."""
+    check_name("group", group)
+    check_name("queue", queue)
+    fd = node.frontdoor
+    if fd is None:
+        raise Unavailable("the front door is not running on this node")
+    tasks = parse(body, content_type, node.settings.front_door_max_bytes)
+    return await fd.enqueue(group, queue, tasks)
+

@@ -1,0 +1,69 @@
+"""Node-to-node replication: ``PUT /v1/replicate/{blob_id}`` and
+``POST /v1/replicate:batch-put``.
+
+These take a ``replicate`` token (signed by a data node or the master with the cluster key)
+and store only here: they never forward, which is what stops a fan-out from fanning out
+again. The answer carries this node's receipt. Used by the write pipeline and by
+heartbeat ``replicate`` commands (re-replication).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Request
+
+from squall.common.checksum import parse_crc
+from squall.common.security.tokens import TokenClaims
+from squall.common.server.http import JSON
+from squall.common.wire.cluster import REPAIR_HEADER, BatchPutResult, PutResult
+from squall.datanode.http.deps import AuthH, BlobIdP, NodeDep
+from squall.datanode.http.routes.batch import answers, check_scope, parse_batch, store_batch
+from squall.datanode.http.routes.blobs import ERRORS, RAW_BODY, CrcH, LengthH
+from squall.datanode.replication.pipeline import store_and_forward
+from squall.datanode.service import DataNode
+
+router = APIRouter(tags=["replication"])
+ReceiptQ = Annotated[Literal["blob", "batch"], Query(
+    description="`batch`: one batch receipt for all the blobs instead of one each")]
+RepairH = Annotated[str | None, Header(alias=REPAIR_HEADER, description="`1`: a "
+                    "re-replication copy, written behind client writes")]
+
+
+@router.put("/v1/replicate/{blob_id}", response_model=PutResult, responses=ERRORS,
+            openapi_extra=RAW_BODY)
+async def replicate_blob(blob_id: BlobIdP, request: Request, node: NodeDep,
+                         authorization: AuthH = None, crc: CrcH = None,
+                         content_length: LengthH = None, repair: RepairH = None) -> JSON:
+    """Store a copy of a blob sent by another node (no further forwarding)."""
+    node.authorize(authorization, "replicate", blob_id)
+    declared = parse_crc(crc)
+    if content_length is not None:
+        await node.store.run(node.store.check_space, content_length)
+    res = await store_and_forward(node, blob_id, request.stream(), [], 1, declared,
+                                  content_length, background=repair == "1")
+    return JSON(res.model_dump())
+
+
+@router.post("/v1/replicate:batch-put", response_model=BatchPutResult, responses=ERRORS,
+             openapi_extra=RAW_BODY)
+async def replicate_batch(request: Request, node: NodeDep, authorization: AuthH = None,
+                          receipt: ReceiptQ = "blob", repair: RepairH = None) -> JSON:
+    """Store copies of a batch of small blobs sent by another node, all or nothing.
+    `receipt=batch`: answer one batch receipt for the lot instead of one per blob (the
+    front door's forwards; the blob list is then left out)."""
+    claims = node.authorize(authorization, "replicate", [])
+    return JSON(await replicate_frames(node, claims, await request.body(), receipt,
+                                       repair == "1"))
+
+
+async def replicate_frames(node: DataNode, claims: TokenClaims, body: bytes, receipt: str,
+                           background: bool = False) -> dict[str, Any]:
+    """The batch route's work once authorized (the node's fast path calls it too)."""
+    frames = parse_batch(body)
+    check_scope(claims.covers, frames)
+    metas = await store_batch(node, frames, background)
+    if receipt == "batch":
+        return {"blobs": [], "node_id": node.node_id,
+                "batch_receipt": node.batch_receipt(metas)}
+    return {"blobs": answers(node, metas, [], [])}

@@ -1,0 +1,130 @@
+"""The dashboard at ``/`` and the JSON it polls.
+
+``GET /`` is a static page (``master/static/dashboard.html`` with its script and the
+vendored uPlot, served under ``/static/dashboard/``): it holds no data, so it is the same
+for everyone. It polls ``GET /v1/overview`` (cluster health, WAL state, totals, the largest
+queues, dead-letter queues with reasons, and the history since the last point it has) and,
+on a queue's page, ``GET /v1/overview/queues/{group}/{queue}``. Both read the telemetry
+snapshot and the live counters of the few queues they return, never every queue, so a
+refresh costs the event loop about the same with 100 or 100,000 queues
+(``bench/dashboard_bench.py``). Actions on the page call the ordinary REST routes with the
+credential the user pastes into the page (sent as a bearer header, never a cookie, so
+another site cannot make a browser send it: that is the CSRF defence).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from squall.common.errors import NotFound
+from squall.common.wire.names import join_queue
+from squall.master.http.answers import ERROR_RESPONSES, JSON
+from squall.master.http.deps import MasterDep, ReadMasterDep
+from squall.master.http.metrics import wal_error
+from squall.master.http.routes.tasks import GroupP, QueueP
+from squall.master.service import Master
+from squall.master.storage.records import STATE_NAMES
+from squall.master.tasks import admin, policies
+from squall.master.telemetry import TOP_QUEUES, Telemetry, is_dead_letter_queue
+
+router = APIRouter(tags=["dashboard"], responses=ERROR_RESPONSES)
+STATIC = Path(__file__).resolve().parents[2] / "static"
+SAMPLE = 10
+
+
+@functools.cache
+def _page() -> bytes:
+    return (STATIC / "dashboard.html").read_bytes()
+
+
+@router.get("/", include_in_schema=False)
+async def dashboard() -> Response:
+    """The dashboard page (static: read once, served from memory)."""
+    return Response(_page(), media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+
+def _tele(request: Request) -> Telemetry:
+    t: Telemetry = request.app.state.telemetry
+    return t
+
+
+def _first_errors(m: Master, key: tuple[str, str], n: int) -> list[dict[str, Any]]:
+    q = m.index.queues.get(key)
+    if q is None:
+        return []
+    with m.index.env.begin() as txn:
+        return [{"pid": t.pid, "error": (t.error or "")[:300], "origin": t.origin,
+                 "attempts": t.attempts}
+                for t in m.index.iter_tasks(txn, q, b"", n)]
+
+
+@router.get("/v1/overview")
+async def overview(request: Request, m: MasterDep,
+                   limit: Annotated[int, Query(ge=1, le=TOP_QUEUES)] = 100,
+                   since: Annotated[float, Query(ge=0)] = 0.0) -> JSON:
+    """Everything the dashboard shows on its front page: data nodes, WAL state, totals and
+    counters, the `limit` largest queues and the dead-letter queues (with the last error of
+    their first task), and the history points after `since` (one every 5 s, one hour)."""
+    t = _tele(request)
+    s = t.current()
+    now = time.time()
+    w = m.wal
+    return JSON({
+        "now": now,
+        "cluster": m.cluster.info(),
+        "wal": {"ticket": w.last_ticket, "durable_ticket": w.durable_ticket,
+                "syncs": w.syncs, "records": w.records, "error": wal_error(m),
+                "checkpoints": m.checkpoints, "recovery_secs": round(m.recovery_secs, 3)},
+        "totals": {"queues": s.queues, "holding": s.holding, "available": s.available,
+                   "leased": s.leased, "delayed": s.delayed, "completed": s.completed,
+                   "dead_letters": s.dead_letters, "scan_age_secs": round(now - s.at, 3),
+                   "scan_secs": round(s.scan_secs, 3),
+                   "rates": m.meters.total.snapshot(now), "counters": dict(m.meters.counts)},
+        "rows_age_secs": round(now - t.rows_at, 3),
+        "queues": t.rows[:limit],
+        "dead_letter_queues": t.dead_rows,
+        "history": [p for p in t.history if p["t"] > since],
+    })
+
+
+@router.get("/v1/overview/queues/{group}/{queue}")
+async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: ReadMasterDep,
+                         since: Annotated[float, Query(ge=0)] = 0.0) -> JSON:
+    """A queue's dashboard page: counts, rates, oldest age, leased sample (worker,
+    address, since, expires), effective policy, the group's schedules that feed it, its
+    dead-letter queue with sample reasons, and its history (if it is among the largest)."""
+    t = _tele(request)
+    key = (group, queue)
+    q = m.queue(group, queue)
+    if q is None:
+        raise NotFound(f"queue {join_queue(group, queue)} does not exist")
+    now = time.time()
+    row = t.queue_row(key, now) or {}
+    details = m.queue_details(q)
+    pol = m.engine.policy(q)
+    dlq = policies.dead_letter_queue(pol, queue)
+    dq = m.index.queues.get((group, dlq))
+    scheds = [admin.describe_schedule(n, s) for (g, n), s in m.index.schedules.items()
+              if g == group and s.get("queue") == queue][:50]
+    with m.index.env.begin() as txn:
+        head = [{"pid": x.pid, "state": STATE_NAMES[x.state], "attempts": x.attempts,
+                 "worker": x.worker, "error": (x.error or "")[:300] or None}
+                for x in m.index.iter_tasks(txn, q, b"", SAMPLE)] if q.size else []
+    return JSON({
+        **row, "mean_lease_secs": details["mean_lease_secs"], "rates": details["rates"],
+        "leased_sample": details["leased_sample"], "head": head, "policy": pol,
+        "dead_letter_queue": join_queue(group, dlq), "dead_letters": dq.size if dq else 0,
+        "dead_letter_sample": _first_errors(m, (group, dlq), SAMPLE),
+        "is_dead_letter_queue": is_dead_letter_queue(m, group, queue),
+        "schedules": scheds,
+        "history": [p for p in t.queue_history.get(join_queue(group, queue), ())
+                    if p[0] > since],
+        "history_fields": ["t", "available", "leased", "delayed", "oldest_age_secs",
+                           "enqueue_1m", "lease_1m", "dequeue_1m"],
+    })

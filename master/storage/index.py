@@ -1,0 +1,402 @@
+"""The master's materialised state in LMDB: layout and the primitives that keep it exact.
+
+Layout (named databases in one environment; integers big-endian so keys sort numerically)::
+
+    meta    b"applied"   -> u64  last WAL ticket whose ops are in this environment
+            b"lease_seq" -> u64  last lease token issued (tokens are global, never reused)
+            b"auto_pid"  -> u64  last automatic (FIFO) pid issued, in microseconds
+            b"next_qid"  -> u64  next queue id to hand out
+            b"enqueued_total", b"completed_total" -> u64  tasks ever enqueued / dequeued
+                                 (monotonic: queue deletion does not take them back)
+    queues  group \\0 name -> msgpack [qid, gen, available, leased, delayed, completed,
+                                       enqueued_total, created_ms]
+    qids    qid(u32)      -> msgpack [group, name]
+    tasks   qid(u32) gen(u32) pidkey  -> msgpack task record (see ``records.Task``)
+    ready   qid(u32) gen(u32) pidkey  -> b""     tasks that can be leased now, in pid order
+    avail   qid(u32) gen(u32) enq_ms(u64) pidkey -> b""
+                                                  the same tasks in enqueue-time order
+                                                  (oldest available task age)
+    timers  due_ms(u64) qid(u32) gen(u32) pidkey -> b""
+                                                  leased tasks (due = lease expiry) and
+                                                  delayed tasks (due = not_before)
+    conf    b"P" group \\0 name -> msgpack policy  (name "" = the group's default)
+            b"S" group \\0 name -> msgpack schedule (with its last enqueued slot)
+            b"N" \\0 node_id  -> msgpack {"mark": "draining", "since": secs}: a data
+                                 node being decommissioned (see master/cluster/state.py)
+    reap    qid(u32) gen(u32) -> b""              deleted generations not yet reaped
+    blobs   blob id -> u32 references               payloads referenced by tasks and schedules:
+                                                  what data nodes keep, at full replication
+
+``pidkey`` is the pid's UTF-8 bytes when they are at most 448 bytes long; a longer pid is
+cut to 448 bytes and followed by 16 bytes of its BLAKE2b hash, because LMDB keys are at
+most 511 bytes. Pid order is therefore exact except between two pids longer than 448
+bytes that share their first 448 bytes, which are ordered by hash.
+
+Every task lives in exactly one of ``ready`` (+ ``avail``; state AVAILABLE) or ``timers``
+(LEASED or DELAYED). A queue record's counters always equal the number of its tasks in
+each state, as they change in the same LMDB transaction as the tasks.
+
+Why this shape: leasing is a cursor seek to ``qid gen`` in ``ready`` and a short walk, so
+it costs O(k log n) whatever the number of leased or delayed tasks; expiry and delays are
+one ordered index across all queues that a sweeper walks from its start; deleting a queue
+bumps ``gen`` so its old keys become invisible at once and are reaped by key range.
+
+The environment is opened ``sync=True, metasync=False`` by default: one write transaction
+per WAL group commit (``commit.py``), each fdatasyncing its pages before its meta page is
+written, so a power loss rolls the index back by at most one commit and never corrupts it.
+The WAL is what makes a change durable first. Each applied WAL record writes its ticket to
+``meta/applied`` in the same transaction as its changes (see ``ops.py``), so replay skips
+what the environment already holds.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any, cast
+
+import lmdb
+import msgpack
+from sortedcontainers import SortedDict
+
+from squall.master.storage.records import (
+    AVAILABLE,
+    LEASED,
+    QG,
+    W_ENQUEUED,
+    W_EXPIRY,
+    W_NOT_BEFORE,
+    W_PAYLOAD,
+    W_PID,
+    W_STATE,
+    Old,
+    QueueRec,
+    Task,
+    gname,
+    old_of_wire,
+    qprefix,
+    task_key,
+)
+
+U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
+_TIMER = struct.Struct(">QII")
+_packb = msgpack.packb
+_U64 = U64.pack
+_NO_HINT = object()
+MAX_FREED = 1_000_000
+# The hottest LMDB calls, with positional arguments: py-lmdb parses keyword arguments
+# slowly (~0.1 us a call, ~9 calls per leased and acked task). put(key, value, dupdata,
+# overwrite, append, db); delete(key, value, db); get(key, default, db).
+_put = lmdb.Transaction.put
+_delete = lmdb.Transaction.delete
+
+
+class Index:
+    """The LMDB environment and its databases. One per data directory per process."""
+
+    def __init__(self, path: str, map_size: int = 1 << 38, sync: bool = True) -> None:
+        # sync=True (the default): every commit (one per WAL group) fdatasyncs, so a power
+        # loss cannot leave a half-flushed B-tree behind. sync=False (--no-index-sync):
+        # checkpoints sync LMDB, and a power loss can corrupt it (docs/master.md).
+        self.env = lmdb.open(path, map_size=map_size, max_dbs=16, sync=sync, metasync=False,
+                             writemap=False, readahead=False, max_readers=256)
+        db = self.env.open_db
+        self.meta, self.queues_db, self.qids_db = db(b"meta"), db(b"queues"), db(b"qids")
+        self.tasks, self.ready, self.avail = db(b"tasks"), db(b"ready"), db(b"avail")
+        self.timers, self.conf, self.reap_db = db(b"timers"), db(b"conf"), db(b"reap")
+        self.blobs = db(b"blobs")
+        self.dedup = db(b"dedup")  # enqueue idempotency keys (master/tasks/dedup.py)
+        # blob ids whose last task reference went away (dequeued, deleted, reaped): soft
+        # state for blob GC, which re-checks `blobs` before deleting anything. Bounded.
+        # Frees of the open batch wait in `freed_pending` until it commits (commit.py).
+        self.freed: list[str] = []
+        self.freed_pending: list[str] = []
+        self.queues: SortedDict[tuple[str, str], QueueRec] = SortedDict()
+        self.by_qid: dict[int, QueueRec] = {}
+        self.policies: dict[tuple[str, str], dict[str, Any]] = {}
+        self.schedules: dict[tuple[str, str], dict[str, Any]] = {}
+        self.node_marks: dict[tuple[str, str], dict[str, Any]] = {}  # ("", node_id) -> mark
+        # (state, due_ms, enq_ms, blob), or None for absent, of task keys read while planning the
+        # current write txn, so applying the plan need not read and decode them again.
+        # Valid within one write txn only: begin_write() clears it.
+        self.hints: dict[bytes, Old | None] = {}
+        self.reload()
+
+    def begin_write(self) -> lmdb.Transaction:
+        self.hints.clear()
+        return self.env.begin(write=True)
+
+    def reload(self) -> None:
+        """(Re)load the in-memory copies (meta, queues, policies, schedules) from LMDB."""
+        queues: SortedDict[tuple[str, str], QueueRec] = SortedDict()
+        with self.env.begin() as txn:
+            self.applied = self._meta_int(txn, b"applied")
+            self.lease_seq = self._meta_int(txn, b"lease_seq")
+            self.auto_pid = self._meta_int(txn, b"auto_pid")
+            self.next_qid = self._meta_int(txn, b"next_qid") or 1
+            self.enqueued_total = self._meta_int(txn, b"enqueued_total")
+            self.completed_total = self._meta_int(txn, b"completed_total")
+            for k, v in txn.cursor(db=self.queues_db):
+                group, name = bytes(k).decode().split("\x00", 1)
+                queues[(group, name)] = QueueRec(group, name, *msgpack.unpackb(v))
+            self.policies, self.schedules, self.node_marks = {}, {}, {}
+            for k, v in txn.cursor(db=self.conf):
+                group, name = bytes(k[1:]).decode().split("\x00", 1)
+                self._conf(bytes(k[:1]))[(group, name)] = msgpack.unpackb(v)
+        self.queues = queues
+        self.by_qid = {q.qid: q for q in queues.values()}
+
+    # -- reads ---------------------------------------------------------------------------
+    def _meta_int(self, txn: lmdb.Transaction, key: bytes) -> int:
+        raw = txn.get(key, db=self.meta)
+        return U64.unpack(raw)[0] if raw else 0
+
+    def get_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes) -> Task | None:
+        w = self.get_wire(txn, q, pid)
+        return None if w is None else Task(*w)
+
+    def get_wire(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes) -> list[Any] | None:
+        """:meth:`get_task` as the task's wire list (see Task.to_wire), remembered as a
+        hint."""
+        key = task_key(q.qid, q.gen, pid)
+        raw = txn.get(key, None, self.tasks)  # positional: see _put
+        if raw is None:
+            self.hints[key] = None
+            return None
+        w: list[Any] = msgpack.unpackb(raw)
+        self.hints[key] = old_of_wire(w)
+        return w if w[W_PID].encode() == pid else None
+
+    def read_task(self, txn: lmdb.Transaction, key: bytes) -> Task:
+        """The task at a key known to exist (from an index), remembered as a hint."""
+        return Task(*self.read_wire(txn, key))
+
+    def read_wire(self, txn: lmdb.Transaction, key: bytes) -> list[Any]:
+        """:meth:`read_task` as the task's wire list (see Task.to_wire)."""
+        raw = txn.get(key, None, self.tasks)
+        assert raw is not None, "index points at a missing task"
+        w: list[Any] = msgpack.unpackb(raw)
+        self.hints[key] = old_of_wire(w)
+        return w
+
+    def iter_ready(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
+                   limit: int) -> Iterator[bytes]:
+        """Yield the pidkeys of up to `limit` ready tasks of `q` in pid order (<= max_key)."""
+        for k in self.ready_keys(txn, q, max_key, limit):
+            yield k[8:]
+
+    def ready_keys(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
+                   limit: int) -> list[bytes]:
+        """:meth:`iter_ready` as the tasks' full keys (``tasks`` and ``ready`` share
+        them), for the lease loop."""
+        out: list[bytes] = []
+        prefix = qprefix(q.qid, q.gen)
+        cur = txn.cursor(db=self.ready)
+        if limit <= 0 or not cur.set_range(prefix):
+            return out
+        bound = prefix + max_key if max_key is not None else None
+        for k in cast(Iterator[bytes], cur.iternext(keys=True, values=False)):
+            if not k.startswith(prefix) or (bound is not None and k > bound):
+                break
+            out.append(k)
+            if len(out) >= limit:
+                break
+        return out
+
+    def iter_tasks(self, txn: lmdb.Transaction, q: QueueRec, after: bytes = b"",
+                   limit: int = 100) -> Iterator[Task]:
+        """Up to `limit` tasks of `q` in pid order, starting after pidkey `after`."""
+        prefix = qprefix(q.qid, q.gen)
+        cur = txn.cursor(db=self.tasks)
+        if not cur.set_range(prefix + after):
+            return
+        n = 0
+        for k, v in cast(Iterator[tuple[bytes, bytes]], cur):
+            if not k.startswith(prefix) or n >= limit:
+                return
+            if after and bytes(k[8:]) == after:
+                continue
+            n += 1
+            yield Task.unpack(v)
+
+    def oldest_available_ms(self, txn: lmdb.Transaction, q: QueueRec) -> int | None:
+        prefix = qprefix(q.qid, q.gen)
+        cur = txn.cursor(db=self.avail)
+        if not cur.set_range(prefix) or not bytes(cur.key()).startswith(prefix):
+            return None
+        return int(U64.unpack_from(cur.key(), 8)[0])
+
+    def due_timers(self, txn: lmdb.Transaction, now_ms: int, limit: int
+                   ) -> list[tuple[bytes, int, int, bytes]]:
+        """Up to `limit` (timer key, qid, gen, pidkey) due by now_ms, earliest first."""
+        out: list[tuple[bytes, int, int, bytes]] = []
+        cur = txn.cursor(db=self.timers)
+        if not cur.first():
+            return out
+        for k in cur.iternext(keys=True, values=False):
+            due, qid, gen = _TIMER.unpack_from(k)
+            if due > now_ms or len(out) >= limit:
+                break
+            out.append((bytes(k), qid, gen, bytes(k[_TIMER.size:])))
+        return out
+
+    # -- writes --------------------------------------------------------------------------
+    def _old(self, txn: lmdb.Transaction, key: bytes) -> Old | None:
+        old = self.hints.pop(key, _NO_HINT)
+        if old is not _NO_HINT:
+            return old  # type: ignore[return-value]
+        raw = txn.get(key, None, self.tasks)
+        if raw is None:
+            return None
+        return old_of_wire(msgpack.unpackb(raw))
+
+    def _unindex(self, txn: lmdb.Transaction, key: bytes, old: Old) -> None:
+        if old[0] == AVAILABLE:
+            _delete(txn, key, b"", self.ready)
+            _delete(txn, key[:8] + _U64(old[2]) + key[8:], b"", self.avail)
+        else:
+            _delete(txn, _U64(old[1]) + key, b"", self.timers)
+
+    def put_task(self, txn: lmdb.Transaction, q: QueueRec, t: Task, *, enqueue: bool) -> None:
+        """Insert or replace a task, keeping the indexes and counters exact."""
+        self.put_wire(txn, q, t.to_wire(), enqueue=enqueue)
+
+    def put_wire(self, txn: lmdb.Transaction, q: QueueRec, w: list[Any], *, enqueue: bool
+                 ) -> bytes:
+        """:meth:`put_task` for a task's wire list (a WAL op's); returns its packed record
+        (the same bytes msgpack gives the list anywhere, e.g. inside a WAL record)."""
+        pid = w[W_PID].encode()
+        key = task_key(q.qid, q.gen, pid)
+        old = self._old(txn, key)
+        if old is not None:
+            self._unindex(txn, key, old)
+            q.count(old[0], -1)
+        elif enqueue:
+            q.enqueued_total += 1
+            self.enqueued_total += 1
+        raw = _packb(w)
+        _put(txn, key, raw, True, True, False, self.tasks)
+        payload, state = w[W_PAYLOAD], w[W_STATE]
+        if payload and (old is None or old[3] != payload["blob_id"]):
+            self.ref_blob(txn, payload["blob_id"], +1)
+        if state == AVAILABLE:
+            _put(txn, key, b"", True, True, False, self.ready)
+            _put(txn, key[:8] + _U64(w[W_ENQUEUED]) + key[8:], b"", True, True, False,
+                 self.avail)
+        else:
+            due = w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE]
+            _put(txn, _U64(due) + key, b"", True, True, False, self.timers)
+        q.count(state, +1)
+        return raw
+
+    def delete_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes, *,
+                    completed: bool) -> bool:
+        key = task_key(q.qid, q.gen, pid)
+        old = self._old(txn, key)
+        if old is None or not _delete(txn, key, b"", self.tasks):
+            return False
+        self._unindex(txn, key, old)
+        q.count(old[0], -1)
+        if old[3] is not None:
+            self.ref_blob(txn, old[3], -1)
+        if completed:
+            q.completed += 1
+            self.completed_total += 1
+        return True
+
+    def create_queue(self, txn: lmdb.Transaction, group: str, name: str, qid: int,
+                     created_ms: int) -> QueueRec:
+        q = self.queues.get((group, name))
+        if q is None:
+            q = QueueRec(group, name, qid, created_ms=created_ms)
+            self.queues[(group, name)] = q
+            self.by_qid[qid] = q
+            txn.put(U32.pack(qid), msgpack.packb([group, name]), db=self.qids_db)
+        self.next_qid = max(self.next_qid, qid + 1)
+        return q
+
+    def save_queue(self, txn: lmdb.Transaction, q: QueueRec) -> None:
+        txn.put(gname(q.group, q.name), q.pack(), db=self.queues_db)
+
+    def save_meta(self, txn: lmdb.Transaction) -> None:
+        txn.put(b"applied", U64.pack(self.applied), db=self.meta)
+        txn.put(b"lease_seq", U64.pack(self.lease_seq), db=self.meta)
+        txn.put(b"auto_pid", U64.pack(self.auto_pid), db=self.meta)
+        txn.put(b"next_qid", U64.pack(self.next_qid), db=self.meta)
+        txn.put(b"enqueued_total", U64.pack(self.enqueued_total), db=self.meta)
+        txn.put(b"completed_total", U64.pack(self.completed_total), db=self.meta)
+
+    def set_conf(self, txn: lmdb.Transaction, kind: bytes, group: str, name: str,
+                 value: dict[str, Any] | None) -> None:
+        target = self._conf(kind)
+        key = kind + gname(group, name)
+        old_blob = (target.get((group, name)) or {}).get("payload") or {}
+        new_blob = (value or {}).get("payload") or {}
+        if old_blob.get("blob_id") != new_blob.get("blob_id"):  # a schedule's payload
+            if new_blob:
+                self.ref_blob(txn, new_blob["blob_id"], +1)
+            if old_blob:
+                self.ref_blob(txn, old_blob["blob_id"], -1)
+        if value is None:
+            txn.delete(key, db=self.conf)
+            target.pop((group, name), None)
+        else:
+            txn.put(key, msgpack.packb(value), db=self.conf)
+            target[(group, name)] = value
+
+    def _conf(self, kind: bytes) -> dict[tuple[str, str], dict[str, Any]]:
+        return {b"P": self.policies, b"N": self.node_marks}.get(kind, self.schedules)
+
+    def ref_blob(self, txn: lmdb.Transaction, blob_id: str, delta: int) -> None:
+        """Count a reference to a payload up or down; at zero it is freed for blob GC."""
+        k = blob_id.encode()
+        raw = txn.get(k, db=self.blobs)
+        n = (U32.unpack(raw)[0] if raw else 0) + delta
+        if n > 0:
+            txn.put(k, U32.pack(n), db=self.blobs)
+            return
+        txn.delete(k, db=self.blobs)
+        if len(self.freed) + len(self.freed_pending) < MAX_FREED:
+            self.freed_pending.append(blob_id)
+
+    def blob_referenced(self, txn: lmdb.Transaction, blob_id: str) -> bool:
+        return txn.get(blob_id.encode(), db=self.blobs) is not None
+
+    # -- reaping deleted generations ------------------------------------------------------
+    def pending_reap(self, txn: lmdb.Transaction) -> tuple[int, int] | None:
+        cur = txn.cursor(db=self.reap_db)
+        return QG.unpack(cur.key()) if cur.first() else None
+
+    def reap(self, txn: lmdb.Transaction, qid: int, gen: int, limit: int) -> int:
+        """Delete up to `limit` tasks of a deleted generation by key range, freeing their
+        payloads. Their ``timers`` entries are dropped by the sweeper when due. When
+        nothing is left, the generation is done. Returns the tasks deleted."""
+        prefix = qprefix(qid, gen)
+        n = 0
+        cur = txn.cursor(db=self.tasks)
+        if cur.set_range(prefix):
+            while n < limit and bytes(cur.key()).startswith(prefix):
+                v = cur.value()
+                if v[-3:] != b"\xc0\xa0\xa0":  # payload, error, origin not nil, "", ""
+                    p = msgpack.unpackb(v)[11]
+                    if p:
+                        self.ref_blob(txn, p["blob_id"], -1)
+                n += 1
+                if not cur.delete():
+                    break
+        for db in (self.ready, self.avail):
+            c = txn.cursor(db=db)
+            m = 0
+            if c.set_range(prefix):
+                while m < limit and bytes(c.key()).startswith(prefix) and c.delete():
+                    m += 1
+        if n < limit:
+            txn.delete(prefix, db=self.reap_db)
+        return n
+
+    def sync(self) -> None:
+        self.env.sync(True)
+
+    def close(self) -> None:
+        self.env.close()

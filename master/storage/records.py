@@ -1,0 +1,126 @@
+"""The master's records: a task's record and its wire list, a queue's record, and the keys
+they are stored under (layout: :mod:`squall.master.storage.index`)."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, fields
+from typing import Any
+
+import msgpack
+
+AVAILABLE, LEASED, DELAYED = 0, 1, 2
+STATE_NAMES = {AVAILABLE: "available", LEASED: "leased", DELAYED: "delayed"}
+PIDKEY_CUT = 448
+QG = struct.Struct(">II")
+_packb = msgpack.packb
+
+
+def pidkey(pid: bytes) -> bytes:
+    if len(pid) <= PIDKEY_CUT:
+        return pid
+    return pid[:PIDKEY_CUT] + hashlib.blake2b(pid, digest_size=16).digest()
+
+
+def qprefix(qid: int, gen: int) -> bytes:
+    return QG.pack(qid, gen)
+
+
+def task_key(qid: int, gen: int, pid: bytes) -> bytes:
+    """A task's key in ``tasks`` (and ``ready``): its queue's prefix and its pidkey (one
+    call on the hot paths)."""
+    return QG.pack(qid, gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
+
+
+@dataclass(slots=True)
+class Task:
+    """One task's record. Times are integer milliseconds since the epoch."""
+
+    pid: str
+    state: int = AVAILABLE
+    token: int = 0  # lease token of the latest lease (0: never leased)
+    live: bool = False  # the holder of `token` may still renew / release / dequeue
+    expiry_ms: int = 0  # lease expiry while LEASED
+    not_before_ms: int = 0
+    attempts: int = 0  # how many times the task has been leased
+    enqueued_ms: int = 0
+    leased_ms: int = 0
+    worker: str = ""
+    worker_addr: str = ""
+    payload: dict[str, Any] | None = None
+    error: str = ""  # last failure, or why the task was dead-lettered
+    origin: str = ""  # for a dead-lettered task: the queue it came from
+
+    def due_ms(self) -> int:
+        return self.expiry_ms if self.state == LEASED else self.not_before_ms
+
+    def to_wire(self) -> list[Any]:
+        # spelled out (not a loop over fields): this runs for every task on the hot paths;
+        # _TASK_FIELDS below pins the order
+        return [self.pid, self.state, self.token, self.live, self.expiry_ms,
+                self.not_before_ms, self.attempts, self.enqueued_ms, self.leased_ms,
+                self.worker, self.worker_addr, self.payload, self.error, self.origin]
+
+    def pack(self) -> bytes:
+        return _packb(self.to_wire())
+
+    def copy(self) -> Task:
+        return Task(*self.to_wire())
+
+    @classmethod
+    def from_wire(cls, v: list[Any]) -> Task:
+        return cls(*v)
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> Task:
+        return cls(*msgpack.unpackb(raw))
+
+
+_TASK_FIELDS = tuple(f.name for f in fields(Task))
+assert _TASK_FIELDS == ("pid", "state", "token", "live", "expiry_ms", "not_before_ms",
+                        "attempts", "enqueued_ms", "leased_ms", "worker", "worker_addr",
+                        "payload", "error", "origin"), "Task.to_wire and W_* are out of date"
+# positions in a task's wire list (Task.to_wire), for code that works on the list itself
+W_PID, W_STATE, W_EXPIRY, W_NOT_BEFORE, W_ENQUEUED, W_PAYLOAD = 0, 1, 4, 5, 7, 11
+Old = tuple[int, int, int, str | None]  # (state, due_ms, enqueued_ms, blob id) of a task
+
+
+def old_of_wire(w: list[Any]) -> Old:
+    state, payload = w[W_STATE], w[W_PAYLOAD]
+    return (state, w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE], w[W_ENQUEUED],
+            payload["blob_id"] if payload else None)
+
+
+@dataclass(slots=True)
+class QueueRec:
+    group: str
+    name: str
+    qid: int
+    gen: int = 0
+    available: int = 0
+    leased: int = 0
+    delayed: int = 0
+    completed: int = 0
+    enqueued_total: int = 0
+    created_ms: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.available + self.leased + self.delayed
+
+    def pack(self) -> bytes:
+        return msgpack.packb([self.qid, self.gen, self.available, self.leased, self.delayed,
+                              self.completed, self.enqueued_total, self.created_ms])
+
+    def count(self, state: int, delta: int) -> None:
+        if state == AVAILABLE:
+            self.available += delta
+        elif state == LEASED:
+            self.leased += delta
+        else:
+            self.delayed += delta
+
+
+def gname(group: str, name: str) -> bytes:
+    return group.encode() + b"\x00" + name.encode()
