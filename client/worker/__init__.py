@@ -1,2 +1,3 @@
-"""The worker runtime: ``Worker`` (``runtime.py``), its acknowledgements (``acker.py``) and its
-parts."""
+"""The worker runtime: ``Worker`` and its counters (``runtime.py``), its acknowledgements
+(``acker.py``), what a handler is (``handlers.py``) and the threads sync handlers run in
+(``threads.py``)."""

@@ -40,25 +40,15 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from squall.client._tasks import TaskBase
 from squall.client.worker.acker import Acker
-from squall.client.worker.parts import (
-    Bridge,
-    DaemonPool,
-    Handler,
-    WorkerStats,
-    async_twin,
-    describe_error,
-    followups,
-    is_async,
-    loop_factory,
-    queues_empty,
-    renew,
-)
-from squall.common.errors import SquallError
+from squall.client.worker.handlers import Handler, describe_error, followups, is_async
+from squall.client.worker.threads import Bridge, DaemonPool, async_twin, loop_factory
+from squall.common.errors import Conflict, NotFound, SquallError
 from squall.common.wire.models import MAX_BATCH
 from squall.common.wire.models import LeasedTask as WireTask
 from squall.common.wire.names import split_queue
@@ -68,6 +58,71 @@ if TYPE_CHECKING:
     from squall.client._sync import Client
 
 log = logging.getLogger("squall.worker")
+
+
+@dataclass
+class WorkerStats:
+    """What happened to the tasks a worker leased.
+
+    - ``done``: the handler returned and the dequeue (with its follow-ups) is durable.
+    - ``failed``: the handler raised; the task was released with the error (it counts
+      toward the queue's ``max_attempts``). Only the handler's own failures count here: a
+      dequeue that the master could not take (restarting, unreachable) is retried while
+      the lease lasts and is never reported as a failure.
+    - ``lost``: the result was dropped because the lease was lost (expired and leased
+      again, reset) or ran out while the master was unreachable; the task runs again.
+    - ``released``: given back unfinished at shutdown.
+    """
+
+    leased: int = 0
+    done: int = 0
+    failed: int = 0
+    lost: int = 0
+    released: int = 0
+
+
+async def renew(client: AsyncClient, tasks: list[TaskBase], lease_secs: float, now: float,
+                lost: set[int]) -> None:
+    """Renew the leases of `tasks` in one update; when it is refused, one task at a time,
+    so one lost lease (added to `lost` by id) does not keep the others from being renewed.
+    Other failures (the master away) are logged: the next pass tries again."""
+    try:
+        await client._run(client._core.renew(tasks, lease_secs))
+    except SquallError as e:
+        if len(tasks) > 1:
+            for t in tasks:
+                await renew(client, [t], lease_secs, now, lost)
+            return
+        t = tasks[0]
+        if isinstance(e, NotFound | Conflict):
+            if not t.finished:
+                log.warning("task %s %r: lease lost (%s)", t.queue, t.pid, e)
+                lost.add(id(t))
+        else:
+            log.warning("renewing %s %r failed, will retry: %s", t.queue, t.pid, e)
+        return
+    for t in tasks:
+        t.leased_at = now
+
+
+async def queues_empty(client: AsyncClient, names: Callable[[], Awaitable[list[str]]],
+                       pattern: bool) -> bool:
+    """Burst mode's end: none of the queues holds a task (available, leased or delayed);
+    with a pattern, none matches any more."""
+    try:
+        found = await names()
+        if pattern:
+            return not found
+        for q in found:
+            try:
+                if (await client.stats(q)).total:
+                    return False
+            except NotFound:
+                continue
+    except SquallError as e:
+        log.warning("checking for remaining tasks failed: %s", e)
+        return False
+    return True
 RIDE_WAIT_S = 0.005  # a drained queue: wait this long for acks to ride on the next lease
 
 
