@@ -37,7 +37,7 @@ def test_pipeline_of_10000_tasks_none_lost_or_duplicated(cluster: DevCluster) ->
         finished.append(task.pid)
         return None
 
-    async def main() -> list[sc.client.worker.WorkerStats]:  # type: ignore[name-defined]
+    async def main() -> list[sc.client.worker.runtime.WorkerStats]:  # type: ignore[name-defined]
         async with AsyncClient(cluster.master_url) as ac:
             workers = [Worker(ac, ["pipe#s3", "pipe#s2", "pipe#s1"], stage, concurrency=100,
                               burst=True) for _ in range(2)]

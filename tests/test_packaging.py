@@ -49,7 +49,7 @@ def test_wheel_ships_every_package(tmp_path: Path) -> None:
     # the browser assets ship as package data (the dashboard and /docs serve them offline)
     assert {"squall/master/static/dashboard.html", "squall/master/static/dashboard.js",
             "squall/master/static/vendor/uPlot.iife.min.js",
-            "squall/common/static/swagger-ui/swagger-ui-bundle.js"} <= set(names)
+            "squall/common/server/static/swagger-ui/swagger-ui-bundle.js"} <= set(names)
     assert "squall/__init__.py" not in names  # squall is a namespace of the four packages
 
     site = tmp_path / "site"

@@ -31,7 +31,7 @@ async def client(tmp_path) -> AsyncIterator[AsyncClient]:  # type: ignore[no-unt
         yield c
 
 
-async def run(w: Worker, timeout: float = 60.0) -> sc.client.worker.WorkerStats:  # type: ignore[name-defined]
+async def run(w: Worker, timeout: float = 60.0) -> sc.client.worker.runtime.WorkerStats:  # type: ignore[name-defined]
     return await asyncio.wait_for(w.arun(install_signals=False), timeout)
 
 

@@ -19,6 +19,7 @@ import squall.client as sc
 from squall.client import AsyncClient, Client, NewTask, Worker
 from squall.client._protocol import held_wire
 from squall.client._tasks import TaskBase
+from squall.client.worker import runtime
 from squall.client.worker.acker import ACK_BATCH_MAX, Acker
 from squall.master.http.app import create_master_app
 from squall.master.service import MasterSettings
@@ -131,7 +132,7 @@ async def test_acks_ride_on_the_next_lease(app: Any, monkeypatch: pytest.MonkeyP
     update is answered. A sync handler runs on a thread, so it finishes after the answer
     that settled the previous task's ack has woken the lease loop: that wake-up must not
     send the next lease before the task just leased is acked, or every ack goes alone."""
-    monkeypatch.setattr(sc.worker, "RIDE_WAIT_S", 10.0)  # however slow the machine
+    monkeypatch.setattr(runtime, "RIDE_WAIT_S", 10.0)  # however slow the machine
     flaky = Flaky(app)
     async with AsyncClient("http://127.0.0.1", transport=flaky) as c:
         done: list[str] = []
