@@ -264,7 +264,7 @@ def render(doc: dict[str, Any]) -> str:
     out = [f"# {TITLE}", "", f"{doc['date']}, commit {doc['commit']}; py-spy at {doc['rate']} Hz "
            "on a second, smaller run of each workload (it slows what it samples). How to read it: "
            "`bench/client_profile.py`; what bounds each target and the next step: "
-           "`bench/README.md`.", ""]
+           "`docs/decisions/0019-what-bounds-the-client-targets.md`.", ""]
     for w in doc["workloads"]:
         out += [f"## {w['id']}: {w['what']}", "",
                 f"{w['n']:,} tasks at {w['rate']:,} /s without py-spy, the machine "
