@@ -1,4 +1,4 @@
-"""Pieces of the worker runtime (``worker.py``): its counters, its event loop, the async
+"""Pieces of the worker runtime (``runtime.py``): its counters, its event loop, the async
 twin of a sync client, the blocking face of the async client for sync handlers, the daemon
 thread pool they run in, the reading of a handler's return value as follow-up tasks, the
 renewal of a batch of leases and burst mode's check for remaining tasks."""
