@@ -56,7 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.client_bench
 	$(BIN)/python -m bench.dashboard_bench
 
-## profile: where the client workloads that miss issue 9's targets (A.put, B.put, D) spend
+## profile: where the client workloads that miss their targets (A.put, B.put, D) spend
 ##          their time: CPU per task by process and thread, and py-spy samples by
 ##          category; bench/results/client-profile.md (py-spy needs root or ptrace rights)
 profile: $(STAMP)

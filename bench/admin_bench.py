@@ -1,4 +1,4 @@
-"""The admin benchmark of issue 3: list queues, queue statistics, delete and reap.
+"""The admin benchmark: list queues, queue statistics, delete and reap.
 
 Run ``python -m bench.admin_bench [--quick] [--only L,D] [--reap-batch 500,1000]``
 (``make bench``). Real masters on 127.0.0.1, fsync on, a fresh data dir each:
@@ -72,7 +72,7 @@ from bench.harness import (
 )
 from bench.master_load import GROUP, seq_enqueue
 
-TITLE = "squall admin benchmark (issue 3)"
+TITLE = "squall admin benchmark"
 WORKLOADS = ("L", "D", "R")
 TARGETS: Targets = {
     "L.list_rare": ("<=", 200.0),  # ms, p99

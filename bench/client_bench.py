@@ -5,7 +5,7 @@ Run ``python -m bench.client_bench [--quick] [--only B,D,A,M,C] [--async-handler
 
 - B  ``put_many`` 20,000 in batches of 100, then drain with ``Client.batches(100)`` (two
      leases ahead, each acking a batch before and reading its payloads: one lease+ack
-     update and one batch read per data node per batch; issue 9); then the same count
+     update and one batch read per data node per batch); then the same count
      drained by a serial ``lease(100, payloads=True, done=<the previous batch>)`` loop
      (B.drain.serial, no target).
 - D  4 producer processes (``put`` one task at a time) + 4 ``Worker`` processes (no-op
@@ -61,7 +61,7 @@ from squall.client import Client, LeasedTask, Worker
 
 WORKLOADS = ("B", "D", "A", "M", "C")
 TITLE = "squall client benchmark (master + 3 data nodes, RF 2, fsync on, 1 KiB payloads)"
-TARGETS: dict[str, tuple[str, float]] = {  # issue 9's targets
+TARGETS: dict[str, tuple[str, float]] = {  # the client's throughput targets
     "B.put": (">=", 25_000), "B.drain": (">=", 25_000), "D.4p4w": (">=", 1_000),
     "A.put": (">=", 700), "A.lease_get_done": (">=", 500), "M.put": (">=", 43_000),
     "M.lease_ack": (">=", 42_000), "C.put": (">=", 200), "C.rf1.put": (">=", 276),

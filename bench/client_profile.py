@@ -1,5 +1,5 @@
-"""Where the missed client targets go (issue 9 asks, for each missed target, a py-spy
-profile saying what bounds it): ``python -m bench.client_profile [--only A,B,D] [--quick]``
+"""Where the missed client targets go (for each missed target, a py-spy profile saying
+what bounds it): ``python -m bench.client_profile [--only A,B,D] [--quick]``
 (``make profile``; py-spy needs root or ptrace rights).
 
 Each workload runs as in ``bench.client_bench`` (master + 3 data nodes, RF 2, fsync on,
@@ -264,7 +264,7 @@ def render(doc: dict[str, Any]) -> str:
     out = [f"# {TITLE}", "", f"{doc['date']}, commit {doc['commit']}; py-spy at {doc['rate']} Hz "
            "on a second, smaller run of each workload (it slows what it samples). How to read it: "
            "`bench/client_profile.py`; what bounds each target and the next step: "
-           "`bench/README.md`.", ""]
+           "`docs/decisions/0019-what-bounds-the-client-targets.md`.", ""]
     for w in doc["workloads"]:
         out += [f"## {w['id']}: {w['what']}", "",
                 f"{w['n']:,} tasks at {w['rate']:,} /s without py-spy, the machine "
@@ -290,7 +290,7 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-TITLE = "Where the missed client targets go (py-spy and /proc; issue 9)"
+TITLE = "Where the missed client targets go (py-spy and /proc)"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

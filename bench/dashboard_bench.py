@@ -1,5 +1,5 @@
 """What a dashboard refresh and a Prometheus scrape cost the master's event loop with
-100,000 queues (issue 13: at most 10 ms each).
+100,000 queues (the target: at most 10 ms each).
 
 Run ``python -m bench.dashboard_bench [--queues 100000] [--runs 30]`` (``make bench``).
 An in-process master (fsync off: only the read side is measured) is filled with N queues

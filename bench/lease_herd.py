@@ -1,4 +1,4 @@
-"""Many long-polling consumers on one queue: the master's CPU per task (issue 9).
+"""Many long-polling consumers on one queue: the master's CPU per task.
 
 ``python -m bench.lease_herd [--waiters 4,50] [--tasks 1000]`` starts a real master
 (fsync on) and one data node, runs `waiters` async consumers that each loop

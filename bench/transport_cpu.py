@@ -1,4 +1,4 @@
-"""Client CPU per small request, by transport (issue 9): `stats()` (the whole client path:
+"""Client CPU per small request, by transport: `stats()` (the whole client path:
 protocol core, JSON, models) and a bare ``GET /healthz`` through the client's httpx client
 (the HTTP stack only) in a loop against a real master (a subprocess on 127.0.0.1),
 `time.process_time()` of this process only.

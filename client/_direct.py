@@ -1,9 +1,9 @@
 """The direct path: a call that can skip httpx's request and response objects goes to the
-client's own lean transport as plain values (issue 9: the client's CPU per request).
+client's own lean transport as plain values (it cuts the client's CPU per request).
 
 Above the lean transports, httpx still cost ~300 µs of CPU per small request (URL parsing
 and merging, header objects, the auth flow, the response model), more than the transport
-itself (``bench/results/client-notes.md``). Both drivers (``_syncdriver.py``, ``_async.py``) ask
+itself (docs/decisions/0004). Both drivers (``_syncdriver.py``, ``_async.py``) ask
 :meth:`Shortcut.prepare` first; it answers ``None`` unless everything about the call is
 something httpx would send unchanged, and the call then takes httpx's path as before:
 

@@ -1,4 +1,4 @@
-"""Enqueue through a data node's front door (issue 9): tasks with small payloads go to one
+"""Enqueue through a data node's front door: tasks with small payloads go to one
 data node in one request (``POST {node}/v1/groups/{g}/queues/{q}/tasks``, msgpack); the
 node stores and replicates the payloads and commits the tasks to the master, then answers.
 One round trip instead of three (allocate, write, enqueue).

@@ -2,7 +2,7 @@
 (``common/transport/aio.py``, which the data nodes' peer client uses too).
 
 httpx's default async transport (httpcore + h11 + anyio) was about a third of the async
-``Worker``'s CPU per task (py-spy, issue 9). This transport keeps everything above it:
+``Worker``'s CPU per task (py-spy). This transport keeps everything above it:
 httpx builds the request (auth, headers, timeouts from the request's extensions), decodes
 the response and sees httpx's exceptions, so the client's retry and error mapping
 (``_http.py``) see exactly what they saw before; failures map as ``_leanhttp.py`` maps

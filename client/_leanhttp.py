@@ -1,5 +1,5 @@
 """The sync client's HTTP/1.1 transport: httpx's interface over the standard library's
-``http.client`` (issue 9: the client's own CPU bounds one-at-a-time work).
+``http.client`` (the client's own CPU bounds one-at-a-time work).
 
 httpx's default sync transport (httpcore + h11, pure Python) costs about 1 ms of CPU per
 small request on the project's 2-core machine; ``http.client`` (C-accelerated header

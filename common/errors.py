@@ -19,7 +19,7 @@
         ├── Unavailable       503   not ready (recovering, no data nodes); retry
         └── OutcomeUnknown    502   may have been applied: an answer was lost on the way
 
-An error promises that nothing was applied ("refused means not applied", DESIGN §4.8)
+An error promises that nothing was applied ("refused means not applied": docs/design.md)
 unless ``squall.client.may_have_applied`` says otherwise.
 
 Servers raise these in domain code; one handler turns them into

@@ -1,1 +1,1 @@
-"""squall data node: LMDB-backed payload store (issue 4)."""
+"""squall data node: stores task payloads in LMDB, replicates them and reports to the master."""

@@ -1,5 +1,5 @@
 """The front door for small payloads: one client request enqueues many tasks *with* their
-payloads (issue 9; DESIGN §2).
+payloads (docs/design.md, "The front door").
 
     client --POST {node}/v1/groups/{g}/queues/{q}/tasks (msgpack)--> front-door node
       1. blob ids from a block the master granted this node ahead of time (no allocation
@@ -14,7 +14,7 @@ payloads (issue 9; DESIGN §2).
          the master group-commits them under one fsync)
       4. answer the client with the master's answer
 
-Invariants (DESIGN §4): an enqueue is answered only after the master answered, i.e. its
+Invariants (docs/design.md): an enqueue is answered only after the master answered, i.e. its
 metadata is in the fsynced WAL and its payload on the write quorum; the master accepts a
 payload reference only with a write quorum of receipts, so a task is never leasable before
 its payload is durable; a crash between 2 and 3 leaves blobs no task references, which the

@@ -1,4 +1,4 @@
-"""The attacks of issue 10, each as a regression test: CSRF-style text/plain POSTs, DNS
+"""Attacks on the servers, each as a regression test: CSRF-style text/plain POSTs, DNS
 rebinding Hosts, regex bombs, deeply nested JSON, slow headers and bodies, oversized
 unauthenticated bodies, extra blobs under a write token, forged heartbeats and a fake node
 claiming blobs, and 10,000 mutated credentials, data-node tokens and lease tokens."""

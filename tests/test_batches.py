@@ -1,4 +1,4 @@
-"""``Client.batches`` / ``AsyncClient.batches``: the read-ahead batch loop (issue 9, B.drain).
+"""``Client.batches`` / ``AsyncClient.batches``: the read-ahead batch loop (benchmark B.drain).
 
 The loop's state machine (``client/_ahead.py``) is checked step by step against a scripted
 core (which lease carries which acknowledgement, what the end and an early exit settle);

@@ -4,7 +4,9 @@ one-line messages for a master that is not running, a wrong URL and a bad queue 
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from starlette.responses import Response
@@ -105,3 +107,11 @@ def test_clear_messages_for_user_errors(master: str) -> None:
     r = runner.invoke(app, ["put", "q", "--count", "1", "--master", "localhost:7070"])
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert "has no scheme: write http://localhost:7070" in r.output
+
+
+def test_version_is_the_projects() -> None:
+    """`squall --version` prints the version pyproject.toml declares (the installed one)."""
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    want = tomllib.loads(pyproject.read_text())["project"]["version"]
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output == f"squall {want}\n"

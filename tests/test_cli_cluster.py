@@ -1,10 +1,10 @@
 """The CLI against a real master and data node.
 
-It prints server data as data (issue 10, item 7): Rich markup in payloads, pids, worker
+It prints server data as data: Rich markup in payloads, pids, worker
 names, error texts and node ids prints as itself, terminal control characters are escaped,
 and ``lease --done`` prints before it dequeues, so a rendering failure can never lose a
-task; every verb that shows server data is run. And the newcomer's verbs and messages
-(issue 13): --version, tasks, ack, policy, schedule, empty piped stdin, a data node's URL,
+task; every verb that shows server data is run. And the newcomer's verbs and messages:
+--version, tasks, ack, policy, schedule, empty piped stdin, a data node's URL,
 node ids and URLs kept whole at 80 columns."""
 
 from __future__ import annotations

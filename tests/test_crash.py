@@ -5,7 +5,7 @@ Worker threads enqueue (unique pids), lease (short and long leases), dequeue (so
 moving the task to a second queue in the same atomic update) and renew, and write down
 everything that got a 200. A request that failed in transport (the kill) is ambiguous and
 counts neither way. After every restart, and in memory after every cycle, the ledger must
-agree with the master (DESIGN.md §4):
+agree with the master (docs/design.md, "Invariants"):
 
 1. every acknowledged enqueue is still there (GET 200), unless some dequeue of it was
    acknowledged or ambiguous;

@@ -1,4 +1,4 @@
-"""The data path of the client (issue 9): payloads read in batches (one request per data
+"""The data path of the client: payloads read in batches (one request per data
 node), replica locations refreshed from the master, ack + lease in one update, and byte
 identity through the client for every payload size class (0 B, 1 B, the front door's inline
 limit ± 1, 4 MiB, 256 MiB) and source type; against a real local cluster (a master and data

@@ -1,4 +1,4 @@
-"""The data-node front door (issue 9): small payloads enqueued in one client round trip,
+"""The data-node front door: small payloads enqueued in one client round trip,
 byte identity around its size limit, and a front-door node SIGKILLed between storing and
 committing (an orphan, collected) and between committing and answering (the client's retry
 collapses: nothing enqueued twice)."""

@@ -9,7 +9,7 @@ the way kill -9 would (no sync, no close) and reopen it from the same directory;
 checkpoint, so recovery has to replay the WAL onto an older index. Either way the
 recovered state must equal the acknowledged state exactly.
 
-Model semantics (DESIGN.md §1, engine.py): tokens come from one global sequence; attempts
+Model semantics (docs/concepts.md, tasks/engine.py): tokens come from one global sequence; attempts
 counts leases; an expired lease keeps its token valid until someone else leases the task;
 release gives the token up; FIFO pids sort after every earlier FIFO pid; an update applies
 dequeue, renew, release, enqueue in that order, all or nothing.

@@ -1,4 +1,4 @@
-"""Refused means not applied (DESIGN §4.8): a request answered with an error left no trace.
+"""Refused means not applied (docs/design.md): a request answered with an error left no trace.
 
 In-process masters with injected disk errors (a WAL whose writes fail like a full disk, an
 index commit that fails after the WAL was durable), and a real master process on a tiny

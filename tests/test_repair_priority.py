@@ -1,4 +1,4 @@
-"""Repair yields to clients on a data node (issue 14): the LMDB writer takes client writes
+"""Repair yields to clients on a data node: the LMDB writer takes client writes
 before queued repair copies (never in one transaction with them, and repair is never
 starved); copies sent with ``X-Squall-Repair: 1`` are such repair writes; client requests
 make the node busy, so that the copies it sends are paced, and repair copies do not."""

@@ -1,4 +1,4 @@
-"""The Worker's data path (issue 9): a dequeue the master could not take is retried while
+"""The Worker's data path: a dequeue the master could not take is retried while
 the lease lasts (never released with an error, never dead-lettered), an idle worker long-
 polls instead of polling, a sync Client's own transport is kept, and finished tasks are
 acknowledged in coalesced updates."""

@@ -1,10 +1,10 @@
 """The `squall` command line.
 
 Task verbs (``put``, ``lease``, ``ack``, ``release``, ``cancel``, ``task``, ``tasks``) live in
-``_cli_verbs.py``, queue verbs (``queues``, ``stats``, ``delete``, ``reset-leases``,
-``dead-letters``, ``redrive``, ``policy …``, ``schedule …``) in ``_cli_admin.py``, ``nodes``
-(list, decommission, forget) in ``_cli_nodes.py``, the local cluster (``squall dev``) in
-``_cli_dev.py``. Server commands (``squall master``, ``squall datanode``) are plugins found
+``verbs.py``, queue verbs (``queues``, ``stats``, ``delete``, ``reset-leases``,
+``dead-letters``, ``redrive``, ``policy …``, ``schedule …``) in ``admin.py``, ``nodes``
+(list, decommission, forget) in ``nodes.py``, the local cluster (``squall dev``) in
+``dev.py``. Server commands (``squall master``, ``squall datanode``) are plugins found
 through the ``squall.cli`` entry-point group, so this package never imports the server
 packages; a plugin that cannot load (e.g. a client-only install) is skipped with a note
 instead of breaking the user verbs.

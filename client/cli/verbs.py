@@ -1,5 +1,5 @@
 """The ``squall`` task verbs: put, lease, ack, release, cancel, task, tasks. Every verb takes
-``--master`` (or ``SQUALL_MASTER``). Queue-level verbs are in ``_cli_admin.py``.
+``--master`` (or ``SQUALL_MASTER``). Queue-level verbs are in ``admin.py``.
 
 What a verb prints comes from the server: it goes through :mod:`._cli_common`'s cleaning
 printers. ``lease --done`` prints the tasks *before* dequeueing them, so nothing about

@@ -14,7 +14,7 @@ consistency groups (and, for role ``node``, to one data-node id)::
 
 Every server holding the auth key verifies a credential without a round trip. Revocation
 is a list of ids held by the master (persisted in its data folder, see
-``master/credentials.py``); an id stays on the list until the credential would have
+``master/security.py``); an id stays on the list until the credential would have
 expired anyway, so the list is bounded by what was minted.
 
 Rotation: the key file holds one key per line; the first signs, every line verifies. Add a

@@ -7,7 +7,7 @@ holds, and the event loop waits meanwhile. On the 2-core test machine one took ~
 the ~80,000 objects a server holds after its imports alone (functions, types, pydantic
 schemas), and 40-100 ms under load; during a re-replication of many small blobs the
 master and the data nodes each ran one every 1-2 s, and they were the longest stalls of
-foreground writes (bench/results/repair-notes.md). So :func:`serve_tuning`, which the
+foreground writes (docs/decisions/0011-server-runtime-tuning.md). So :func:`serve_tuning`, which the
 server commands call once the app is built:
 
 - collects once, then ``gc.freeze()``: everything the imports and the app's construction

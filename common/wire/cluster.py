@@ -187,7 +187,7 @@ class AllocateResponse(_M):
     write_quorum: int = Field(description="receipts the master needs on enqueue")
 
 
-# -- the data-node front door (issue 9; see datanode/frontdoor.py) --------------------------
+# -- the data-node front door (see datanode/frontdoor.py) ----------------------------------
 class BlockRequest(_M):
     """A data node asks the master for a block of blob ids for front-door writes."""
 

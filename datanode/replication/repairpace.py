@@ -1,5 +1,5 @@
-"""The pace of the re-replication copies a data node sends (issue 14: repair at disk speed,
-yet client requests keep their latency while it runs).
+"""The pace of the re-replication copies a data node sends (repair runs at disk speed, yet
+client requests keep their latency while it runs).
 
 - **Idle**: no client request reached this node in the last ``BUSY_S``: copies go at
   ``idle_bytes_per_s`` (``--repair-bytes-per-s``; 0, the default, is unpaced: a blob under
@@ -8,7 +8,7 @@ yet client requests keep their latency while it runs).
   client write; repair copies themselves do not count): copies go at ``busy_bytes_per_s``
   (``--repair-busy-bytes-per-s``, default 64 MB/s; 0: unpaced). Copies use the CPU, the
   disk and its syncs that clients wait for; measured on the project's 2-core machine,
-  unpaced repair made foreground puts 8-17x slower at p99 (``bench/results/repair-notes.md``).
+  unpaced repair made foreground puts 8-17x slower at p99 (docs/decisions/0009).
 - A copied blob costs its size plus ``BLOB_CHARGE`` bytes: copying 1 KiB blobs is bound by
   the per-blob work (framing, checksums, LMDB records, the master's bookkeeping of each
   report), not by their bytes.

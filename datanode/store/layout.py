@@ -1,4 +1,4 @@
-"""The LMDB record formats of the blob store (documented at the top of ``store.py``)."""
+"""The LMDB record formats of the blob store (documented at the top of ``blobstore.py``)."""
 
 from __future__ import annotations
 

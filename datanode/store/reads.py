@@ -1,4 +1,4 @@
-"""The read path of the blob store: verified chunks out of LMDB (see ``store.py``).
+"""The read path of the blob store: verified chunks out of LMDB (see ``blobstore.py``).
 
 - :func:`read_chunks`: a group of a blob's chunks in one read transaction, each copied once
   out of the map and checked against its CRC32C and expected length.

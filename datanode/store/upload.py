@@ -1,4 +1,4 @@
-"""One streamed blob write into the store (see ``store.py`` for the life of an upload).
+"""One streamed blob write into the store (see ``blobstore.py`` for the life of an upload).
 
 The body arrives in parts of any size; each byte is copied once, into the chunk record it
 belongs to (``u32 crc32c | data``, a preallocated ``bytearray``), which is handed as it is

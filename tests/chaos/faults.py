@@ -207,7 +207,7 @@ class Faults:
 
     def fill_master_disk(self, f: Fault, ep: Episode) -> None:
         """Fill the master's disk, hold, free it; then the master must accept writes again
-        by itself, or say in /readyz that it needs a restart (issue 11). A probe enqueue
+        by itself, or say in /readyz that it needs a restart. A probe enqueue
         (into ``soak#probe``, in the ledger like any other) tells which."""
         path = self.c.master.data_dir
         ep.notes["filled_mb"] = round(disks.fill(path) / 2**20, 1)
