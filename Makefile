@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-dev-spark
+STAMP := $(VENV)/.installed-dev-server-spark
 
 .PHONY: run test lint typecheck bench profile soak clean chromium
 
@@ -10,9 +10,10 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 
-# dev tools and the spark extra (PySpark, run on Java 17+): the suite runs real SparkSessions
+# everything: the dev tools, the server extra (the master and the data node) and the spark
+# extra (PySpark, run on Java 17+): the suite runs real servers and SparkSessions
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev,spark]'
+	$(BIN)/pip install -q -e '.[dev,server,spark]'
 	touch $(STAMP)
 
 ## run: the example pipeline on Spark: `squall dev` (a master and 3 data nodes, data in
@@ -41,8 +42,10 @@ chromium:
 	  apt-get install -y -q chromium >/dev/null; } || echo "note: no chromium (apt-get \
 	  install chromium); the dashboard's browser test will be skipped"
 
+# lint-imports: the rooms' boundaries, [tool.importlinter] in pyproject.toml
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 # mypy reads the four packages under their installed names (squall.master, ...) through a
 # tree of links in build/typecheck: it cannot see the editable install's import hook, and
