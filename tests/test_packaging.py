@@ -45,7 +45,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".venv", "build", "*.egg-info", ".git", "__pycache__", ".squall", "bench", "tests"))
+        ".venv", "build", "*.egg-info", ".git", "__pycache__", ".squall", "bench", "tests",
+        ".*_cache", ".hypothesis"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "-w", str(tmp), str(src)],
                    check=True, capture_output=True, cwd=tmp)
