@@ -28,8 +28,8 @@ run: $(STAMP)
 HYPOTHESIS_SEED ?= 20261122
 MODEL_SEEDS ?= 200
 
-## test: lint and typecheck, then the test suite (real servers on 127.0.0.1; a short chaos soak and the
-##       model test on one seed); `make soak` runs the long ones
+## test: lint and typecheck, then the test suite (real servers on 127.0.0.1; a short chaos
+##       soak and the model test on one seed); `make soak` runs the long ones
 test: $(STAMP) lint typecheck chromium
 	@echo "hypothesis seed: $(HYPOTHESIS_SEED)"
 	$(BIN)/pytest -q --hypothesis-seed=$(HYPOTHESIS_SEED)
