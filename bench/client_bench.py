@@ -249,7 +249,7 @@ class Trips:
                 self.t.setdefault(_kind(call.method, path), []).append(
                     time.perf_counter() - t0)
 
-        drv._call = timed  # type: ignore[method-assign]
+        drv._call = timed  # type: ignore[method-assign, assignment]
 
     def text(self, n: int) -> str:
         out = "; ".join(f"{k} {len(v) / max(1, n):.2f}/task p50 {ms(pct(v, 50))} ms"

@@ -20,7 +20,7 @@ import orjson
 
 from bench.harness import AUTH, Server, free_port, proc_cpu_s
 from squall.common.wire import payload
-from squall.common.wire.cluster import BatchPutResult
+from squall.common.wire.cluster import BatchPutResult, PutResult
 
 KEY = "bench-cluster-key-0123456789abcdef"
 ENV = {"SQUALL_CLUSTER_KEY": KEY}
@@ -182,7 +182,7 @@ class Payloads:
     def enqueue(self, tasks: list[dict[str, Any]]) -> None:
         self._post(f"/v1/groups/{GROUP}/queues/{self.queue}/tasks", {"tasks": tasks})
 
-    def put(self, pid: str, data: bytes) -> payload.PutResult:
+    def put(self, pid: str, data: bytes) -> PutResult:
         """allocate 1 → PUT to the first replica (it forwards) → enqueue with receipts."""
         t = time.perf_counter()
         a = self.allocate(1, len(data))

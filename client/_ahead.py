@@ -48,8 +48,8 @@ class ReadAhead(Generic[T]):
             raise BadRequest(f"ahead must be 1..{MAX_AHEAD}")
         self.group = split_queue(queue)[0]
         self.ahead = ahead
-        self._lease = lambda done: core.lease(queue, size, lease_secs, None, make, payloads,
-                                              wait_secs, done)
+        self._lease: Callable[[list[T]], Proto[list[T]]] = lambda done: core.lease(
+            queue, size, lease_secs, None, make, payloads, wait_secs, done)
         self._done, self._release = core.done, core.release
         self.pending: deque[Any] = deque()  # handles of the leases in flight, oldest first
         self.held: list[T] = []  # handed out, not acknowledged yet

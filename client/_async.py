@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import httpx
 
@@ -303,7 +303,13 @@ class AsyncClient:
                      min_tasks: int = 1, limit: int = 1000) -> list[QueueCounts]:
         return await self._run(self._core.queues(regex, group, min_tasks, limit))
 
+    @overload
+    async def stats(self, queue: str) -> QueueStats: ...
+    @overload
+    async def stats(self, queue: None = None) -> ClusterStats: ...
+
     async def stats(self, queue: str | None = None) -> QueueStats | ClusterStats:
+        """A queue's counters and rates, or the cluster's without `queue`."""
         return await self._run(self._core.stats(queue))
 
     async def task(self, queue: str, pid: str) -> TaskInfo:

@@ -172,7 +172,7 @@ class Retry:
         elif not (isinstance(err, ConnectError)
                   or (idempotent and isinstance(err, TransportError | OutcomeUnknown))):
             return None
-        cap = min(self.max_s, self.base_s * (2 ** attempt))
+        cap: float = min(self.max_s, self.base_s * (2 ** attempt))
         return cap / 2 + self.rng.random() * cap / 2
 
 

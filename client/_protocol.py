@@ -136,7 +136,7 @@ class Core(AdminVerbs, PayloadVerbs):
         sources = [as_source(t.payload) for t in tasks] if sources is None else sources
         with_payload = [i for i, s in enumerate(sources) if s is not None]
         if with_payload:
-            refs = yield from self.blobs.write_all([sources[i] for i in with_payload])
+            refs = yield from self.blobs.write_all([s for s in sources if s is not None])
             for i, ref in zip(with_payload, refs, strict=True):
                 specs[i]["payload"] = ref
         return specs
@@ -257,7 +257,7 @@ class Core(AdminVerbs, PayloadVerbs):
         specs = yield from self._prepare(tx.puts, generated)
         for spec, t in zip(specs, tx.puts, strict=True):
             spec["queue"] = t.queue
-        body = {"enqueue": specs, "dequeue": tx.dequeues, "renew": tx.renews,
+        body: dict[str, Any] = {"enqueue": specs, "dequeue": tx.dequeues, "renew": tx.renews,
                 "release": tx.releases}
         if tx.lease is not None:
             body["lease"] = tx.lease

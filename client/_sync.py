@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import httpx
 
@@ -211,7 +211,13 @@ class Client:
                limit: int = 1000) -> list[QueueCounts]:
         return self._run(self._core.queues(regex, group, min_tasks, limit))
 
+    @overload
+    def stats(self, queue: str) -> QueueStats: ...
+    @overload
+    def stats(self, queue: None = None) -> ClusterStats: ...
+
     def stats(self, queue: str | None = None) -> QueueStats | ClusterStats:
+        """A queue's counters and rates, or the cluster's without `queue`."""
         return self._run(self._core.stats(queue))
 
     def task(self, queue: str, pid: str) -> TaskInfo:

@@ -44,7 +44,7 @@ def _native_extend() -> Callable[[int, object, int], int] | None:
         fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
         fn.restype = ctypes.c_uint32
         if fn(0, b"123456789", 9) == 0xE3069283:  # the CRC32C check value
-            return fn  # type: ignore[no-any-return]
+            return fn
     return None
 
 

@@ -6,8 +6,9 @@ Task verbs (``put``, ``lease``, ``ack``, ``release``, ``cancel``, ``task``, ``ta
 (list, decommission, forget) in ``nodes.py``, the local cluster (``squall dev``) in
 ``dev.py``. Server commands (``squall master``, ``squall datanode``) are plugins found
 through the ``squall.cli`` entry-point group, so this package never imports the server
-packages; a plugin that cannot load (e.g. a client-only install) is skipped with a note
-instead of breaking the user verbs.
+packages. In a client-only install (``pip install squall``, without the ``server`` extra)
+or when a plugin cannot load, its command stays listed but only says what to install,
+instead of breaking the user verbs or printing a traceback.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from squall.client.cli import admin as _cli_admin
 from squall.client.cli import auth as _cli_auth
 from squall.client.cli import dev as _cli_dev
 from squall.client.cli import nodes as _cli_nodes
 from squall.client.cli import verbs as _cli_verbs
+from squall.client.cli.common import SERVER_EXTRA_HINT, fail, missing_server_deps
 
 app = typer.Typer(help="squall: a distributed, durable, priority task queue.",
                   no_args_is_help=True, add_completion=False,
@@ -59,18 +62,31 @@ _cli_auth.register(app)
 _plugins_loaded = False
 
 
+def _unavailable(name: str, why: str) -> None:
+    """`squall NAME [anything, --help included]` says what to install, exit status 1."""
+    @app.command(name, help=f"Unavailable in this install: {escape(SERVER_EXTRA_HINT)}",
+                 add_help_option=False,
+                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def _stub() -> None:
+        fail(f"`squall {name}` needs the server dependencies ({why}): {SERVER_EXTRA_HINT}")
+
+
 def _load_plugins() -> None:
     global _plugins_loaded
     if _plugins_loaded:
         return
     _plugins_loaded = True
+    missing = missing_server_deps()
     for ep in entry_points(group="squall.cli"):
+        if missing and ep.dist is not None and ep.dist.name == "squall":
+            _unavailable(ep.name, f"missing: {', '.join(missing)}")
+            continue
         try:
             ep.load()(app)
         except ImportError as e:
             if os.environ.get("SQUALL_DEBUG"):
                 raise
-            typer.echo(f"note: `squall {ep.name}` is unavailable ({e})", err=True)
+            _unavailable(ep.name, str(e))
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ redrive, nodes, and the ``policy`` and ``schedule`` command groups."""
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Group, RenderableType
@@ -66,9 +66,10 @@ def _stats_view(c: Client, queue: str | None) -> RenderableType:
                                    q.completed] for q in top]))
     assert isinstance(s, QueueStats)
     r = s.rates
-    rows = [["available", s.available], ["leased", s.leased], ["delayed", s.delayed],
-            ["total", s.total], ["completed", s.completed], ["enqueued (all time)",
-                                                             s.enqueued_total],
+    rows: list[list[Any]] = [
+            ["available", s.available], ["leased", s.leased], ["delayed", s.delayed],
+            ["total", s.total], ["completed", s.completed],
+            ["enqueued (all time)", s.enqueued_total],
             ["enqueue/s 1m / 5m", f"{r.enqueue_1m:.1f} / {r.enqueue_5m:.1f}"],
             ["lease/s 1m / 5m", f"{r.lease_1m:.1f} / {r.lease_5m:.1f}"],
             ["dequeue/s 1m / 5m", f"{r.dequeue_1m:.1f} / {r.dequeue_5m:.1f}"],

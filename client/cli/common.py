@@ -16,6 +16,7 @@ import contextlib
 import re
 import sys
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, distribution, requires
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -63,6 +64,31 @@ MasterOpt = Annotated[str, typer.Option(
     "--master", "-m", envvar="SQUALL_MASTER", show_default=True,
     help="base URL of the squall master")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+SERVER_EXTRA_HINT = "pip install 'squall[server]'"
+_EXTRA_SERVER = re.compile(r"""extra\s*==\s*["']server["']""")
+
+
+def missing_server_deps() -> list[str]:
+    """The distributions of the ``server`` extra (FastAPI, uvicorn, LMDB, …) this environment
+    lacks: a client-only install (``pip install squall``) lacks them all. Read from the
+    installed metadata, so the list lives in pyproject.toml only; [] when squall is not
+    installed (a bare checkout) or everything is there."""
+    try:
+        reqs = requires("squall") or []
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return []
+    missing = []
+    for req in reqs:
+        name = re.match(r"[A-Za-z0-9._-]+", req)
+        if name is None or not _EXTRA_SERVER.search(req):
+            continue
+        try:
+            distribution(name.group(0))
+        except PackageNotFoundError:
+            missing.append(name.group(0))
+    return missing
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

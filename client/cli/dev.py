@@ -29,7 +29,7 @@ from typing import Annotated
 import httpx
 import typer
 
-from squall.client.cli.common import err, fail, say
+from squall.client.cli.common import SERVER_EXTRA_HINT, err, fail, missing_server_deps, say
 from squall.common.security import auth
 
 STOP_TIMEOUT_S = 15.0
@@ -279,6 +279,9 @@ def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to st
         ) -> None:
     """Run a local cluster: one master and N data nodes on 127.0.0.1 (Ctrl-C stops it).
     A data node that dies is reported and can be restarted (`restart N` on stdin)."""
+    if missing := missing_server_deps():
+        fail(f"`squall dev` runs a master and data nodes, which need the server dependencies "
+             f"(missing: {', '.join(missing)}): {SERVER_EXTRA_HINT}")
     if replication_factor is not None and replication_factor > max(nodes, 1):
         fail(f"replication factor {replication_factor} needs at least that many nodes", 2)
     cluster = DevCluster(data_dir, port, nodes, replication_factor)

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -216,7 +216,7 @@ def task(queue: QueueArg, pid: PidArg, as_json: JsonOpt = False,
         print_json(t)
         return
     now = time.time()
-    rows = [["state", t.state], ["attempts", t.attempts],
+    rows: list[list[Any]] = [["state", t.state], ["attempts", t.attempts],
             ["enqueued", ago(t.enqueued_at, now)], ["lease expires", ago(t.expires_at, now)],
             ["not before", ago(t.not_before, now)], ["worker", t.worker],
             ["worker address", t.worker_addr], ["origin", t.origin], ["last error", t.error]]

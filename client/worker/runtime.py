@@ -331,9 +331,10 @@ class Worker:
                 if got:
                     idle = 0
                     continue
-                if self.burst and not self._running and await queues_empty(
-                        self._client, lambda: self._queue_names(refresh=True),
-                        isinstance(self.queues, re.Pattern)):
+                if self.burst and not self._running and self._client is not None \
+                        and await queues_empty(self._client,
+                                               lambda: self._queue_names(refresh=True),
+                                               isinstance(self.queues, re.Pattern)):
                     return
                 idle += 1
             delay = min(self.poll_max_s, 0.005 * 2 ** min(idle, 20))

@@ -137,7 +137,7 @@ def async_twin(c: Client) -> AsyncClient:
     """An async client like `c`, on its transport (a sync one runs on threads)."""
     from squall.client._async import AsyncClient
 
-    t = c.transport
+    t: httpx.BaseTransport | httpx.AsyncBaseTransport | None = c.transport
     if t is not None and not hasattr(t, "handle_async_request"):
         t = ThreadTransport(t)
     return AsyncClient(c.master, transport=t, **c.options)  # type: ignore[arg-type]

@@ -179,7 +179,7 @@ def verify(keys: Sequence[bytes], cred: object, now: float,
     if revoked(cid):
         raise Unauthorized(f"credential {cid} was revoked")
     return Credential(cid, frozenset(roles), None if groups is None else frozenset(groups),
-                      node, float(iat), float(exp))  # type: ignore[arg-type]
+                      node, float(iat), float(exp))
 
 
 def credential_id(cred: str) -> str | None:

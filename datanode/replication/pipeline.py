@@ -147,7 +147,8 @@ async def store_and_forward(node: DataNode, blob_id: str, body: AsyncIterator[by
             if tail is not None:
                 await f.feed(tail)
             await f.feed(None)
-        local, *answers = await asyncio.gather(_commit(up), *(f.task for f in fwds))
+        local, answers = await asyncio.gather(_commit(up),
+                                              asyncio.gather(*(f.task for f in fwds)))
     except BaseException:
         for f in fwds:
             f.task.cancel()

@@ -14,13 +14,15 @@ import asyncio
 import contextlib
 import functools
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from squall.common.checksum import crc32c
 from squall.common.errors import BadRequest
 from squall.datanode.store.layout import running_crc
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from squall.datanode.store.blobstore import BlobMeta, BlobStore
 
 HEADER = 4  # the chunk record's crc32c
@@ -174,6 +176,10 @@ class Upload:
         except Exception:
             leaked.add(upload)
             return
-        fut.add_done_callback(lambda f: f.exception() is not None and leaked.add(upload))
+        def _leak_on_failure(f: Future[Any]) -> None:
+            if f.exception() is not None:
+                leaked.add(upload)
+
+        fut.add_done_callback(_leak_on_failure)
         with contextlib.suppress(Exception):
             await asyncio.wrap_future(fut)
