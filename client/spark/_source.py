@@ -4,13 +4,17 @@
         .option("pid", "path").option("payload", "bytes").mode("append").save()
     spark.read.format("squall").option("master", url).option("queue", "g#q").load()
 
-Write options: ``master`` (default ``$SQUALL_MASTER``), ``queue`` (required), ``pid`` (a
-string column; default: derived pids, see ``_write.py``), ``payload`` (a binary or string
-column; default the column named ``payload`` if there is one, else tasks without payload),
-``pid_prefix``, ``batch_rows``, ``batch_bytes``, ``inflight``. Only ``append`` is
-supported: a queue is not a table to overwrite.
+Connection options, in every direction: ``master``, ``token``, ``tls_ca``, ``tls_cert``,
+``tls_key_secret`` (each defaults to the session's ``spark.squall.<option>`` conf, then to
+the environment: ``_conn.py``).
 
-Read options: ``master``, ``queue``, ``with_payload`` (``true`` adds the payload bytes;
+Write options: ``queue`` (required), ``pid`` (a string column; default: derived pids, see
+``_write.py``), ``payload`` (a binary or string column; default the column named
+``payload`` if there is one, else tasks without payload), ``pid_prefix``, ``batch_rows``,
+``batch_bytes``, ``inflight``. Only ``append`` is supported: a queue is not a table to
+overwrite.
+
+Read options: ``queue``, ``with_payload`` (``true`` adds the payload bytes;
 ``payload=true`` is its deprecated old name), ``partitions`` or ``partition_size`` (default:
 from the queue's size and the session's parallelism), ``read_threads``.
 
