@@ -47,7 +47,6 @@ ENV = {"master": "SQUALL_MASTER", "token": "SQUALL_TOKEN", "tls_ca": "SQUALL_TLS
 KEYS = tuple(ENV)
 CONF_KEYS = tuple(CONF_PREFIX + k for k in KEYS)
 _PEM = "-----BEGIN"
-_TLS_ENV = ("SQUALL_TLS_CA", "SQUALL_TLS_CERT", "SQUALL_TLS_KEY")
 _LOCK = threading.Lock()
 _FILES = threading.Lock()
 _DIR: tuple[int, str] | None = None  # (pid, folder) of the PEM files written
