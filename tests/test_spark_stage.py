@@ -9,7 +9,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 pytest.importorskip("pyspark")
@@ -42,8 +41,8 @@ def test_slow_handler_among_fast_ones_runs_nothing_twice(cluster: Cluster) -> No
 
     spec = StageSpec(cluster.url, src, sink, lease, batch_size=n, threads=2, with_pid=True,
                      max_attempts=None, deadline=time.time() + 60)
-    with Client(cluster.url) as own, httpx.Client(timeout=30) as http:
-        res = StageLoop(own, spec, handler, http).run(None)
+    with Client(cluster.url) as own:
+        res = StageLoop(own, spec, handler).run(None)
     assert (res.done, res.leased, res.lost, res.failed) == (n, n, 0, 0), res
     assert sorted(runs) == [f"s{i:02d}" for i in range(n)], "a handler ran twice"
     assert total(c, src) == 0 and total(c, sink) == n

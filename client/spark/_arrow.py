@@ -81,8 +81,7 @@ class ArrowStageLoop(StageLoop):
     def _run_batch(self, pool: ThreadPoolExecutor, tasks: list[LeasedTask]) -> list[Outcome]:
         renewer = _Renewer(self, tasks)
         with ThreadPoolExecutor(1, thread_name_prefix="squall-fetch") as fetcher:
-            fetching = fetcher.submit(fetch_many, self.http, [t.payload_ref for t in tasks],
-                                      lambda i: tasks[i].payload(), pool)
+            fetching = fetcher.submit(fetch_many, self.client, tasks, pool)
             renewer.wait({fetching})
             datas = fetching.result()
         ok = [i for i, d in enumerate(datas) if not isinstance(d, SquallError)]

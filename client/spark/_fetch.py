@@ -1,87 +1,70 @@
-"""Many small payloads at once: one ``POST {node}/v1/blobs:batch-get`` per data node for a
-batch of tasks, instead of one ``GET`` per task.
+"""Many payloads at once, through the client: one ``POST {node}/v1/blobs:batch-get`` per
+data node for a batch of tasks' small payloads, instead of one ``GET`` per task.
 
-The client library reads one payload per call (``LeasedTask.payload()``); a stage leasing
-hundreds of small tasks per batch would spend its time on those round trips. Here the
-payloads up to ``BATCH_BLOB_BYTES`` are grouped by their first live replica (and long
-read token: a lease answer's) and fetched with ``squall.common.wire.payload.get_batch`` (the
-lease answer's one read token, sent once); each frame is checked against the size and
-CRC32C the master recorded. Anything that does not come back whole (a node down, a blob
-missing or corrupt there, a large blob) falls back to ``fallback(i)``: the client's own
-read, with failover across replicas.
+The tasks are split into groups that the client's own batch read
+(``Client.read_payloads``) serves with one request each: the small payloads (up to
+``BATCH_BLOB_BYTES``) by their first replica (and read token), each large payload alone.
+The groups are read in parallel on the caller's pool. The client checks every payload
+against the size and CRC32C the master recorded, reads what a batch did not deliver whole
+from the other replicas (asking the master where the copies are now if none has it), and
+uses the same TLS settings, credential, retries and node penalties as every other request
+of the job.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
 
-import httpx
-
-from squall.common.errors import SquallError
+from squall.client import Client, Forbidden, LeasedTask, SquallError, Unauthorized
+from squall.client._blobs import BATCH_BLOB_BYTES, BATCH_BODY_BYTES, BATCH_GET_IDS
 from squall.common.wire.models import PayloadRef
-from squall.common.wire.payload import OK, batch_groups, get_batch
-
-log = logging.getLogger("squall.spark")
-BATCH_BLOB_BYTES = 256 << 10
-BATCH_BODY_BYTES = 16 << 20
-BATCH_IDS_MAX = 1000
+from squall.common.wire.payload import batch_groups
 
 
 def _groups(refs: Sequence[PayloadRef | None]) -> list[tuple[str, list[int]]]:
     """(node, indexes) of the small payloads, each group within the batch-get limits."""
     return batch_groups(((i, r.replicas[0], r.token, r.size) for i, r in enumerate(refs)
                          if r is not None and r.size <= BATCH_BLOB_BYTES and r.replicas
-                         and r.token), BATCH_IDS_MAX, BATCH_BODY_BYTES)
+                         and r.token), BATCH_GET_IDS, BATCH_BODY_BYTES)
 
 
-def _fetch_group(http: httpx.Client, node: str, idx: list[int],
-                 refs: Sequence[PayloadRef | None]) -> dict[int, bytes]:
-    got: dict[int, bytes] = {}
-    live = [r for r in (refs[i] for i in idx) if r is not None]
+def _read(client: Client, tasks: list[LeasedTask]) -> list[bytes | SquallError]:
+    """The payloads of `tasks`; where no replica delivers one, its error (the others are
+    still read: a payload the batch read loaded is kept on its task)."""
     try:
-        frames = get_batch(http, node, [r.blob_id for r in live],
-                           [r.token or "" for r in live])
-    except (SquallError, httpx.HTTPError) as e:
-        log.info("batch read from %s failed (%s); reading one by one", node, e)
-        return got
-    for i in idx:
-        ref = refs[i]
-        f = frames.get(ref.blob_id) if ref is not None else None
-        if (ref is not None and f is not None and f.status == OK
-                and len(f.data) == ref.size and f.crc32c == ref.crc32c):
-            got[i] = f.data
-    return got
+        return list(client.read_payloads(tasks))
+    except (Unauthorized, Forbidden):
+        raise  # the credential or the read token is wrong for every payload alike
+    except SquallError:
+        pass
+    out: list[bytes | SquallError] = []
+    for t in tasks:
+        try:
+            out.append(t.payload())
+        except SquallError as e:
+            out.append(e)
+    return out
 
 
-def _guarded(fallback: Callable[[int], bytes], i: int) -> bytes | SquallError:
-    try:
-        return fallback(i)
-    except SquallError as e:
-        return e
-
-
-def fetch_many(http: httpx.Client, refs: Sequence[PayloadRef | None],
-               fallback: Callable[[int], bytes], pool: Executor | None = None
+def fetch_many(client: Client, tasks: Sequence[LeasedTask], pool: Executor | None = None
                ) -> list[bytes | SquallError | None]:
-    """The payload of every ref, in order: None where a task has none, the error where no
+    """The payload of every task, in order: None where a task has none, the error where no
     replica could deliver it (the caller decides: fail the task, or the whole read)."""
-    out: list[bytes | SquallError | None] = [None] * len(refs)
-    groups = _groups(refs)
-    if pool is not None and len(groups) > 1:
-        parts = list(pool.map(lambda g: _fetch_group(http, g[0], g[1], refs), groups))
+    refs = [t.payload_ref for t in tasks]
+    chunks = [idx for _, idx in _groups(refs)]
+    grouped = {i for idx in chunks for i in idx}
+    chunks += [[i] for i, r in enumerate(refs) if r is not None and i not in grouped]
+
+    def read(idx: list[int]) -> list[bytes | SquallError]:
+        return _read(client, [tasks[i] for i in idx])
+
+    if pool is not None and len(chunks) > 1:
+        parts = list(pool.map(read, chunks))
     else:
-        parts = [_fetch_group(http, node, idx, refs) for node, idx in groups]
-    for part in parts:
-        for i, data in part.items():
-            out[i] = data
-    missing = [i for i, r in enumerate(refs) if r is not None and out[i] is None]
-    if pool is not None and len(missing) > 1:
-        for i, d in zip(missing, pool.map(lambda j: _guarded(fallback, j), missing),
-                        strict=True):
+        parts = [read(idx) for idx in chunks]
+    out: list[bytes | SquallError | None] = [None] * len(tasks)
+    for idx, datas in zip(chunks, parts, strict=True):
+        for i, d in zip(idx, datas, strict=True):
             out[i] = d
-    else:
-        for i in missing:
-            out[i] = _guarded(fallback, i)
     return out

@@ -19,13 +19,12 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-import httpx
-
 from squall.client import Client, LeasedTask, NotFound, SquallError
+from squall.client.spark._conn import Conn
 from squall.client.spark._fetch import fetch_many
 from squall.common.wire.models import LeasedTask as WireTask
 from squall.common.wire.models import TaskInfo
@@ -58,6 +57,10 @@ class ReadOptions:
     partitions: int | None = None
     parallelism: int = 2  # the session's default parallelism (``register`` records it)
     read_threads: int = READ_THREADS
+    conn: Conn = field(default_factory=Conn)  # credential, TLS material (``_conn.py``)
+
+    def client(self) -> Client:
+        return self.conn.client(self.master)
 
     def __post_init__(self) -> None:
         split_queue(self.queue)
@@ -112,11 +115,12 @@ def task_row(t: TaskInfo, queue: str) -> tuple[Any, ...]:
             p.crc32c if p else None, p.blob_id if p else None)
 
 
-def _fetch(client: Client, t: TaskInfo, group: str) -> bytes:
-    """A listed task's payload (its read token came with the listing); no lease taken."""
+def listed_task(client: Client, t: TaskInfo, group: str) -> LeasedTask:
+    """A listed task as the client's task object, to read its payload with (the read token
+    came with the listing); no lease taken."""
     wire = WireTask(queue=t.queue, pid=t.pid, token="", expires_at=0.0, attempts=t.attempts,
                     enqueued_at=t.enqueued_at, payload=t.payload)
-    return LeasedTask(client, wire, group).payload()
+    return LeasedTask(client, wire, group)
 
 
 def _in_range(client: Client, queue: str, after: str | None, upto: str | None
@@ -137,17 +141,15 @@ def read_range(opts: ReadOptions, after: str | None, upto: str | None
                ) -> Iterator[tuple[Any, ...]]:
     """The rows of one partition."""
     group = split_queue(opts.queue)[0]
-    with Client(opts.master) as client:
+    with opts.client() as client:
         tasks = _in_range(client, opts.queue, after, upto)
         if not opts.payload:
             for t in tasks:
                 yield task_row(t, opts.queue)
             return
-        with ThreadPoolExecutor(opts.read_threads, thread_name_prefix="squall-read") as pool, \
-                httpx.Client(timeout=120.0) as http:
+        with ThreadPoolExecutor(opts.read_threads, thread_name_prefix="squall-read") as pool:
             while chunk := list(islice(tasks, FETCH_CHUNK)):
-                datas = fetch_many(http, [t.payload for t in chunk],
-                                   lambda i: _fetch(client, chunk[i], group), pool)
+                datas = fetch_many(client, [listed_task(client, t, group) for t in chunk], pool)
                 for t, data in zip(chunk, datas, strict=True):
                     if isinstance(data, SquallError):
                         raise data  # a payload no replica can deliver fails the read loudly

@@ -4,13 +4,17 @@
         .option("pid", "path").option("payload", "bytes").mode("append").save()
     spark.read.format("squall").option("master", url).option("queue", "g#q").load()
 
-Write options: ``master`` (default ``$SQUALL_MASTER``), ``queue`` (required), ``pid`` (a
-string column; default: derived pids, see ``_write.py``), ``payload`` (a binary or string
-column; default the column named ``payload`` if there is one, else tasks without payload),
-``pid_prefix``, ``batch_rows``, ``batch_bytes``, ``inflight``. Only ``append`` is
-supported: a queue is not a table to overwrite.
+Connection options, in every direction: ``master``, ``token``, ``tls_ca``, ``tls_cert``,
+``tls_key_secret`` (each defaults to the session's ``spark.squall.<option>`` conf, then to
+the environment: ``_conn.py``).
 
-Read options: ``master``, ``queue``, ``with_payload`` (``true`` adds the payload bytes;
+Write options: ``queue`` (required), ``pid`` (a string column; default: derived pids, see
+``_write.py``), ``payload`` (a binary or string column; default the column named
+``payload`` if there is one, else tasks without payload), ``pid_prefix``, ``batch_rows``,
+``batch_bytes``, ``inflight``. Only ``append`` is supported: a queue is not a table to
+overwrite.
+
+Read options: ``queue``, ``with_payload`` (``true`` adds the payload bytes;
 ``payload=true`` is its deprecated old name), ``partitions`` or ``partition_size`` (default:
 from the queue's size and the session's parallelism), ``read_threads``.
 
@@ -36,7 +40,8 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from squall.client import Client, SquallError, fifo_pid
+from squall.client import SquallError, fifo_pid
+from squall.client.spark._conn import Conn, resolve, session_conf
 from squall.client.spark._read import (
     READ_THREADS,
     ReadOptions,
@@ -110,8 +115,10 @@ def _queue(options: Mapping[str, str]) -> str:
     return q
 
 
-def write_options(options: Mapping[str, str], schema: StructType) -> WriteOptions:
-    """Check the write options against the DataFrame's schema."""
+def write_options(options: Mapping[str, str], schema: StructType,
+                  conf: Mapping[str, str] | None = None) -> WriteOptions:
+    """Check the write options against the DataFrame's schema (`conf`: the session's
+    ``spark.squall.*`` settings)."""
     from pyspark.sql.types import (
         BinaryType,
         NumericType,
@@ -137,8 +144,9 @@ def write_options(options: Mapping[str, str], schema: StructType) -> WriteOption
                                              | TimestampNTZType | NumericType):
         raise ValueError(f"option not_before={nb_col!r} must name a timestamp column or a "
                          f"numeric one (epoch seconds; columns: {', '.join(types)})")
+    master, conn = resolve(options, conf)
     return WriteOptions(
-        master=_opt(options, "master"), queue=_queue(options), pid_column=pid_col,
+        master=master, conn=conn, queue=_queue(options), pid_column=pid_col,
         payload_column=pay_col, pid_prefix=_opt(options, "pid_prefix") or fifo_pid(),
         delay_column=delay_col, not_before_column=nb_col,
         batch_rows=_int(options, "batch_rows", BATCH_ROWS),
@@ -157,18 +165,20 @@ def _opt_int(options: Mapping[str, str], key: str) -> int | None:
     return _int(options, key, 0) if _opt(options, key) is not None else None
 
 
-def check_master(master: str | None) -> None:
+def check_master(master: str | None, conn: Conn | None = None) -> None:
     """Fail on the driver, with the URL, when the master does not answer."""
     try:
-        with Client(master, timeout=10.0, retries=1) as c:
+        with (conn or Conn()).client(master, timeout=10.0, retries=1) as c:
             c.cluster()
     except SquallError as e:
         raise ValueError(f"the squall master at {master or '$SQUALL_MASTER'} does not "
                          f"answer ({e}); nothing was written") from None
 
 
-def read_options(options: Mapping[str, str], parallelism: int = 2) -> ReadOptions:
-    return ReadOptions(master=_opt(options, "master"), queue=_queue(options),
+def read_options(options: Mapping[str, str], parallelism: int = 2,
+                 conf: Mapping[str, str] | None = None) -> ReadOptions:
+    master, conn = resolve(options, conf)
+    return ReadOptions(master=master, conn=conn, queue=_queue(options),
                        payload=_with_payload(options),
                        partition_size=_opt_int(options, "partition_size"),
                        partitions=_opt_int(options, "partitions"), parallelism=parallelism,
@@ -246,7 +256,7 @@ class SquallReader(DataSourceReader):
         self.opts = opts
 
     def partitions(self) -> Sequence[InputPartition]:
-        with Client(self.opts.master) as c:
+        with self.opts.client() as c:
             return [RangePartition(a, b) for a, b in plan_bounds(c, self.opts)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
@@ -264,6 +274,8 @@ class SquallDataSource(DataSource):
     #: the session's default parallelism, recorded by :func:`register` (the reader plans
     #: in a Python worker that has no SparkContext to ask)
     parallelism: int = 2
+    #: the session's ``spark.squall.*`` conf, recorded by :func:`register` likewise
+    conf: Mapping[str, str] = {}
 
     def schema(self) -> str:  # for reads (on writes the DataFrame's schema is used)
         return schema_ddl(_with_payload(self.options))  # readStream's too
@@ -273,28 +285,29 @@ class SquallDataSource(DataSource):
             raise ValueError("the squall data source only appends (mode('append')): "
                              "enqueued tasks are not replaced; delete the queue first to "
                              "start over")
-        opts = write_options(self.options, schema)
-        check_master(opts.master)  # before any executor uploads a payload
+        opts = write_options(self.options, schema, self.conf)
+        check_master(opts.master, opts.conn)  # before any executor uploads a payload
         return SquallWriter(opts, _opt(self.options, "summary_path"))
 
     def reader(self, schema: StructType) -> SquallReader:
-        return SquallReader(read_options(self.options, self.parallelism))
+        return SquallReader(read_options(self.options, self.parallelism, self.conf))
 
     def streamReader(self, schema: StructType) -> SquallStreamReader:
         o = self.options
+        master, conn = resolve(o, self.conf)
         return SquallStreamReader(StreamOptions(
-            master=_opt(o, "master"), queue=_queue(o), with_payload=_with_payload(o),
+            master=master, conn=conn, queue=_queue(o), with_payload=_with_payload(o),
             lease_secs=float(_opt(o, "lease_secs") or LEASE_SECS),
             max_tasks_per_batch=_int(o, "max_tasks_per_batch", TASKS_PER_BATCH),
             tasks_per_partition=_int(o, "tasks_per_partition", TASKS_PER_PARTITION),
             read_threads=_int(o, "read_threads", STREAM_READ_THREADS)))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SquallStreamWriter:
-        opts = write_options(self.options, schema)
+        opts = write_options(self.options, schema, self.conf)
         if opts.pid_column is None:
             raise ValueError("writeStream.format('squall') needs a pid column (option 'pid'): "
                              "a replayed micro-batch must collapse into its first run")
-        check_master(opts.master)
+        check_master(opts.master, opts.conn)
         return SquallStreamWriter(opts)
 
 
@@ -304,18 +317,23 @@ def register(spark: SparkSession) -> None:
 
     Spark looks a Python data source up in the JVM thread's *active* session, and the JVM
     thread py4j pairs with a new Python thread has none: the lookup then fails with
-    DATA_SOURCE_NOT_FOUND although the session has the source."""
-    if not getattr(spark, "_squall_registered", False):
+    DATA_SOURCE_NOT_FOUND although the session has the source.
+
+    The session's ``spark.squall.*`` conf (master, credential, TLS material: ``_conn.py``)
+    is read here: after changing it with ``spark.conf.set``, call ``register`` again."""
+    conf = session_conf(spark)
+    if getattr(spark, "_squall_registered", None) != conf:
         try:
             par = int(spark.sparkContext.defaultParallelism)
         except Exception:  # Spark Connect has no SparkContext
             par = SquallDataSource.parallelism
-        # a subclass made here carries the parallelism (pickled with it to the planner)
+        # a subclass made here carries the parallelism and the conf (pickled with it to
+        # the planner, never displayed)
         source = type("SquallDataSource", (SquallDataSource,), {
-            "parallelism": par, "__module__": __name__,
+            "parallelism": par, "conf": conf, "__module__": __name__,
             "__qualname__": "SquallDataSource.bound"})
         spark.dataSource.register(source)
-        spark._squall_registered = True  # type: ignore[attr-defined]
+        spark._squall_registered = conf  # type: ignore[attr-defined]
     jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
     if jvm is not None and jsession is not None:  # a classic (not Spark Connect) session
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)

@@ -29,10 +29,8 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
-
-import httpx
 
 from squall.client import (
     BadRequest,
@@ -46,6 +44,7 @@ from squall.client import (
     StatusError,
     TransportError,
 )
+from squall.client.spark._conn import Conn, resolve, session_conf
 from squall.client.spark._fetch import fetch_many
 from squall.common.wire.models import MAX_BATCH, QueueStats
 from squall.common.wire.names import split_queue
@@ -106,6 +105,7 @@ class StageSpec:
     deadline: float | None  # epoch seconds
     poll_max_s: float = POLL_MAX_S
     batch: bool = False  # one handler call per leased batch (a pyarrow.RecordBatch)
+    conn: Conn = field(default_factory=Conn)  # credential, TLS material (``_conn.py``)
 
 
 def outputs(src_pid: str, result: Any, sink: str | None, group: str) -> list[NewTask]:
@@ -184,10 +184,8 @@ class _Renewer:
 class StageLoop:
     """One Spark task's worker loop (no Spark needed: tests drive it directly)."""
 
-    def __init__(self, client: Client, spec: StageSpec, handler: Handler,
-                 http: httpx.Client | None = None) -> None:
+    def __init__(self, client: Client, spec: StageSpec, handler: Handler) -> None:
         self.client, self.spec, self.handler = client, spec, handler
-        self.http = http or httpx.Client(timeout=120.0)
         self.group = split_queue(spec.source)[0]
         self.result = StageResult(partitions=1)
         self._failures = 0  # consecutive failed lease calls
@@ -207,8 +205,7 @@ class StageLoop:
         with ThreadPoolExecutor(1, thread_name_prefix="squall-fetch") as fetcher:
             # its own thread: fetch_many uses `pool` for its reads (threads=1 must not wait
             # on itself)
-            fetching = fetcher.submit(fetch_many, self.http, [t.payload_ref for t in tasks],
-                                      lambda i: tasks[i].payload(), pool)
+            fetching = fetcher.submit(fetch_many, self.client, tasks, pool)
             renewer.wait({fetching})
             datas = fetching.result()
         futs: list[Future[list[NewTask]]] = [pool.submit(self._process, t, d)
@@ -338,20 +335,22 @@ def _shares(total: int | None, parts: int) -> list[int | None]:
 def run_partition(spec: StageSpec, handler: Handler, partition: int, max_tasks: int | None
                   ) -> dict[str, Any]:
     worker = f"spark-stage:{socket.gethostname()}:{os.getpid()}:p{partition}"
-    with Client(spec.master, worker=worker, max_connections=2 * spec.threads + 4) as c, \
-            httpx.Client(timeout=120.0) as http:
+    with spec.conn.client(spec.master, worker=worker,
+                          max_connections=2 * spec.threads + 4) as c:
         if spec.batch:
             from squall.client.spark._arrow import ArrowStageLoop
 
-            return asdict(ArrowStageLoop(c, spec, handler, http).run(max_tasks))
-        return asdict(StageLoop(c, spec, handler, http).run(max_tasks))
+            return asdict(ArrowStageLoop(c, spec, handler).run(max_tasks))
+        return asdict(StageLoop(c, spec, handler).run(max_tasks))
 
 
 def run_stage(spark: SparkSession, source: str, handler: Handler, sink: str | None = None, *,
               parallelism: int | None = None, lease_secs: float = 60.0,
               max_tasks: int | None = None, timeout_s: float | None = None,
               batch_size: int = 200, threads: int = 4, with_pid: bool = False,
-              batch: bool = False, master: str | None = None) -> StageResult:
+              batch: bool = False, master: str | None = None, token: str | None = None,
+              tls_ca: str | None = None, tls_cert: str | None = None,
+              tls_key: str | None = None) -> StageResult:
     """Run ``handler`` over the tasks of ``source`` on ``parallelism`` Spark tasks, moving
     each task to ``sink`` atomically with its outputs (see the module docstring).
 
@@ -361,20 +360,27 @@ def run_stage(spark: SparkSession, source: str, handler: Handler, sink: str | No
     ``_arrow.py``). ``sink`` must be in the source's group (one
     update touches one group). ``max_tasks`` bounds the leases taken in all (split evenly
     over the Spark tasks); ``timeout_s`` bounds the wall time. Blocks until every Spark
-    task has finished; returns the summed counts."""
+    task has finished; returns the summed counts.
+
+    ``master``, ``token`` and the TLS material (``tls_ca``, ``tls_cert``, ``tls_key``: a
+    path or PEM text) default to the session's ``spark.squall.*`` conf, then to this
+    process's ``SQUALL_*`` environment; the executors get them with the job (``_conn.py``)."""
     group = split_queue(source)[0]
     if sink is not None and split_queue(sink)[0] != group:
         raise ValueError(f"sink {sink} is not in group {group!r} of source {source}: a stage "
                          "moves tasks with one atomic update, which touches one group")
     if not 1 <= batch_size <= MAX_BATCH or threads < 1 or lease_secs <= 0:
         raise ValueError(f"batch_size must be 1..{MAX_BATCH}; threads and lease_secs > 0")
-    with Client(master) as c:
+    master, conn = resolve({"master": master, "token": token, "tls_ca": tls_ca,
+                            "tls_cert": tls_cert, "tls_key_secret": tls_key},
+                           session_conf(spark), spark_options=False)
+    with conn.client(master) as c:
         max_attempts = c.policy(source).max_attempts
         master = c.master
     parts = parallelism or spark.sparkContext.defaultParallelism
     spec = StageSpec(master, source, sink, lease_secs, batch_size, threads, with_pid,
                      max_attempts, time.time() + timeout_s if timeout_s else None,
-                     batch=batch)
+                     batch=batch, conn=conn)
     shares = _shares(max_tasks, parts)
     t0 = time.monotonic()
     sc = spark.sparkContext

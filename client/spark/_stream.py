@@ -42,14 +42,13 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from squall.client import Client, LeasedTask, NotFound, SquallError, StatusError
+from squall.client.spark._conn import Conn
 from squall.client.spark._fetch import fetch_many
-from squall.client.spark._read import task_row
+from squall.client.spark._read import listed_task, task_row
 from squall.common.wire.models import MAX_BATCH
 from squall.common.wire.models import LeasedTask as WireTask
 from squall.common.wire.names import split_queue
@@ -72,6 +71,7 @@ class StreamOptions:
     max_tasks_per_batch: int = TASKS_PER_BATCH
     tasks_per_partition: int = TASKS_PER_PARTITION
     read_threads: int = READ_THREADS
+    conn: Conn = field(default_factory=Conn)  # credential, TLS material (``_conn.py``)
 
     def __post_init__(self) -> None:
         split_queue(self.queue)
@@ -95,7 +95,7 @@ class LeaseKeeper:
 
     def __init__(self, opts: StreamOptions) -> None:
         self.opts = opts
-        self.client = Client(opts.master, worker="spark-stream")
+        self.client = opts.conn.client(opts.master, worker="spark-stream")
         self.held: dict[str, Any] = {}
         self.settled = 0  # the highest micro-batch number settled by this process
         self._lock = threading.Lock()
@@ -185,7 +185,7 @@ def settle(keeper: LeaseKeeper, end: dict[str, Any]) -> int:
 def read_tasks(opts: StreamOptions, tasks: Held) -> Iterator[tuple[Any, ...]]:
     """The rows of one partition of a micro-batch: each listed task's payload (a task no
     longer queued is skipped: it was committed by an earlier run of this micro-batch)."""
-    with Client(opts.master) as c, httpx.Client(timeout=120.0) as http, \
+    with opts.conn.client(opts.master) as c, \
             ThreadPoolExecutor(opts.read_threads, thread_name_prefix="squall-stream") as pool:
         def info(pid: str) -> Any:
             try:
@@ -195,18 +195,11 @@ def read_tasks(opts: StreamOptions, tasks: Held) -> Iterator[tuple[Any, ...]]:
 
         infos = [i for i in pool.map(info, [p for p, _ in tasks]) if i is not None]
         group = split_queue(opts.queue)[0]
-
-        def fallback(i: int) -> bytes:
-            t = infos[i]
-            wire = WireTask(queue=t.queue, pid=t.pid, token="", expires_at=0.0,
-                            attempts=t.attempts, enqueued_at=t.enqueued_at, payload=t.payload)
-            return LeasedTask(c, wire, group).payload()
-
         if not opts.with_payload:
             for t in infos:
                 yield task_row(t, opts.queue)
             return
-        datas = fetch_many(http, [t.payload for t in infos], fallback, pool)
+        datas = fetch_many(c, [listed_task(c, t, group) for t in infos], pool)
         for t, d in zip(infos, datas, strict=True):
             if isinstance(d, SquallError):
                 raise d  # no replica delivers it: fail the Spark task (it is retried)

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from squall.client import Client, NewTask
+from squall.client.spark._conn import Conn
 from squall.common.errors import SquallError
 from squall.common.wire.models import MAX_BATCH
 from squall.common.wire.names import check_pid
@@ -38,7 +39,6 @@ log = logging.getLogger("squall.spark")
 BATCH_ROWS = 200
 BATCH_BYTES = 8 << 20
 INFLIGHT = 3
-
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class WriteOptions:
     batch_rows: int = BATCH_ROWS
     batch_bytes: int = BATCH_BYTES
     inflight: int = INFLIGHT
+    conn: Conn = field(default_factory=Conn)  # credential, TLS material (``_conn.py``)
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_rows <= MAX_BATCH:
@@ -216,7 +217,8 @@ class PartitionWriter:
 def write_partition(batches: Iterable[Any], opts: WriteOptions, partition: int,
                     attempt: int, worker: str) -> WriteStats:
     """A Spark task's whole write: its own client, its rows, its stats."""
-    with Client(opts.master, worker=worker, max_connections=4 * opts.inflight) as client:
+    with opts.conn.client(opts.master, worker=worker,
+                          max_connections=4 * opts.inflight) as client:
         w = PartitionWriter(client, opts, WriteStats(partition=partition, attempt=attempt))
         stats = w.write(partition_rows(batches, opts, partition))
     log.info("partition %d (attempt %d) wrote %d rows into %s: %d new, %d collapsed",
