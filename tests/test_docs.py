@@ -12,8 +12,6 @@ DECISIONS = ROOT / "docs" / "decisions"
 # measurement diaries: machine loads, clock times, "alternating with ..." run notes
 RUN_LOG = re.compile(r"load average|load ~|[0-9]{2}:[0-9]{2} UTC|alternating (with|runs)")
 ISSUE = re.compile(r"issue [0-9]+|issue-[0-9]+|issues? #?[0-9]+", re.IGNORECASE)
-# pages another change rewrites as a whole; empty this set once they follow the rules
-PENDING: set[str] = set()
 
 
 def _files(*globs: str) -> list[Path]:
@@ -27,8 +25,6 @@ def _hits(pattern: re.Pattern[str], files: list[Path]) -> list[str]:
     hits = []
     for p in files:
         rel = p.relative_to(ROOT).as_posix()
-        if rel in PENDING:
-            continue
         for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
             if pattern.search(line):
                 hits.append(f"{rel}:{n}: {line.strip()[:100]}")
