@@ -1,5 +1,5 @@
-"""The async client's asyncio transport (client/_leanasync.py over common/transport/aio.py) against
-a raw HTTP/1.1 server on 127.0.0.1: keep-alive reuse, an idle connection the server closed,
+"""The engine's asyncio driver (common/transport/aio.py; behind httpx: adapters.AsyncTransport)
+against a raw HTTP/1.1 server on 127.0.0.1: keep-alive reuse, an idle connection the server closed,
 no resend, a response left half-read, chunked and Content-Length bodies, a large body in
 bounded parts, errors mapped to httpx's exceptions, TLS."""
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trustme
 
-from squall.client._leanasync import LeanAsyncTransport
+from squall.common.transport.adapters import AsyncTransport
 from squall.common.transport.aio import CHUNK, COALESCE_BYTES, Body, Broken, Pool
 from tests.helpers import until
 from tests.rawhttp import Answer, RawServer, chunked_echo, ok
@@ -30,7 +30,7 @@ def client() -> Iterator[Make]:
     def make(answer: Answer, tls: ssl.SSLContext | None = None,
              trust: ssl.SSLContext | None = None) -> tuple[httpx.AsyncClient, RawServer]:
         srv = RawServer(answer, tls)
-        c = httpx.AsyncClient(base_url=srv.url, timeout=5, transport=LeanAsyncTransport(
+        c = httpx.AsyncClient(base_url=srv.url, timeout=5, transport=AsyncTransport(
             trust or ssl.create_default_context()))
         made.append((c, srv))
         return c, srv
@@ -42,7 +42,7 @@ def client() -> Iterator[Make]:
 
 def _pooled(c: httpx.AsyncClient) -> list:  # type: ignore[type-arg]
     t = c._transport
-    assert isinstance(t, LeanAsyncTransport)
+    assert isinstance(t, AsyncTransport)
     return [conn for pool in t.pool._idle.values() for conn in pool]
 
 
@@ -153,7 +153,7 @@ async def test_errors_are_httpx_errors(client: Make) -> None:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there
-    t = LeanAsyncTransport(ssl.create_default_context())
+    t = AsyncTransport(ssl.create_default_context())
     async with httpx.AsyncClient(transport=t, timeout=2) as c:
         with pytest.raises(httpx.ConnectError):
             await c.get(f"http://127.0.0.1:{port}/")
