@@ -4,10 +4,10 @@ Every ``heartbeat_interval_s`` (first beat at once) the node POSTs a
 :class:`~squall.common.wire.cluster.HeartbeatRequest` to ``{master}/v1/nodes/heartbeat`` with
 ``Authorization: Bearer <heartbeat token>`` (op ``heartbeat``, scoped to its node id, signed
 with the cluster key), through the node's HTTP client (``replication/peers.py``, the
-engine's pool; a beat is never resent). See ``common/wire/cluster.py`` for the fields: space, blob count, an
-incremental block report (added / deleted since the last good beat), a full inventory on
-the first beat, after a failed one, every ``full_report_every`` beats and when the master
-asks; corrupt replicas dropped; outcomes of replicate commands.
+engine's pool; a beat is never resent). See ``common/wire/cluster.py`` for the fields:
+space, blob count, an incremental block report (added / deleted since the last good beat),
+a full inventory on the first beat, after a failed one, every ``full_report_every`` beats
+and when the master asks; corrupt replicas dropped; outcomes of replicate commands.
 
 A failed beat (master down, slow, 5xx, bad answer) never stops the node: it is logged, the
 next beat is a full report (so no delta is lost), corrupt and replication reports are kept
