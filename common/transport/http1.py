@@ -94,9 +94,9 @@ class Reader:
     the whole answer is in. ``keep``: the connection may carry another exchange once
     ``done``. ``length``: the body's size when ``Content-Length`` frames it, else None."""
 
-    __slots__ = ("_body_fed", "_head_only", "_head_size", "_interim", "_p", "_parts_at",
-                 "_pre", "_quiet", "_trailers", "chunked", "done", "headed", "headers",
-                 "keep", "length", "parts", "reason", "received", "status")
+    __slots__ = ("_head_only", "_interim", "_p", "_pre", "_quiet", "_size", "chunked",
+                 "done", "headed", "headers", "keep", "length", "parts", "reason", "received",
+                 "status")
 
     def __init__(self, method: str) -> None:
         self._p = httptools.HttpResponseParser(self)
@@ -108,8 +108,7 @@ class Reader:
         self.length: int | None = None
         self.parts: list[bytes] = []
         self.received = 0  # body bytes so far
-        self._interim = self._head_size = self._trailers = self._pre = self._quiet = 0
-        self._body_fed = self._parts_at = 0
+        self._interim = self._size = self._pre = self._quiet = 0
 
     # -- fed by the driver -----------------------------------------------------------------
     def feed(self, data: bytes | bytearray | memoryview) -> None:
@@ -118,7 +117,7 @@ class Reader:
             if data:
                 self.keep = False  # bytes nobody asked for: the stream is unknown
             return
-        self._body_fed, self._parts_at = 0, len(self.parts)
+        before = self.received
         try:
             self._p.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -130,21 +129,25 @@ class Reader:
             if not isinstance(cause, _Extra):
                 raise Malformed(str(e)) from e
         except httptools.HttpParserError as e:
+            if self.done:  # junk after the answer
+                self.keep = False
+                return
             what = "answer" if self.headed else "HTTP/1.x answer head"
             raise Malformed(f"not an {what}: {e}") from None
         if not self.done:
-            self._bound(len(data))
+            self._bound(len(data), self.received != before)
 
-    def _bound(self, n: int) -> None:
-        """After a feed of `n` bytes that did not end the answer: a head or framing that
-        grows without end (the callbacks see none of it) is malformed."""
+    def _bound(self, n: int, body: bool) -> None:
+        """After a feed of `n` bytes that did not end the answer (`body`: some of them were
+        body): a head or framing that grows without end, the callbacks seeing none of it,
+        is malformed."""
         if not self.headed:
-            self._pre += n  # a head dribbled without end (the callbacks see none)
+            self._pre += n
             if self._pre > 2 * MAX_HEAD_BYTES:
                 raise Malformed(f"answer head over {MAX_HEAD_BYTES} bytes")
         elif self._head_only:
             self.done = True  # a HEAD answer's length names no body
-        elif self._body_fed:
+        elif body:
             self._quiet = 0
         else:
             self._quiet += n  # framing without body: chunk lines, trailers
@@ -168,12 +171,10 @@ class Reader:
         return parts
 
     def unfeed_body(self) -> int:
-        """Forget the body bytes of the last :meth:`feed` (the driver reads them again
-        itself, with :meth:`got`); how many there were."""
-        n = self._body_fed
-        del self.parts[self._parts_at:]
-        self.received -= n
-        self._body_fed = 0
+        """Forget the body bytes parsed so far (call it after the :meth:`feed` that brought
+        the head in: the driver reads them again itself, with :meth:`got`); how many there
+        were."""
+        n, self.received, self.parts = self.received, 0, []
         return n
 
     def got(self, n: int) -> None:
@@ -193,41 +194,39 @@ class Reader:
         return {k.lower(): v for k, v in self.headers}
 
     # -- llhttp's callbacks ----------------------------------------------------------------
-    def on_message_begin(self) -> None:
+    def on_status(self, reason: bytes) -> None:
         if self.headed:
             self.keep = False
             raise _Extra
-        self.headers, self.length, self.chunked, self._head_size = [], None, False, 0
-
-    def on_status(self, reason: bytes) -> None:
         self.reason = reason.decode("latin-1")
-        self._head_size += len(reason) + 16
+        self._size += len(reason) + 16
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        size = len(name) + len(value) + 4
-        if self.headed:  # a trailer
-            self._trailers += size
-            if self._trailers > MAX_HEAD_BYTES:
-                raise Malformed(f"trailers over {MAX_HEAD_BYTES} bytes")
-            return
-        self._head_size += size
-        if self._head_size > MAX_HEAD_BYTES:
-            raise Malformed(f"answer head over {MAX_HEAD_BYTES} bytes")
+        self._size += len(name) + len(value) + 4
+        if self._size > MAX_HEAD_BYTES:
+            what = "trailers" if self.headed else "answer head"
+            raise Malformed(f"{what} over {MAX_HEAD_BYTES} bytes")
+        if self.headed:
+            return  # a trailer: skipped
         self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
-        low = name.lower()
-        if low == b"content-length":
+        n = len(name)
+        if n == 14 and name.lower() == b"content-length":
             self.length = int(value)  # llhttp checked it: digits, never two that differ
-        elif low == b"transfer-encoding" and b"chunked" in value.lower():
+        elif n == 17 and name.lower() == b"transfer-encoding" and b"chunked" in value.lower():
             self.chunked = True
 
     def on_headers_complete(self) -> None:
+        if self.headed:
+            self.keep = False
+            raise _Extra
         status = self._p.get_status_code()
         if 100 <= status < 200 and status != 101:  # interim: the answer follows
             self._interim += 1
             if self._interim > MAX_INTERIM:
                 raise Malformed(f"more than {MAX_INTERIM} interim answers")
+            self.headers, self.length, self.chunked, self._size = [], None, False, 0
             return
-        self.status, self.headed = status, True
+        self.status, self.headed, self._size = status, True, 0
         self.keep = self._p.should_keep_alive()  # False when the body runs to the end
         if self._head_only or status in (101, 204, 304):
             self.length, self.chunked = 0, False
@@ -240,7 +239,6 @@ class Reader:
             return
         self.parts.append(body)
         self.received += len(body)
-        self._body_fed += len(body)
 
     def on_message_complete(self) -> None:
         if self.headed:
