@@ -228,6 +228,7 @@ class Pool:
                     else:
                         reader.eof()
         except _FAIL as e:
+            reader.close()
             raise (sent or Broken("read", e, conn.reused, head=not reader.headed)) from e
         return Response(self, key, conn, reader, sent is None, read_timeout)
 
@@ -307,6 +308,7 @@ class Response:
         if self._released:
             return
         self._released = True
+        self.reader.close()
         if self.reader.done and self.reader.keep and self.keep:
             self.pool._give_back(self.key, self.conn)
         else:

@@ -99,8 +99,9 @@ class Reader:
                  "status")
 
     def __init__(self, method: str) -> None:
-        self._p = httptools.HttpResponseParser(self)
-        self._p.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
+        p = httptools.HttpResponseParser(self)
+        p.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
+        self._p: httptools.HttpResponseParser | None = p
         self._head_only = method == "HEAD"
         self.status, self.reason = 0, ""
         self.headers: list[tuple[str, str]] = []
@@ -113,13 +114,14 @@ class Reader:
     # -- fed by the driver -----------------------------------------------------------------
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Parse what arrived; :class:`Malformed` if it is not a bounded HTTP/1.x answer."""
-        if self.done:
+        p = self._p
+        if p is None:
             if data:
                 self.keep = False  # bytes nobody asked for: the stream is unknown
             return
         before = self.received
         try:
-            self._p.feed_data(data)
+            p.feed_data(data)
         except httptools.HttpParserUpgrade:
             self.done, self.keep = True, False  # 101: the connection is no longer HTTP
         except httptools.HttpParserCallbackError as e:
@@ -134,7 +136,9 @@ class Reader:
                 return
             what = "answer" if self.headed else "HTTP/1.x answer head"
             raise Malformed(f"not an {what}: {e}") from None
-        if not self.done:
+        if self.done:
+            self._p = None
+        else:
             self._bound(len(data), self.received != before)
 
     def _bound(self, n: int, body: bool) -> None:
@@ -146,7 +150,7 @@ class Reader:
             if self._pre > 2 * MAX_HEAD_BYTES:
                 raise Malformed(f"answer head over {MAX_HEAD_BYTES} bytes")
         elif self._head_only:
-            self.done = True  # a HEAD answer's length names no body
+            self.done, self._p = True, None  # a HEAD answer's length names no body
         elif body:
             self._quiet = 0
         else:
@@ -159,11 +163,16 @@ class Reader:
         if self.done:
             return
         if self.headed and self.length is None and not self.chunked:
-            self.done, self.keep = True, False
+            self.done, self.keep, self._p = True, False, None
             return
         if not self.headed and not self._pre and not self._interim:
             raise Cut("Remote end closed connection without response")
         raise Cut("the connection ended before the answer did")
+
+    def close(self) -> None:
+        """Drop the parser (it refers back to the reader: a cycle the garbage collector
+        would have to find, holding the body until then). Done by itself at the end."""
+        self._p = None
 
     def take(self) -> list[bytes]:
         """The body's parts parsed since the last call."""
@@ -182,7 +191,7 @@ class Reader:
         is not fed again)."""
         self.received += n
         if self.length is not None and self.received >= self.length:
-            self.done = True
+            self.done, self._p = True, None
 
     @property
     def remaining(self) -> int | None:
@@ -219,7 +228,9 @@ class Reader:
         if self.headed:
             self.keep = False
             raise _Extra
-        status = self._p.get_status_code()
+        p = self._p
+        assert p is not None
+        status = p.get_status_code()
         if 100 <= status < 200 and status != 101:  # interim: the answer follows
             self._interim += 1
             if self._interim > MAX_INTERIM:
@@ -227,7 +238,7 @@ class Reader:
             self.headers, self.length, self.chunked, self._size = [], None, False, 0
             return
         self.status, self.headed, self._size = status, True, 0
-        self.keep = self._p.should_keep_alive()  # False when the body runs to the end
+        self.keep = p.should_keep_alive()  # False when the body runs to the end
         if self._head_only or status in (101, 204, 304):
             self.length, self.chunked = 0, False
         elif self.chunked:

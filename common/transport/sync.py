@@ -198,7 +198,12 @@ def _exchange(pool: Pool, key: Key, conn: Conn, method: str, target: str,
                 fp.read(len(data))
     except _FAIL as e:
         fp.close()
+        reader.close()
         raise (sent or Broken("read", e, conn.reused, head=not reader.headed)) from e
+    except BaseException:
+        fp.close()  # (else the socket stays open: the file holds a reference)
+        reader.close()
+        raise
     return Response(pool, key, conn, fp, reader, sent is None, timeout)
 
 
@@ -270,6 +275,7 @@ class Response:
         if self._released:
             return
         self._released = True
+        self.reader.close()
         self.fp.close()  # (else the socket never closes: the file holds a reference)
         if self.reader.done and self.reader.keep and self.keep:
             self.pool._give_back(self.key, self.conn)
