@@ -268,10 +268,12 @@ class Response:
 
     @property
     def complete(self) -> bool:
-        return bool(self.reader.done)
+        done: bool = self.reader.done
+        return done
 
     def header_dict(self) -> dict[str, str]:
-        return dict(self.reader.header_dict())
+        headers: dict[str, str] = self.reader.header_dict()
+        return headers
 
     async def parts(self) -> AsyncIterator[bytes]:
         """The body in parts of at most :data:`CHUNK` bytes; :class:`Broken` on failure.
@@ -300,6 +302,10 @@ class Response:
             raise Broken("read", e, self.conn.reused, head=False) from e
 
     async def read(self) -> bytes:
+        """The whole body."""
+        rd = self.reader
+        if rd.done:  # the usual small answer: it came with the head
+            return b"".join(rd.take())
         return b"".join([p async for p in self.parts()])
 
     def release(self) -> None:

@@ -236,10 +236,12 @@ class Response:
 
     @property
     def complete(self) -> bool:
-        return bool(self.reader.done)
+        done: bool = self.reader.done
+        return done
 
     def header_dict(self) -> dict[str, str]:
-        return dict(self.reader.header_dict())
+        headers: dict[str, str] = self.reader.header_dict()
+        return headers
 
     def parts(self, limit: int | None = CHUNK) -> Iterator[bytes]:
         """The body in pieces of at most `limit` bytes (None: a ``Content-Length`` body in
@@ -267,6 +269,10 @@ class Response:
             raise Broken("read", e, self.conn.reused, head=False) from e
 
     def read(self) -> bytes:
+        """The whole body (a ``Content-Length`` body in one allocation)."""
+        rd = self.reader
+        if rd.done:  # the usual small answer: it came with the head
+            return b"".join(rd.take())
         return b"".join(list(self.parts(None)))
 
     def release(self) -> None:
