@@ -4,9 +4,9 @@ httpx stays the public seam: a client given a ``transport=`` (``MockTransport``,
 ``ASGITransport``, a test's fault injector) sends through httpx as usual; by default its
 httpx client sends through :class:`SyncTransport` or :class:`AsyncTransport`, this engine.
 httpx builds the request (auth, headers, timeouts from the request's extensions) and
-decodes the response; the engine sends, pools and frames. httpx's default transports
-(httpcore, h11, anyio: pure Python) cost about 1 ms of CPU per small request; the engine
-a few tenths of that (``bench/transport_cpu.py``).
+decodes the response; the engine sends, pools and frames. With httpx's default transports
+(httpcore, h11, anyio: pure Python) a small request costs about twice the CPU it costs
+through the engine (``bench/transport_cpu.py``).
 
 :meth:`SyncTransport.exchange` / :meth:`AsyncTransport.exchange` are the direct path: a
 :class:`Direct` (the request as plain values, built by ``client/_direct.py``) answered as a
