@@ -341,3 +341,17 @@ async def test_a_connection_closed_with_unsent_bytes_is_closed_at_once() -> None
             w.transport.abort()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_slow_reader_of_a_streamed_body_is_not_timed_out(client: Make) -> None:
+    """The read timeout bounds each wait on the server, not the caller's time between
+    parts."""
+    big = b"x" * (3 * CHUNK)
+    c, _ = client(lambda req: ok(big))
+    async with c:
+        async with c.stream("GET", "/big", timeout=httpx.Timeout(5, read=0.2)) as r:
+            got = []
+            async for part in r.aiter_raw():
+                got.append(part)
+                await asyncio.sleep(0.3)  # longer than the read timeout
+        assert b"".join(got) == big

@@ -266,11 +266,6 @@ class Response:
         self.keep = sent  # a request not sent whole leaves the stream unknown
         self._released = False
 
-    @property
-    def complete(self) -> bool:
-        done: bool = self.reader.done
-        return done
-
     def header_dict(self) -> dict[str, str]:
         headers: dict[str, str] = self.reader.header_dict()
         return headers
@@ -284,12 +279,13 @@ class Response:
                 yield part
             while not rd.done:
                 left = rd.remaining
-                async with asyncio.timeout(self.timeout):
-                    if left is not None:
+                if left is not None:
+                    async with asyncio.timeout(self.timeout):
                         part = await r.readexactly(min(left, CHUNK))
-                        rd.got(len(part))
-                        yield part
-                        continue
+                    rd.got(len(part))
+                    yield part
+                    continue
+                async with asyncio.timeout(self.timeout):
                     data = await r.read(CHUNK)
                 if data:
                     rd.feed(data)

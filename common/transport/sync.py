@@ -234,11 +234,6 @@ class Response:
         self.keep, self.timeout = sent, timeout  # a request not sent whole: stream unknown
         self._released = False
 
-    @property
-    def complete(self) -> bool:
-        done: bool = self.reader.done
-        return done
-
     def header_dict(self) -> dict[str, str]:
         headers: dict[str, str] = self.reader.header_dict()
         return headers
