@@ -77,8 +77,8 @@ FILE_RULES: list[tuple[str, re.Pattern[str]]] = [
     ("HTTP stack", re.compile(
         r"^(uvicorn|httptools|h11|starlette|fastapi|anyio|httpx|httpcore|http/|email/|socket|"
         r"ssl|asyncio/(streams|selector_events|transports|sslproto))|common/(http|http1|"
-        r"leanio|serving|layered)\.py|client/(_leanhttp|_leanasync|_http)\.py|"
-        r"datanode/peers\.py|master/http\.py")),
+        r"leanio|serving|layered)\.py|common/transport/|client/(_direct|_http)\.py|"
+        r"datanode/(replication/)?peers\.py|master/http\.py")),
     ("validation & serialisation", re.compile(
         r"^(pydantic|pydantic_core|orjson|msgpack|json/|typing|enum|dataclasses)|"
         r"common/(models|payload)\.py")),

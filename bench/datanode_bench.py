@@ -89,7 +89,7 @@ def _c_rf(ctx: Ctx, rf: int, data: bytes) -> list[Row]:
             rows.append(_c_put_parallel(ctx, cl.url, rf, data, cpu, cl.nodes[0].pid))
             total = z.c_blobs + z.c_blobs // 2
             half = total // 2
-            for how, count in (("httpx", half), ("stdlib", total - half)):
+            for how, count in (("httpx", half), ("engine", total - half)):
                 rows.append(_c_drain(ctx, cli, cpu, rf, how, count, cl.nodes[0].pid))
         finally:
             cli.close()
@@ -143,7 +143,7 @@ def _c_drain(ctx: Ctx, cli: Payloads, cpu: CpuMeter, rf: int, how: str, count: i
              pid: int) -> Row:
     """lease → GET each → dequeue, until `count` tasks are done; MB/s of payload read."""
     z = ctx.sizes
-    cli.fast_get = how == "stdlib"
+    cli.fast_get = how == "engine"
     done = [0]
 
     def drain(_: int) -> int:
@@ -158,7 +158,7 @@ def _c_drain(ctx: Ctx, cli: Payloads, cpu: CpuMeter, rf: int, how: str, count: i
     rid = f"C.rf{rf}.get" + ("" if cli.fast_get else "_httpx")
     with cpu.measure(), ctx.prof.record(rid, pid):
         lats, nbytes, el, trunc = timed_loop(z.loop_limit_s, count, drain)
-    client = ("payload.Downloads (stdlib http.client, readinto one buffer)" if cli.fast_get
+    client = ("the engine (common/transport: one piece per blob)" if cli.fast_get
               else "httpx streaming (64 KiB reads)")
     return Row(rid, f"RF {rf}: lease {z.c_lease} → GET each with {client} → dequeue",
                round(nbytes / el / 1e6, 1) if el else 0.0, "MB/s", done[0], round(el, 2),

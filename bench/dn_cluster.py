@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ import httpx
 import orjson
 
 from bench.harness import AUTH, Server, free_port, proc_cpu_s
+from squall.common.transport.adapters import SyncTransport
 from squall.common.wire import payload
 from squall.common.wire.cluster import BatchPutResult, PutResult
 
@@ -156,8 +158,9 @@ class Payloads:
         self.queue = queue
         self.http = httpx.Client(timeout=timeout, limits=httpx.Limits(
             max_connections=32, max_keepalive_connections=32))
-        self.downloads = payload.Downloads(timeout=timeout)
-        self.fast_get = True  # blob GETs through Downloads (http.client), else httpx
+        self.downloads = httpx.Client(timeout=timeout, transport=SyncTransport(
+            ssl.create_default_context(), 32, max_connections=32))
+        self.fast_get = True  # blob GETs through the engine (common/transport), else httpx's
         self.phases: dict[str, float] = {}  # seconds spent per step, for the breakdown
 
     def _took(self, phase: str, t0: float) -> float:

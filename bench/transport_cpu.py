@@ -6,9 +6,8 @@ protocol core, JSON, models) and a bare ``GET /healthz`` through the client's ht
     .venv/bin/python -m bench.transport_cpu [--n 2000]
 
 Prints one line per transport (stats, healthz): the sync client with httpx's default
-transport and with ``_leanhttp``; the async client with httpx's default and with
-``_leanasync``. Bounded: n
-calls per transport (n ≤ 20,000)."""
+transport and with its own default, the engine (``common/transport``); the async client
+likewise. Bounded: n calls per transport (n ≤ 20,000)."""
 
 from __future__ import annotations
 
@@ -60,9 +59,9 @@ def main() -> None:
     n = min(ap.parse_args().n, 20_000)
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; n={n} per transport")
     with tempfile.TemporaryDirectory() as d, running_master(d) as m:
-        for name, lean in (("sync httpx default", False), ("sync _leanhttp", True)):
+        for name, lean in (("sync httpx default", False), ("sync engine", True)):
             print(_line(name, _sync(m.url, n, lean)))
-        for name, lean in (("async httpx default", False), ("async _leanasync", True)):
+        for name, lean in (("async httpx default", False), ("async engine", True)):
             print(_line(name, asyncio.run(_async(m.url, n, lean))))
 
 

@@ -15,10 +15,11 @@ from squall.client import _http
 from squall.client._ahead import AsyncBatches, ReadAhead
 from squall.client._direct import Shortcut
 from squall.client._effects import Call, Close, Emit, Gather, Join, Read, Reply, Retry, Sleep, Spawn
-from squall.client._leanasync import LeanAsyncTransport
 from squall.client._protocol import IN_FLIGHT, Core, default_master, first_failure, held_wire
 from squall.client._tasks import NewTask, Payload, TaskBase, Tasks, TxBuilder, as_list
 from squall.common.errors import SquallError
+from squall.common.transport.adapters import AsyncTransport
+from squall.common.transport.http1 import Broken
 from squall.common.wire.models import (
     CancelResponse,
     ClusterInfo,
@@ -50,10 +51,10 @@ async def _aiter(parts: Iterable[bytes]) -> AsyncIterator[bytes]:
 class _AsyncDriver:
     """Runs protocol generators over an ``httpx.AsyncClient``."""
 
-    def __init__(self, http: httpx.AsyncClient, lean: LeanAsyncTransport | None = None,
+    def __init__(self, http: httpx.AsyncClient, lean: AsyncTransport | None = None,
                  token: str | None = None) -> None:
         self.http = http
-        self.lean = lean  # the default transport: calls may take the direct path
+        self.lean = lean  # the engine's transport (the default): calls may go direct
         self.shortcut = Shortcut(http, token, lean is not None)
 
     async def run(self, gen: Generator[Any, Any, T]) -> T:
@@ -118,7 +119,7 @@ class _AsyncDriver:
             assert self.lean is not None
             try:
                 return _http.result(c, await self.lean.exchange(direct), base)
-            except (httpx.HTTPError, httpx.InvalidURL) as e:
+            except Broken as e:
                 raise _http.transport_error(e, c, base) from e
         args = _http.request_args(c)
         content = args.get("content")

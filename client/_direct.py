@@ -1,11 +1,11 @@
 """The direct path: a call that can skip httpx's request and response objects goes to the
-client's own lean transport as plain values (it cuts the client's CPU per request).
+engine (``common/transport/adapters.py``) as plain values, a :class:`Direct`.
 
-Above the lean transports, httpx still cost ~300 µs of CPU per small request (URL parsing
-and merging, header objects, the auth flow, the response model), more than the transport
-itself (docs/decisions/0004). Both drivers (``_syncdriver.py``, ``_async.py``) ask
-:meth:`Shortcut.prepare` first; it answers ``None`` unless everything about the call is
-something httpx would send unchanged, and the call then takes httpx's path as before:
+Above the engine, httpx still cost ~300 µs of CPU per small request (URL parsing and
+merging, header objects, the auth flow, the response model), more than the engine itself.
+Both drivers (``_syncdriver.py``, ``_async.py``) ask :meth:`Shortcut.prepare` first; it
+answers ``None`` unless everything about the call is something httpx would send
+unchanged, and the call then takes httpx's path as before:
 
 - the client uses its default transport (a custom one, e.g. a test's fault injector,
   sees every request as an ``httpx.Request``) and has no event hooks;
@@ -16,17 +16,16 @@ something httpx would send unchanged, and the call then takes httpx's path as be
 
 The request carries what httpx would send that matters: Host, ``Authorization`` for the
 master's origin only (as :class:`~squall.client._http.MasterAuth` adds it), Content-Type
-for JSON, the call's own headers, the client's timeouts. Failures are raised as the httpx
-exceptions the transports raise on httpx's path, so retries and error mapping (``_http.py``)
-do not change. The answer is a :class:`Plain`, which ``_http.result`` reads as it reads an
-``httpx.Response``.
+for JSON, the call's own headers, the client's timeouts. Failures are the engine's
+``Broken``, which ``_http.transport_error`` translates as it translates the httpx path's
+failures (a connect failure: never sent), so retries do not change. The answer is a
+:class:`Plain`, which ``_http.result`` reads as it reads an ``httpx.Response``.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,38 +33,14 @@ import httpx
 import orjson
 
 from squall.client._effects import Call
+from squall.common.transport.adapters import Direct, Plain
+
+__all__ = ["Direct", "Plain", "Shortcut"]
 
 Key = tuple[str, str, int]
 _PLAIN = re.compile(r"[A-Za-z0-9\-._~%!$&'()*+,;=:@/?]*")  # nothing httpx would encode
 _AGENT = ("User-Agent", "squall-client")
 _JSON = ("Content-Type", "application/json")
-
-
-class Plain:
-    """An answer read whole on the direct path: the parts of an ``httpx.Response`` that
-    ``_http.result`` and ``_http.status_error`` use (headers by lower-case name)."""
-
-    __slots__ = ("content", "headers", "status_code", "stream")
-
-    def __init__(self, status: int, headers: dict[str, str], content: bytes) -> None:
-        self.status_code, self.headers, self.content = status, headers, content
-        self.stream: Any = None
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", "replace")
-
-
-@dataclass(frozen=True, slots=True)
-class Direct:
-    """One call as the lean transport sends it."""
-
-    key: Key
-    method: str
-    target: str
-    headers: list[tuple[str, str]]
-    body: bytes | bytearray | memoryview | None
-    timeout: dict[str, float | None]
 
 
 class Shortcut:
@@ -112,8 +87,9 @@ class Shortcut:
             headers.append(self.auth)
         if own:
             headers.extend(own.items())
-        timeout = (self.timeout if c.timeout is None
-                   else dict.fromkeys(("connect", "read", "write", "pool"), c.timeout))
+        timeout: dict[str, float | None] = (
+            self.timeout if c.timeout is None
+            else dict.fromkeys(("connect", "read", "write", "pool"), c.timeout))
         return Direct(key, c.method, target, headers, body, timeout)
 
 

@@ -1,27 +1,25 @@
 """The I/O boundary both drivers share: a :class:`Call` becomes httpx request arguments, an
-httpx answer becomes the call's result, and every httpx failure becomes a squall error.
-This is the one place raw httpx errors are translated (see ``common/errors.py``)."""
+answer (httpx's, or the engine's :class:`Plain`) becomes the call's result, and every
+transport failure becomes a squall error. This is the one place they are translated (see
+``common/errors.py``): the engine's ``Broken`` (the direct path; on httpx's path it is the
+cause of httpx's exception) and httpx's own exceptions (a custom ``transport=``)."""
 
 from __future__ import annotations
 
 import functools
 import os
-import socket
 import ssl
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import orjson
 
-from squall.client._direct import Plain
 from squall.client._effects import Call, ConnectError, Reply
 from squall.common.errors import ServerError, StatusError, TransportError, from_response
 from squall.common.security.tls import TLSConfig
-
-if TYPE_CHECKING:
-    from squall.client._leanasync import LeanAsyncTransport
-    from squall.client._leanhttp import LeanTransport
+from squall.common.transport.adapters import AsyncTransport, Plain, SyncTransport
+from squall.common.transport.http1 import Broken
 
 _CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
@@ -45,29 +43,18 @@ class MasterAuth(httpx.Auth):
         yield request
 
 
-# Small requests are written in two parts (headers, body): without TCP_NODELAY, Nagle's
-# algorithm holds the second until the first is acknowledged, ~0.3-0.5 ms per request on
-# loopback (measured). asyncio sets it on every TCP transport (the async client); the sync
-# client's transport needs it said.
-NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-
-
-def sync_transport(limits: httpx.Limits) -> LeanTransport:
-    """The sync client's default transport: :class:`LeanTransport` (``http.client``), TLS
-    as :func:`tls_verify`, TCP_NODELAY."""
-    from squall.client._leanhttp import LeanTransport
-
-    return LeanTransport(tls_verify(), limits.max_keepalive_connections or 100,
+def sync_transport(limits: httpx.Limits) -> SyncTransport:
+    """The sync client's default transport: the engine's (``common/transport``), TLS as
+    :func:`tls_verify`."""
+    return SyncTransport(tls_verify(), limits.max_keepalive_connections or 100,
                          max_connections=limits.max_connections)
 
 
-def async_transport(limits: httpx.Limits) -> LeanAsyncTransport:
-    """The async client's default transport: :class:`LeanAsyncTransport` (asyncio streams,
-    ``common/transport/aio.py``), TLS as :func:`tls_verify`, TCP_NODELAY."""
-    from squall.client._leanasync import LeanAsyncTransport
-
-    return LeanAsyncTransport(tls_verify(), limits.max_keepalive_connections or 100,
-                              max_connections=limits.max_connections)
+def async_transport(limits: httpx.Limits) -> AsyncTransport:
+    """The async client's default transport: the engine's (``common/transport``), TLS as
+    :func:`tls_verify`."""
+    return AsyncTransport(tls_verify(), limits.max_keepalive_connections or 100,
+                          max_connections=limits.max_connections)
 
 
 def tls_verify() -> ssl.SSLContext:
@@ -108,10 +95,18 @@ def where(c: Call, base: httpx.URL | str) -> str:
 
 
 def transport_error(e: Exception, c: Call, base: httpx.URL | str) -> TransportError:
-    """A squall TransportError for an httpx failure (ConnectError: the request was never
-    sent)."""
+    """A squall TransportError for the engine's or httpx's failure (ConnectError: the
+    request was never sent)."""
     url = where(c, base)
-    if isinstance(e, (_CONNECT, httpx.InvalidURL)):
+    broken = e if isinstance(e, Broken) else e.__cause__
+    if isinstance(broken, Broken):  # the engine's: what failed, in which phase
+        if broken.phase == "connect":
+            return ConnectError(f"cannot connect to {url}: {broken}")
+        if broken.timeout:
+            return TransportError(f"{c.method} {url} timed out "
+                                  f"({broken.phase.capitalize()}Timeout)")
+        return TransportError(f"{c.method} {url} failed: {broken}")
+    if isinstance(e, (_CONNECT, httpx.InvalidURL)):  # a custom transport's, or httpx's own
         return ConnectError(f"cannot connect to {url}: {_reason(e)}")
     if isinstance(e, httpx.TimeoutException):
         return TransportError(f"{c.method} {url} timed out ({type(e).__name__})")

@@ -1,7 +1,7 @@
 """The blocking client's driver: it runs the protocol core's generators (``_protocol.Core``)
 and performs their effects (HTTP calls, sleeps, stream reads, gathers) over
-``httpx.Client`` or the lean transport. ``_async.py`` has the same driver written with
-``await``."""
+``httpx.Client`` or, on the direct path, the engine's transport (``common/transport``).
+``_async.py`` has the same driver written with ``await``."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import httpx
 from squall.client import _http
 from squall.client._direct import Shortcut
 from squall.client._effects import Call, Close, Emit, Gather, Join, Read, Reply, Sleep, Spawn
-from squall.client._leanhttp import LeanTransport
 from squall.client._protocol import MAX_IN_FLIGHT, first_failure
 from squall.common.errors import SquallError
+from squall.common.transport.adapters import SyncTransport
+from squall.common.transport.http1 import Broken
 
 T = TypeVar("T")
 _GATHERED = threading.local()  # .on: this thread runs a verb of a Gather
@@ -33,10 +34,10 @@ class Driver:
     batches. A Gather inside a gathered verb gets threads of its own, so the pool never
     waits on itself. A ``Spawn`` runs its verb on the same pool (a ``Future`` to ``Join``)."""
 
-    def __init__(self, http: httpx.Client, lean: LeanTransport | None = None,
+    def __init__(self, http: httpx.Client, lean: SyncTransport | None = None,
                  token: str | None = None) -> None:
         self.http = http
-        self.lean = lean  # the default transport: calls may take the direct path
+        self.lean = lean  # the engine's transport (the default): calls may go direct
         self.shortcut = Shortcut(http, token, lean is not None)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -141,5 +142,5 @@ class Driver:
                 r.read()
                 raise _http.status_error(r, c, base)
             return Reply(r.status_code, dict(r.headers), stream=(r, r.iter_bytes(), c))
-        except (httpx.HTTPError, httpx.InvalidURL) as e:
+        except (httpx.HTTPError, httpx.InvalidURL, Broken) as e:
             raise _http.transport_error(e, c, base) from e

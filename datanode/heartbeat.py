@@ -3,10 +3,11 @@
 Every ``heartbeat_interval_s`` (first beat at once) the node POSTs a
 :class:`~squall.common.wire.cluster.HeartbeatRequest` to ``{master}/v1/nodes/heartbeat`` with
 ``Authorization: Bearer <heartbeat token>`` (op ``heartbeat``, scoped to its node id, signed
-with the cluster key). See ``common/wire/cluster.py`` for the fields: space, blob count, an
-incremental block report (added / deleted since the last good beat), a full inventory on
-the first beat, after a failed one, every ``full_report_every`` beats and when the master
-asks; corrupt replicas dropped; outcomes of replicate commands.
+with the cluster key), through the node's HTTP client (``replication/peers.py``, the
+engine's pool; a beat is never resent). See ``common/wire/cluster.py`` for the fields:
+space, blob count, an incremental block report (added / deleted since the last good beat),
+a full inventory on the first beat, after a failed one, every ``full_report_every`` beats
+and when the master asks; corrupt replicas dropped; outcomes of replicate commands.
 
 A failed beat (master down, slow, 5xx, bad answer) never stops the node: it is logged, the
 next beat is a full report (so no delta is lost), corrupt and replication reports are kept
@@ -28,7 +29,6 @@ import contextlib
 import logging
 from typing import Any
 
-import httpx
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
@@ -50,6 +50,7 @@ REPORTS_PER_BEAT = 250  # more wait for the next beat, which comes early (bounde
 DELETE_TXN_IDS = 1000
 NUDGE_GAP_S = 0.1  # the shortest pause between two beats when copies finished early
 MAX_REVOKED = 100_000
+CONNECT_S, TIMEOUT_S = 2.0, 30.0  # a beat's connect and answer timeouts (never resent)
 
 
 class Heartbeat:
@@ -71,8 +72,6 @@ class Heartbeat:
         self._reports: list[ReplicationReport] = []
         self._copies: dict[tuple[str, str], asyncio.Task[None]] = {}  # (blob or batch, target)
         self._sem = asyncio.Semaphore(max(1, s.copies_max))
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0),
-                                         verify=s.tls.client_context())
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -111,7 +110,6 @@ class Heartbeat:
         for t in list(self._copies.values()):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        await self._client.aclose()
 
     async def build(self, timed: bool = True) -> HeartbeatRequest:
         node, store = self.node, self.node.store
@@ -139,11 +137,15 @@ class Heartbeat:
         on the regular schedule (else an early one reporting finished copies)."""
         req = await self.build(timed)
         try:
-            r = await self._client.post(
-                self.url, content=orjson.dumps(req.model_dump()),
-                headers={"Content-Type": "application/json", "Authorization": "Bearer "
-                         + (self.node.settings.node_credential
-                            or self.node.node_token("heartbeat", [self.node.node_id]))})
+            peers = self.node.peers
+            if peers is None:
+                raise RuntimeError("the node's HTTP client is not open")
+            r = await peers.post(
+                self.url, orjson.dumps(req.model_dump()),
+                {"Content-Type": "application/json", "Authorization": "Bearer "
+                 + (self.node.settings.node_credential
+                    or self.node.node_token("heartbeat", [self.node.node_id]))},
+                replay=False, connect_timeout=CONNECT_S, timeout=TIMEOUT_S)
             if r.status_code != 200:
                 raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
             body = orjson.loads(r.content)

@@ -1,6 +1,6 @@
-"""A raw HTTP/1.1 server on 127.0.0.1 for the lean transports' tests (test_leanhttp.py,
-test_leanasync.py): answers each request with a function of its bytes, counts connections,
-can hang up after answering or instead of answering."""
+"""A raw HTTP/1.1 server on 127.0.0.1 for the engine's tests (test_transport_sync.py,
+test_transport_aio.py, test_direct.py): answers each request with a function of its
+bytes, counts connections, can hang up after answering or instead of answering."""
 
 from __future__ import annotations
 

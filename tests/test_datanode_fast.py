@@ -8,6 +8,7 @@ import asyncio
 import os
 import random
 import re
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 from squall.common.checksum import crc32c
 from squall.common.errors import Forbidden, NotFound, Unauthorized
+from squall.common.transport.adapters import SyncTransport
 from squall.common.wire import payload
 from squall.datanode.replication.peers import Peers, PeerUnreachable
 from squall.datanode.store.blobstore import BlobStore
@@ -82,10 +84,12 @@ async def test_peer_client_streams_reuses_and_hears_errors(nodes: list[DataNodeP
         await peers.aclose()
 
 
-def test_downloads_reads_ranges_errors_and_reconnects(nodes: list[DataNodeProcess],
-                                                      client: httpx.Client) -> None:
+def test_blob_reads_through_the_engine_ranges_and_errors(nodes: list[DataNodeProcess],
+                                                        client: httpx.Client) -> None:
+    """Blob reads on an httpx client over the engine's transport (the clients' default):
+    whole, streamed in parts and by range; error answers; the connection serves on."""
     url = nodes[0].url
-    with payload.Downloads(idle_s=0.2) as d:
+    with httpx.Client(transport=SyncTransport(ssl.create_default_context()), timeout=30) as d:
         for size in (0, 1, 1000, (1 << 20) + 5):
             data, blob = os.urandom(size), f"dl-{size}"
             payload.put_blob(client, url, blob, data, tok("write", blob))

@@ -243,7 +243,7 @@ def test_the_sync_client_sends_small_requests_without_nagle_delay(cluster: DevCl
     """TCP_NODELAY on the sync client's connections (asyncio sets it for the async one)."""
     with Client(cluster.master_url) as c:
         c.stats()
-        idle = c._http._transport._idle  # type: ignore[attr-defined]
+        idle = c._http._transport.pool._idle  # type: ignore[attr-defined]
         conns = [conn for pool in idle.values() for conn in pool]
         assert conns
         assert conns[0].sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

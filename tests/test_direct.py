@@ -19,10 +19,9 @@ from squall.client._async import _AsyncDriver
 from squall.client._direct import Shortcut
 from squall.client._effects import Call, Reply
 from squall.client._http import MasterAuth
-from squall.client._leanasync import LeanAsyncTransport
-from squall.client._leanhttp import LeanTransport
 from squall.client._syncdriver import Driver
 from squall.common.errors import ServerError, StatusError, TransportError, Unavailable
+from squall.common.transport.adapters import AsyncTransport, SyncTransport
 from tests.rawhttp import RawServer
 
 TOKEN = "s3cret-credential"
@@ -58,7 +57,7 @@ def run(kind: str, direct: bool, url: str, call: Call) -> tuple[Any, int]:
     """(the call's result or the error it raised, requests the httpx path carried)."""
     carried = [0]
     if kind == "sync":
-        lean = LeanTransport(ssl.create_default_context())
+        lean = SyncTransport(ssl.create_default_context())
         real = lean.handle_request
 
         def counted(request: httpx.Request) -> httpx.Response:
@@ -75,7 +74,7 @@ def run(kind: str, direct: bool, url: str, call: Call) -> tuple[Any, int]:
             http.close()
 
     async def go() -> Any:
-        alean = LeanAsyncTransport(ssl.create_default_context())
+        alean = AsyncTransport(ssl.create_default_context())
         areal = alean.handle_async_request
 
         async def acounted(request: httpx.Request) -> httpx.Response:
@@ -158,7 +157,7 @@ def test_answers_and_failures_map_as_on_httpx_path(kind: str, servers) -> None: 
 
 def test_only_calls_httpx_would_send_unchanged_go_direct(servers) -> None:  # type: ignore[no-untyped-def]
     master, node = servers
-    lean = LeanTransport(ssl.create_default_context())
+    lean = SyncTransport(ssl.create_default_context())
     http = httpx.Client(base_url=master.url, transport=lean)
     s = Shortcut(http, TOKEN, enabled=True)
     assert s.prepare(Call("GET", "/v1/queues")) is not None

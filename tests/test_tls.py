@@ -16,6 +16,7 @@ import trustme
 
 from squall.client import Client
 from squall.common.errors import TransportError
+from squall.common.transport.adapters import SyncTransport
 from squall.common.wire import payload as wire
 from tests.helpers import ADMIN, DataNodeProcess, MasterProcess, start_all, wait_for
 
@@ -118,14 +119,17 @@ def test_put_lease_done_over_mutual_tls(cluster: tuple[TLSMaster, list[TLSNode],
         assert all(u.startswith("https://") for u in t.payload_ref.replicas)
         assert t.payload() == payload
         ref = t.payload_ref
-        # the fast stdlib reader (Downloads) speaks TLS too, with the client certificate
-        with wire.Downloads(ssl_context=certs.context(client_pem)) as d:
+        # the engine speaks TLS to the data nodes too, with the client certificate
+        def engine(ctx: ssl.SSLContext) -> httpx.Client:
+            return httpx.Client(transport=SyncTransport(ctx), timeout=10)
+
+        with engine(certs.context(client_pem)) as d:
             for node in ref.replicas:
                 assert wire.get_blob(d, node, ref.blob_id, ref.token) == payload
-        with wire.Downloads(ssl_context=ssl.create_default_context(cafile=str(certs.ca_file))
-                            ) as d, pytest.raises(TransportError):
+        with engine(ssl.create_default_context(cafile=str(certs.ca_file))
+                    ) as d, pytest.raises(TransportError):
             wire.get_blob(d, ref.replicas[0], ref.blob_id, ref.token)  # no client cert
-        with wire.Downloads() as d, pytest.raises(TransportError):
+        with engine(ssl.create_default_context()) as d, pytest.raises(TransportError):
             wire.get_blob(d, ref.replicas[0], ref.blob_id, ref.token)  # unknown CA
         t.done()
         assert c.stats("tls#q").completed == 1

@@ -159,8 +159,8 @@ def partition_rows(items: Iterable[Any], opts: WriteOptions, partition: int
             row += 1
 
 
-def _size(payload: bytes | str | None) -> int:
-    return len(payload) if payload is not None else 0
+def _size(payload: object) -> int:
+    return len(payload) if isinstance(payload, bytes | bytearray | memoryview | str) else 0
 
 
 def _chunks(rows: Iterable[NewTask], max_rows: int, max_bytes: int
@@ -168,7 +168,7 @@ def _chunks(rows: Iterable[NewTask], max_rows: int, max_bytes: int
     chunk: list[NewTask] = []
     size = 0
     for r in rows:
-        n = _size(r.payload)  # type: ignore[arg-type]
+        n = _size(r.payload)
         if chunk and (len(chunk) >= max_rows or size + n > max_bytes):
             yield chunk
             chunk, size = [], 0
@@ -189,7 +189,7 @@ class PartitionWriter:
     def _put(self, chunk: list[NewTask]) -> WriteStats:
         added = self.client.put_many(self.opts.queue, chunk, batch_size=len(chunk))
         return WriteStats(rows=len(chunk), added=added, collapsed=len(chunk) - added,
-                          payload_bytes=sum(_size(t.payload) for t in chunk),  # type: ignore[arg-type]
+                          payload_bytes=sum(_size(t.payload) for t in chunk),
                           batches=1)
 
     def write(self, rows: Iterable[NewTask]) -> WriteStats:

@@ -1,11 +1,13 @@
-"""A lean asyncio HTTP/1.1 client core: keep-alive connections per (scheme, host, port) over
-asyncio streams, shared by the data nodes' peer client
-(``datanode/replication/peers.py``) and the async client's transport (``client/_leanasync.py``).
+"""The engine's asyncio driver: keep-alive connections per (scheme, host, port) over asyncio
+streams, for the async client (through ``adapters.AsyncTransport``) and the data nodes'
+calls to peers and to the master (``datanode/replication/peers.py``). The framing is
+``http1.py``'s, the same as the blocking driver's (``sync.py``).
 
 A general-purpose stack (httpx: httpcore, h11 and anyio underneath) spends a millisecond or
 so of CPU per request; this one writes the request head and the body parts (bytes or
 memoryviews, as they are) straight to the transport and reads answers framed by
-``Content-Length``, chunked encoding or the connection's end.
+``Content-Length`` (read as it is, past the parser), chunked encoding or the connection's
+end (through the parser).
 
 - :meth:`Pool.request` sends a request and reads the answer's head; the body is read with
   :meth:`Response.parts` (parts of at most :data:`CHUNK` bytes) or :meth:`Response.read`,
@@ -38,61 +40,23 @@ import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal
 
 from squall.common.transport.http1 import (
     COALESCE_BYTES,
-    MAX_HEAD_BYTES,
-    MAX_INTERIM,
-    Head,
-    parse_head,
+    Broken,
+    PoolBusy,
+    Reader,
     request_head,
 )
 
 Body = bytes | bytearray | memoryview | AsyncIterable[bytes | bytearray | memoryview] | None
 Key = tuple[str, str, int]  # (scheme, host, port)
-Phase = Literal["connect", "send", "read"]
 CHUNK = 1 << 20  # a streamed body is handed up in parts of at most this
+HEAD_READ = 64 << 10  # the answer's head (and a small body with it) is read in these
 _FAIL = (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
          TimeoutError, ValueError)
 
-
-async def _read_head(r: asyncio.StreamReader, method: str) -> Head:
-    """The answer's head; interim 1xx answers (at most MAX_INTERIM) are skipped, so the
-    connection never keeps an answer nobody read."""
-    for _ in range(MAX_INTERIM + 1):
-        head = parse_head(await r.readuntil(b"\r\n\r\n"), method)
-        if not head.interim:
-            return head
-    raise ValueError(f"more than {MAX_INTERIM} interim answers")
-
-
-async def _skip_trailers(r: asyncio.StreamReader) -> None:
-    """The trailer lines after the last chunk, at most MAX_HEAD_BYTES of them."""
-    size = 0
-    while (line := await r.readuntil(b"\r\n")) != b"\r\n":
-        size += len(line)
-        if size > MAX_HEAD_BYTES:
-            raise ValueError(f"trailers over {MAX_HEAD_BYTES} bytes")
-
-
-class Broken(Exception):
-    """An exchange failed in `phase` (connect: never sent); the cause is ``__cause__``."""
-
-    def __init__(self, phase: Phase, cause: BaseException, reused: bool = False) -> None:
-        super().__init__(f"{type(cause).__name__}: {cause}" if str(cause)
-                         else type(cause).__name__)
-        self.phase, self.cause, self.reused = phase, cause, reused
-
-    @property
-    def timeout(self) -> bool:
-        return isinstance(self.cause, TimeoutError)
-
-    @property
-    def eof(self) -> bool:
-        """The peer hung up (or sent something that is not HTTP/1.1)."""
-        return isinstance(self.cause, EOFError | asyncio.IncompleteReadError
-                          | asyncio.LimitOverrunError | ValueError | ConnectionError)
+__all__ = ["CHUNK", "COALESCE_BYTES", "Body", "Broken", "Conn", "Key", "Pool", "Response"]
 
 
 @dataclass
@@ -188,7 +152,7 @@ class Pool:
             if fut.done() and not fut.cancelled():
                 self._release()  # handed over as we gave up: pass it on
             if isinstance(e, TimeoutError):
-                raise Broken("connect", TimeoutError(
+                raise Broken("connect", PoolBusy(
                     f"all {self.max_active} connections stayed busy")) from e
             raise
 
@@ -254,12 +218,19 @@ class Pool:
             await _send_body(w, content, chunked, write_timeout)
         except _FAIL as e:
             sent = Broken("send", e, conn.reused)  # the server may have answered early
+        reader = Reader(method)
         try:
             async with asyncio.timeout(read_timeout):
-                head = await _read_head(conn.reader, method)
+                while not reader.headed:
+                    data = await conn.reader.read(HEAD_READ)
+                    if data:
+                        reader.feed(data)
+                    else:
+                        reader.eof()
         except _FAIL as e:
-            raise (sent or Broken("read", e, conn.reused)) from e
-        return Response(self, key, conn, head, sent is None, read_timeout)
+            reader.close()
+            raise (sent or Broken("read", e, conn.reused, head=not reader.headed)) from e
+        return Response(self, key, conn, reader, sent is None, read_timeout)
 
 
 async def _send_body(w: asyncio.StreamWriter, content: Body, chunked: bool,
@@ -287,58 +258,50 @@ async def _send_body(w: asyncio.StreamWriter, content: Body, chunked: bool,
 class Response:
     """An answer whose head was read; read its body, then :meth:`release` it (always)."""
 
-    def __init__(self, pool: Pool, key: Key, conn: Conn, head: Head, sent: bool,
+    def __init__(self, pool: Pool, key: Key, conn: Conn, reader: Reader, sent: bool,
                  timeout: float | None) -> None:
-        self.pool, self.key, self.conn, self.timeout, self.head = pool, key, conn, timeout, head
-        self.status, self.reason, self.headers = head.status, head.reason, head.headers
-        self.length, self.chunked = head.length, head.chunked  # length None: chunked or EOF
-        self.keep = head.keep and sent  # a request not sent whole leaves the stream unknown
-        self.complete = self.length == 0
+        self.pool, self.key, self.conn, self.timeout = pool, key, conn, timeout
+        self.reader = reader
+        self.status, self.reason, self.headers = reader.status, reader.reason, reader.headers
+        self.keep = sent  # a request not sent whole leaves the stream unknown
         self._released = False
 
     def header_dict(self) -> dict[str, str]:
-        return self.head.header_dict()
+        headers: dict[str, str] = self.reader.header_dict()
+        return headers
 
     async def parts(self) -> AsyncIterator[bytes]:
-        """The body in parts of at most :data:`CHUNK` bytes; :class:`Broken` on failure."""
-        r = self.conn.reader
+        """The body in parts of at most :data:`CHUNK` bytes; :class:`Broken` on failure.
+        A body framed by ``Content-Length`` is read as it is, without the parser."""
+        rd, r = self.reader, self.conn.reader
         try:
-            if self.length is not None:
-                left = self.length
-                while left > 0:
+            for part in rd.take():
+                yield part
+            while not rd.done:
+                left = rd.remaining
+                if left is not None:
                     async with asyncio.timeout(self.timeout):
                         part = await r.readexactly(min(left, CHUNK))
-                    left -= len(part)
+                    rd.got(len(part))
                     yield part
-            elif self.chunked:
-                while True:
-                    async with asyncio.timeout(self.timeout):
-                        line = await r.readuntil(b"\r\n")
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                    if size == 0:
-                        async with asyncio.timeout(self.timeout):
-                            await _skip_trailers(r)
-                        break
-                    while size > 0:
-                        async with asyncio.timeout(self.timeout):
-                            part = await r.readexactly(min(size, CHUNK))
-                        size -= len(part)
-                        yield part
-                    async with asyncio.timeout(self.timeout):
-                        await r.readexactly(2)
-            else:
-                while True:
-                    async with asyncio.timeout(self.timeout):
-                        part = await r.read(CHUNK)
-                    if not part:
-                        break
+                    continue
+                async with asyncio.timeout(self.timeout):
+                    data = await r.read(CHUNK)
+                if data:
+                    rd.feed(data)
+                else:
+                    rd.eof()
+                for part in rd.take():
                     yield part
         except _FAIL as e:
             self.conn.close()
-            raise Broken("read", e, self.conn.reused) from e
-        self.complete = True
+            raise Broken("read", e, self.conn.reused, head=False) from e
 
     async def read(self) -> bytes:
+        """The whole body."""
+        rd = self.reader
+        if rd.done:  # the usual small answer: it came with the head
+            return b"".join(rd.take())
         return b"".join([p async for p in self.parts()])
 
     def release(self) -> None:
@@ -347,7 +310,8 @@ class Response:
         if self._released:
             return
         self._released = True
-        if self.complete and self.keep:
+        self.reader.close()
+        if self.reader.done and self.reader.keep and self.keep:
             self.pool._give_back(self.key, self.conn)
         else:
             self.conn.close()

@@ -18,25 +18,17 @@ all big-endian. ``status`` is 0 (ok) in uploads; in batch-get answers 1 = not fo
 2 = corrupt replica (dropped; read another), 3 = too large for a batch (GET it alone), with
 no data. A blob's ``crc32c`` is checked by the receiver.
 
-Reads of large blobs: httpx hands a body over in 64 KiB reads, each through h11 and a copy
-or two, which caps one client at a few hundred MB/s. :class:`Downloads` reads blobs over
-keep-alive HTTP/1.1 connections (stdlib ``http.client``, HTTPS too) straight into one buffer of
-the blob's size (``readinto``: the kernel copies into it, nothing else does), about twice
-as fast; :func:`get_blob` and :func:`iter_blob` take either.
+Blob reads and writes take an ``httpx.Client``; with the engine's transport
+(``common/transport/adapters.SyncTransport``, the client's default) a blob's body comes up
+in one piece of its size.
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.client
-import ssl
 import struct
-import threading
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -136,12 +128,10 @@ def put_blob(client: httpx.Client, node: str, blob_id: str, data: bytes | Iterab
     return PutResult.model_validate_json(r.content)
 
 
-def get_blob(client: httpx.Client | Downloads, node: str, blob_id: str, token: str,
+def get_blob(client: httpx.Client, node: str, blob_id: str, token: str,
              start: int | None = None, end: int | None = None) -> bytes:
     """The blob's bytes (or bytes [start, end) of it); the full blob is checked against the
     node's CRC32C header. Use :func:`iter_blob` for large blobs."""
-    if isinstance(client, Downloads):
-        return bytes(client.get(node, blob_id, token, start, end))
     return b"".join(iter_blob(client, node, blob_id, token, start, end))
 
 
@@ -151,14 +141,11 @@ def _range(start: int | None, end: int | None) -> dict[str, str]:
     return {"Range": f"bytes={start or 0}-{'' if end is None else end - 1}"}
 
 
-def iter_blob(client: httpx.Client | Downloads, node: str, blob_id: str, token: str,
+def iter_blob(client: httpx.Client, node: str, blob_id: str, token: str,
               start: int | None = None, end: int | None = None,
               chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
     """Stream a blob; a full read is verified against its CRC32C at the end (DataCorrupt),
     a connection the node aborts (corruption found mid-stream) raises TransportError."""
-    if isinstance(client, Downloads):
-        yield from client.iter(node, blob_id, token, start, end, chunk_bytes)
-        return
     headers = {**_auth(token), **_range(start, end)}
     try:
         with client.stream("GET", f"{node.rstrip('/')}/v1/blobs/{blob_id}",
@@ -251,140 +238,3 @@ def get_batch(client: httpx.Client, node: str, blob_ids: list[str], token: str |
         raise TransportError(f"{node}: {e!r}") from e
     _raise_for(r)
     return {f.blob_id: f for f in decode_frames(r.content)}
-
-
-_Key = tuple[str, str, int]  # scheme, host, port
-
-
-class Downloads:
-    """Blob reads over keep-alive HTTP/1.1 connections of the standard library, each body
-    read into one buffer (see the module docstring). Thread-safe: a connection serves one
-    request at a time; idle ones are kept per node for ``idle_s`` (under the server's
-    keep-alive timeout), and a request that meets a connection the node has closed is
-    retried once on a new one (a GET is idempotent)."""
-
-    def __init__(self, timeout: float = 60.0, idle_s: float = 2.0, idle_per_node: int = 8,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
-        """`ssl_context` verifies ``https://`` nodes (and may carry a client certificate
-        for mutual TLS); without one, the system's default verification is used."""
-        self.timeout, self.idle_s, self.idle_per_node = timeout, idle_s, idle_per_node
-        self.ssl_context = ssl_context
-        self._idle: dict[_Key, list[tuple[float, http.client.HTTPConnection]]] = {}
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        with self._lock:
-            for conns in self._idle.values():
-                for _, c in conns:
-                    c.close()
-            self._idle.clear()
-
-    def __enter__(self) -> Downloads:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def get(self, node: str, blob_id: str, token: str, start: int | None = None,
-            end: int | None = None) -> bytearray:
-        """The blob's bytes (or [start, end)) in a buffer of exactly their size; a full read
-        is checked against the node's CRC32C (DataCorrupt)."""
-        with self._open(node, blob_id, token, start, end) as (resp, size, want):
-            buf = bytearray(size)
-            view, got = memoryview(buf), 0
-            while got < size:
-                n = resp.readinto(view[got:])
-                if not n:
-                    raise TransportError(f"{node}: blob {blob_id} cut off after {got} of "
-                                         f"{size} bytes")
-                got += n
-        if want is not None and crc32c(buf) != want:
-            raise DataCorrupt(f"blob {blob_id} from {node}: CRC32C {crc32c(buf)} != {want}")
-        return buf
-
-    def iter(self, node: str, blob_id: str, token: str, start: int | None = None,
-             end: int | None = None, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
-        """The blob's bytes in parts of up to `chunk_bytes`, verified at the end."""
-        c = Crc32c()
-        with self._open(node, blob_id, token, start, end) as (resp, size, want):
-            left = size
-            while left:
-                part = resp.read(min(chunk_bytes, left))
-                if not part:
-                    raise TransportError(f"{node}: blob {blob_id} cut off after "
-                                         f"{size - left} of {size} bytes")
-                left -= len(part)
-                c.update(part)
-                yield part
-        if want is not None and c.value != want:
-            raise DataCorrupt(f"blob {blob_id} from {node}: CRC32C {c.value} != {want}")
-
-    @contextlib.contextmanager
-    def _open(self, node: str, blob_id: str, token: str, start: int | None,
-              end: int | None) -> Iterator[tuple[http.client.HTTPResponse, int, int | None]]:
-        """The response to the GET (after its status was checked): (response, body size,
-        the CRC32C to check or None for a range). The connection goes back to the pool
-        only when the body was read whole."""
-        u = urlsplit(node.rstrip("/"))
-        tls = u.scheme == "https"
-        key = (u.scheme, u.hostname or "127.0.0.1", u.port or (443 if tls else 80))
-        path = f"{u.path}/v1/blobs/{blob_id}"
-        headers = {**_auth(token), **_range(start, end)}
-        for attempt in range(2):
-            conn, reused = self._take(key)
-            try:
-                conn.request("GET", path, headers=headers)
-                resp = conn.getresponse()
-                break
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
-                if attempt == 0 and reused:
-                    continue
-                raise TransportError(f"{node}: reading blob {blob_id} failed: {e!r}") from e
-        try:
-            if resp.status >= 400:
-                body = resp.read()
-                try:
-                    err: Any = orjson.loads(body)
-                except orjson.JSONDecodeError:
-                    err = body.decode("utf-8", "replace")
-                ra = resp.getheader("retry-after")
-                raise from_response(resp.status, err, float(ra) if ra and ra.isdigit() else None)
-            size = int(resp.getheader("content-length") or -1)
-            if size < 0:
-                raise TransportError(f"{node}: blob {blob_id} answered without a length")
-            crc = resp.getheader(CRC_HEADER)
-            yield resp, size, int(crc) if crc is not None and resp.status == 200 else None
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            raise TransportError(f"{node}: reading blob {blob_id} failed: {e!r}") from e
-        except BaseException:
-            conn.close()
-            raise
-        if resp.isclosed():  # read whole: the connection may serve the next request
-            self._give(key, conn)
-        else:
-            conn.close()
-
-    def _take(self, key: _Key) -> tuple[http.client.HTTPConnection, bool]:
-        now = time.monotonic()
-        with self._lock:
-            conns = self._idle.get(key, [])
-            while conns:
-                t, c = conns.pop()
-                if now - t < self.idle_s:
-                    return c, True
-                c.close()
-        scheme, host, port = key
-        if scheme == "https":  # context None: the stdlib's default verification
-            return http.client.HTTPSConnection(host, port, timeout=self.timeout,
-                                               context=self.ssl_context), False
-        return http.client.HTTPConnection(host, port, timeout=self.timeout), False
-
-    def _give(self, key: _Key, conn: http.client.HTTPConnection) -> None:
-        with self._lock:
-            conns = self._idle.setdefault(key, [])
-            if len(conns) < self.idle_per_node:
-                conns.append((time.monotonic(), conn))
-                return
-        conn.close()

@@ -1,6 +1,6 @@
-"""Node-to-node HTTP/1.1 client for the replicate endpoints and the front door's master
-calls: keep-alive connections per peer over asyncio streams (the shared core,
-``common/transport/aio.py``), answers read whole.
+"""The data node's HTTP/1.1 client, for the replicate endpoints, the front door's master
+calls and the heartbeat: the engine's asyncio driver (``common/transport/aio.py``), one
+keep-alive pool per node process, answers read whole.
 
 Every replicated write and every re-replication copy is one request to a peer's
 ``/v1/replicate`` endpoints. A general-purpose client (httpx: h11, httpcore and anyio
@@ -82,14 +82,20 @@ class Peers:
         return await self.request("PUT", url, content, headers)
 
     async def post(self, url: str, content: Body = None, headers: dict[str, str] | None = None,
-                   replay: bool = True) -> PeerResponse:
-        return await self.request("POST", url, content, headers, replay)
+                   replay: bool = True, connect_timeout: float | None = None,
+                   timeout: float | None = None) -> PeerResponse:
+        return await self.request("POST", url, content, headers, replay, connect_timeout,
+                                  timeout)
 
     async def request(self, method: str, url: str, content: Body = None,
-                      headers: dict[str, str] | None = None, replay: bool = True
+                      headers: dict[str, str] | None = None, replay: bool = True,
+                      connect_timeout: float | None = None, timeout: float | None = None
                       ) -> PeerResponse:
         """`replay=False`: never resend, even on a reused connection that broke (the
-        request may have been applied)."""
+        request may have been applied). `connect_timeout`, `timeout`: this call's, instead
+        of the pool's."""
+        connect_s = self.connect_timeout if connect_timeout is None else connect_timeout
+        timeout_s = self.timeout if timeout is None else timeout
         u = urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise PeerUnreachable(f"unsupported peer URL {url!r} (http(s)://host:port only)")
@@ -98,11 +104,11 @@ class Peers:
         hdrs = [("Host", f"{u.hostname}:{port}"), *(headers or {}).items()]
         try:
             r = await self.pool.request((u.scheme, u.hostname, port), method, path, hdrs,
-                                        content, connect_timeout=self.connect_timeout,
-                                        write_timeout=self.timeout,
-                                        read_timeout=self.timeout, replay=replay)
+                                        content, connect_timeout=connect_s,
+                                        write_timeout=timeout_s, read_timeout=timeout_s,
+                                        replay=replay)
             try:
-                async with asyncio.timeout(self.timeout):
+                async with asyncio.timeout(timeout_s):
                     body = await r.read()
             finally:
                 r.release()

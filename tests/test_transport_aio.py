@@ -1,5 +1,5 @@
-"""The async client's asyncio transport (client/_leanasync.py over common/transport/aio.py) against
-a raw HTTP/1.1 server on 127.0.0.1: keep-alive reuse, an idle connection the server closed,
+"""The engine's asyncio driver (common/transport/aio.py; behind httpx: adapters.AsyncTransport)
+against a raw HTTP/1.1 server on 127.0.0.1: keep-alive reuse, an idle connection the server closed,
 no resend, a response left half-read, chunked and Content-Length bodies, a large body in
 bounded parts, errors mapped to httpx's exceptions, TLS."""
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trustme
 
-from squall.client._leanasync import LeanAsyncTransport
+from squall.common.transport.adapters import AsyncTransport
 from squall.common.transport.aio import CHUNK, COALESCE_BYTES, Body, Broken, Pool
 from tests.helpers import until
 from tests.rawhttp import Answer, RawServer, chunked_echo, ok
@@ -30,7 +30,7 @@ def client() -> Iterator[Make]:
     def make(answer: Answer, tls: ssl.SSLContext | None = None,
              trust: ssl.SSLContext | None = None) -> tuple[httpx.AsyncClient, RawServer]:
         srv = RawServer(answer, tls)
-        c = httpx.AsyncClient(base_url=srv.url, timeout=5, transport=LeanAsyncTransport(
+        c = httpx.AsyncClient(base_url=srv.url, timeout=5, transport=AsyncTransport(
             trust or ssl.create_default_context()))
         made.append((c, srv))
         return c, srv
@@ -42,7 +42,7 @@ def client() -> Iterator[Make]:
 
 def _pooled(c: httpx.AsyncClient) -> list:  # type: ignore[type-arg]
     t = c._transport
-    assert isinstance(t, LeanAsyncTransport)
+    assert isinstance(t, AsyncTransport)
     return [conn for pool in t.pool._idle.values() for conn in pool]
 
 
@@ -153,7 +153,7 @@ async def test_errors_are_httpx_errors(client: Make) -> None:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there
-    t = LeanAsyncTransport(ssl.create_default_context())
+    t = AsyncTransport(ssl.create_default_context())
     async with httpx.AsyncClient(transport=t, timeout=2) as c:
         with pytest.raises(httpx.ConnectError):
             await c.get(f"http://127.0.0.1:{port}/")
@@ -341,3 +341,17 @@ async def test_a_connection_closed_with_unsent_bytes_is_closed_at_once() -> None
             w.transport.abort()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_slow_reader_of_a_streamed_body_is_not_timed_out(client: Make) -> None:
+    """The read timeout bounds each wait on the server, not the caller's time between
+    parts."""
+    big = b"x" * (3 * CHUNK)
+    c, _ = client(lambda req: ok(big))
+    async with c:
+        async with c.stream("GET", "/big", timeout=httpx.Timeout(5, read=0.2)) as r:
+            got = []
+            async for part in r.aiter_raw():
+                got.append(part)
+                await asyncio.sleep(0.3)  # longer than the read timeout
+        assert b"".join(got) == big

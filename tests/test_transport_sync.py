@@ -1,8 +1,9 @@
-"""The sync client's transport (client/_leanhttp.py) against a raw HTTP/1.1 server on
-127.0.0.1: keep-alive reuse, an idle connection the server closed, a response left
-half-read, chunked bodies both ways, large bodies in one piece, and errors mapped to
-httpx's exceptions; for the direct path (its own reads and writes on the socket) also
-every answer framing, interim answers, and malformed or cut-off answers."""
+"""The engine's blocking driver (common/transport/sync.py) behind httpx's interface
+(adapters.SyncTransport) against a raw HTTP/1.1 server on 127.0.0.1: keep-alive reuse, an
+idle connection the server closed, a response left half-read, chunked bodies both ways,
+large bodies in one piece, and errors mapped to httpx's exceptions; for the direct path
+(exchange: the answer read whole) also every answer framing, interim answers, and
+malformed or cut-off answers."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from squall.client import _leanhttp
-from squall.client._direct import Direct
-from squall.client._leanhttp import LeanTransport
+from squall.common.transport import sync
+from squall.common.transport.adapters import Direct, SyncTransport, to_httpx
+from squall.common.transport.http1 import Broken
 from tests.helpers import wait_for
 from tests.rawhttp import Answer, RawServer, chunked_echo, ok
 
@@ -29,7 +30,7 @@ def client() -> Iterator[Callable[[Answer], tuple[httpx.Client, RawServer]]]:
     def make(answer: Answer) -> tuple[httpx.Client, RawServer]:
         srv = RawServer(answer)
         c = httpx.Client(base_url=srv.url, timeout=5,
-                         transport=LeanTransport(ssl.create_default_context()))
+                         transport=SyncTransport(ssl.create_default_context()))
         made.append((c, srv))
         return c, srv
 
@@ -50,7 +51,7 @@ def test_an_idle_connection_the_server_closed_is_not_reused(client) -> None:  # 
     c, srv = client(lambda req: ok())
     srv.hang_up_after = True  # answers, then closes the connection without saying so
     assert c.get("/a").json() == {"ok": True}
-    pooled = [conn for pool in c._transport._idle.values() for conn in pool]
+    pooled = [conn for pool in c._transport.pool._idle.values() for conn in pool]
     assert len(pooled) == 1
     wait_for(lambda: select.select([pooled[0].sock], [], [], 0)[0], timeout=5,
              what="the server's FIN")
@@ -110,7 +111,7 @@ def test_errors_are_httpx_errors(client) -> None:  # type: ignore[no-untyped-def
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there
-    t = LeanTransport(ssl.create_default_context())
+    t = SyncTransport(ssl.create_default_context())
     with httpx.Client(transport=t, timeout=2) as c, pytest.raises(httpx.ConnectError):
         c.get(f"http://127.0.0.1:{port}/")
     gate = threading.Event()  # the server holds its answer until the client gave up
@@ -124,7 +125,7 @@ def test_errors_are_httpx_errors(client) -> None:  # type: ignore[no-untyped-def
 
 def test_at_most_max_connections_requests_at_once() -> None:
     srv = RawServer(lambda req: ok())
-    c = httpx.Client(base_url=srv.url, timeout=5, transport=LeanTransport(
+    c = httpx.Client(base_url=srv.url, timeout=5, transport=SyncTransport(
         ssl.create_default_context(), max_connections=2))
     try:
         held = [c.send(c.build_request("GET", f"/{i}"), stream=True) for i in range(2)]
@@ -141,7 +142,7 @@ def test_at_most_max_connections_requests_at_once() -> None:
         srv.close()
 
 
-# -- the direct path (LeanTransport.exchange): its own reads and writes on the socket ---------
+# -- the direct path (SyncTransport.exchange): its own reads and writes on the socket ---------
 def _direct(srv: RawServer, method: str = "GET", path: str = "/x", body: bytes | None = None,
             read_s: float = 5) -> Direct:
     port = int(srv.url.rsplit(":", 1)[1])
@@ -169,7 +170,7 @@ FRAMINGS = {  # answer -> (status, body, the connection is reused afterwards)
 def test_direct_exchange_reads_every_framing(kind: str) -> None:
     raw, status, body, reused = FRAMINGS[kind]
     srv = RawServer(lambda req: raw)
-    t = LeanTransport(ssl.create_default_context())
+    t = SyncTransport(ssl.create_default_context())
     try:
         for _ in range(2):
             got = t.exchange(_direct(srv, "POST", "/up", b"\x00\xff" * 10))
@@ -188,11 +189,11 @@ def test_direct_exchange_bodies_of_a_payload_size_both_ways(
         one_read: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 4 MiB body: sent after its head; read in one piece, or (over the one-read limit)
     in doubling steps, the same bytes either way."""
-    monkeypatch.setattr(_leanhttp, "ONE_READ_BYTES", one_read)
-    monkeypatch.setattr(_leanhttp, "READ_STEP", 100)
+    monkeypatch.setattr(sync, "ONE_READ_BYTES", one_read)
+    monkeypatch.setattr(sync, "READ_STEP", 100)
     blob = bytes(range(256)) * (4 << 12)
     srv = RawServer(lambda req: ok(req.partition(b"\r\n\r\n")[2]))
-    t = LeanTransport(ssl.create_default_context())
+    t = SyncTransport(ssl.create_default_context())
     try:
         assert t.exchange(_direct(srv, "PUT", "/blob", blob)).content == blob
         assert t.exchange(_direct(srv, "GET", "/x")).content == b""
@@ -202,7 +203,7 @@ def test_direct_exchange_bodies_of_a_payload_size_both_ways(
         srv.close()
 
 
-BROKEN = {  # answer -> the httpx error the direct path raises (as httpx's path would)
+BROKEN = {  # answer -> the httpx error it maps to (the direct path raises Broken)
     "no answer": (None, httpx.RemoteProtocolError),
     "not HTTP": (b"SSH-2.0-OpenSSH\r\n\r\n", httpx.RemoteProtocolError),
     "bad length": (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", httpx.RemoteProtocolError),
@@ -227,13 +228,15 @@ BROKEN = {  # answer -> the httpx error the direct path raises (as httpx's path 
 
 
 @pytest.mark.parametrize("kind", sorted(BROKEN))
-def test_direct_exchange_failures_are_httpx_errors_and_drop_the_connection(kind: str) -> None:
+def test_direct_exchange_failures_map_to_httpx_errors_and_drop_the_connection(
+        kind: str) -> None:
     raw, error = BROKEN[kind]
     srv = RawServer(lambda req: raw if b"/bad" in req else ok())
-    t = LeanTransport(ssl.create_default_context())
+    t = SyncTransport(ssl.create_default_context())
     try:
-        with pytest.raises(error) as e:
+        with pytest.raises(Broken) as e:
             t.exchange(_direct(srv, "GET", "/bad"))
+        assert e.value.phase == "read" and type(to_httpx(e.value)) is error
         if kind == "no answer":  # the words http.client (httpx's path here) uses
             assert "Remote end closed connection without response" in str(e.value)
         assert sum(b"/bad" in r for r in srv.requests) == 1  # never resent
@@ -247,10 +250,11 @@ def test_direct_exchange_failures_are_httpx_errors_and_drop_the_connection(kind:
 def test_direct_exchange_read_timeout() -> None:
     gate = threading.Event()
     srv = RawServer(lambda req: ok() if gate.wait(10) else None)
-    t = LeanTransport(ssl.create_default_context())
+    t = SyncTransport(ssl.create_default_context())
     try:
-        with pytest.raises(httpx.ReadTimeout):
+        with pytest.raises(Broken) as e:
             t.exchange(_direct(srv, read_s=0.2))
+        assert e.value.timeout and isinstance(to_httpx(e.value), httpx.ReadTimeout)
     finally:
         gate.set()
         t.close()
