@@ -40,6 +40,7 @@ from squall.common.errors import (
     Unauthorized,
     Unavailable,
 )
+from squall.common.security.tls import TLSConfig
 from squall.common.wire.models import Backoff, Policy, Schedule
 
 __all__ = [
@@ -70,6 +71,7 @@ __all__ = [
     "ServerError",
     "SquallError",
     "StatusError",
+    "TLSConfig",
     "Transaction",
     "TransportError",
     "Unauthorized",

@@ -18,6 +18,7 @@ from squall.client._effects import Call, Close, Emit, Gather, Join, Read, Reply,
 from squall.client._protocol import IN_FLIGHT, Core, default_master, first_failure, held_wire
 from squall.client._tasks import NewTask, Payload, TaskBase, Tasks, TxBuilder, as_list
 from squall.common.errors import SquallError
+from squall.common.security.tls import TLSConfig
 from squall.common.transport.adapters import AsyncTransport
 from squall.common.transport.http1 import Broken
 from squall.common.wire.models import (
@@ -189,30 +190,32 @@ class AsyncTransaction(TxBuilder):
 class AsyncClient:
     """An asyncio squall client. ``master`` defaults to ``$SQUALL_MASTER``, else
     ``http://127.0.0.1:7070``; ``token`` (the bearer credential
-    for the master) defaults to ``$SQUALL_TOKEN``."""
+    for the master) defaults to ``$SQUALL_TOKEN``; ``tls`` (a :class:`TLSConfig`: the CA to
+    verify servers with, a certificate and key for mutual TLS) defaults to ``$SQUALL_TLS_CA``,
+    ``$SQUALL_TLS_CERT`` and ``$SQUALL_TLS_KEY``."""
 
     def __init__(self, master: str | None = None, *,
                  transport: httpx.AsyncBaseTransport | None = None, timeout: float = 30.0,
                  blob_timeout: float = 300.0, retries: int = 30, worker: str | None = None,
                  max_connections: int = 100, retry_budget_s: float = 30.0,
                  front_door: bool = True,
-                 token: str | None = None) -> None:
+                 token: str | None = None, tls: TLSConfig | None = None) -> None:
         self.master = (master or default_master()).rstrip("/")
         self.transport = transport
         self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
                         "worker": worker, "max_connections": max_connections,
                         "retry_budget_s": retry_budget_s, "front_door": front_door,
-                        "token": token}
+                        "token": token, "tls": tls}
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         auth = _http.MasterAuth(self.master, token)
         self.token = auth.token
         self._core = Core(Retry(attempts=retries, budget_s=retry_budget_s), blob_timeout,
                           worker, timeout, front_door, auth.token)
-        lean = None if transport else _http.async_transport(limits)
+        lean = None if transport else _http.async_transport(limits, tls)
         self._http = httpx.AsyncClient(base_url=self.master, transport=transport or lean,
                                        timeout=timeout, limits=limits, auth=auth,
-                                       verify=_http.tls_verify())
+                                       verify=_http.tls_verify(tls))
         driver = _AsyncDriver(self._http, lean, auth.token)
         self._run = driver.run
         self._iter = driver.iterate

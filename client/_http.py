@@ -43,26 +43,29 @@ class MasterAuth(httpx.Auth):
         yield request
 
 
-def sync_transport(limits: httpx.Limits) -> SyncTransport:
+def sync_transport(limits: httpx.Limits, tls: TLSConfig | None = None) -> SyncTransport:
     """The sync client's default transport: the engine's (``common/transport``), TLS as
     :func:`tls_verify`."""
-    return SyncTransport(tls_verify(), limits.max_keepalive_connections or 100,
+    return SyncTransport(tls_verify(tls), limits.max_keepalive_connections or 100,
                          max_connections=limits.max_connections)
 
 
-def async_transport(limits: httpx.Limits) -> AsyncTransport:
+def async_transport(limits: httpx.Limits, tls: TLSConfig | None = None) -> AsyncTransport:
     """The async client's default transport: the engine's (``common/transport``), TLS as
     :func:`tls_verify`."""
-    return AsyncTransport(tls_verify(), limits.max_keepalive_connections or 100,
+    return AsyncTransport(tls_verify(tls), limits.max_keepalive_connections or 100,
                           max_connections=limits.max_connections)
 
 
-def tls_verify() -> ssl.SSLContext:
-    """How clients verify servers: ``SQUALL_TLS_CA`` (else the system's CAs), presenting
-    ``SQUALL_TLS_CERT`` / ``SQUALL_TLS_KEY`` to servers that want mutual TLS. One context
+def tls_verify(tls: TLSConfig | None = None) -> ssl.SSLContext:
+    """How clients verify servers: `tls` if given, else ``SQUALL_TLS_CA`` (else the system's
+    CAs), presenting ``SQUALL_TLS_CERT`` / ``SQUALL_TLS_KEY`` to servers that want mutual
+    TLS. One context
     per configuration for every client of this process: httpx builds a new one per client
     otherwise, loading the CA bundle each time (~0.25 s of CPU per ``Client``, 30 s for the
     soak's 128 clients on a loaded machine)."""
+    if tls is not None:
+        return _ssl_context(tls.cert, tls.key, tls.ca)
     env = os.environ
     return _ssl_context(env.get("SQUALL_TLS_CERT") or None, env.get("SQUALL_TLS_KEY") or None,
                         env.get("SQUALL_TLS_CA") or None)

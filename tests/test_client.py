@@ -24,7 +24,8 @@ EXPORTS = {
     "LeaseError", "LeaseLost", "LeasedTask", "NewTask", "NotFound", "OutcomeUnknown",
     "Overloaded",
     "PayloadTooLarge", "Policy", "Retry", "Schedule", "ServerError", "SquallError",
-    "StatusError", "Transaction", "TransportError", "Unauthorized", "Unavailable", "Worker",
+    "StatusError", "TLSConfig", "Transaction", "TransportError", "Unauthorized", "Unavailable",
+    "Worker",
     "fifo_pid", "may_have_applied",
 }
 

@@ -25,6 +25,7 @@ import trustme
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+from squall.client import Client
 from squall.client.spark._conn import Conn, resolve
 from tests.helpers import mint, start_all, wait_for
 from tests.test_tls import Certs, TLSMaster, TLSNode, _alive
@@ -147,13 +148,20 @@ def test_settings_come_from_options_then_conf_then_environment(tmp_path: Path) -
                      .decode()}, {})
 
 
-def test_a_client_made_with_tls_material_leaves_the_environment_as_it_was(
+def test_a_client_made_with_tls_material_uses_it_not_the_environment(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's TLS material reaches the client as its ``tls=`` argument: an environment
+    naming a CA file that does not exist (which the client would fail to load) is not read,
+    and is left as it was."""
     ca = trustme.CA()
-    monkeypatch.setenv("SQUALL_TLS_CA", "/the/env/ca.pem")
+    monkeypatch.setenv("SQUALL_TLS_CA", str(tmp_path / "missing-ca.pem"))
     monkeypatch.delenv("SQUALL_TLS_CERT", raising=False)
+    with pytest.raises(FileNotFoundError):
+        Client("https://127.0.0.1:1")  # the environment's CA, when no tls= is given
     conn = Conn(token="t", tls_ca=ca.cert_pem.bytes().decode())
     with conn.client("https://127.0.0.1:1") as c:
         assert c.token == "t"
-    assert os.environ["SQUALL_TLS_CA"] == "/the/env/ca.pem"
+        assert c.options["tls"].ca and Path(c.options["tls"].ca).read_bytes() == \
+            ca.cert_pem.bytes()
+    assert os.environ["SQUALL_TLS_CA"] == str(tmp_path / "missing-ca.pem")
     assert "SQUALL_TLS_CERT" not in os.environ

@@ -33,8 +33,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +46,6 @@ ENV = {"master": "SQUALL_MASTER", "token": "SQUALL_TOKEN", "tls_ca": "SQUALL_TLS
 KEYS = tuple(ENV)
 CONF_KEYS = tuple(CONF_PREFIX + k for k in KEYS)
 _PEM = "-----BEGIN"
-_LOCK = threading.Lock()
 _FILES = threading.Lock()
 _DIR: tuple[int, str] | None = None  # (pid, folder) of the PEM files written
 
@@ -64,16 +62,13 @@ class Conn:
     def client(self, master: str | None, **kw: Any) -> Client:
         """A squall ``Client`` with this credential and TLS material (``kw``: the client's
         other arguments). Without TLS material here, the client's own defaults apply."""
-        from squall.client import Client
+        from squall.client import Client, TLSConfig
 
         if not (self.tls_ca or self.tls_cert or self.tls_key):
             return Client(master, token=self.token, **kw)
-        tls = {"SQUALL_TLS_CA": _file(self.tls_ca), "SQUALL_TLS_CERT": _file(self.tls_cert),
-               "SQUALL_TLS_KEY": _file(self.tls_key or self._key_in_cert())}
-        # The client takes its TLS settings from SQUALL_TLS_* when it is made (its one TLS
-        # configuration): they are set for that moment only, one client at a time.
-        with _LOCK, _environ(tls):
-            return Client(master, token=self.token, **kw)
+        tls = TLSConfig(cert=_file(self.tls_cert), key=_file(self.tls_key or self._key_in_cert()),
+                        ca=_file(self.tls_ca))
+        return Client(master, token=self.token, tls=tls, **kw)
 
     def _key_in_cert(self) -> str | None:
         """A certificate file that holds its private key too (one PEM with both)."""
@@ -117,24 +112,6 @@ def _file(value: str | None) -> str | None:
             with os.fdopen(fd, "w") as f:
                 f.write(value)
     return path
-
-
-@contextmanager
-def _environ(values: Mapping[str, str | None]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            if v:
-                os.environ[k] = v
-            else:
-                os.environ.pop(k, None)
-        yield
-    finally:
-        for k, old in saved.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
 
 
 def _check(source: Mapping[str, str | None], prefix: str) -> None:
