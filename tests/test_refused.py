@@ -27,7 +27,6 @@ from squall.common.errors import Unavailable
 from squall.common.wire.models import LeaseRequest, Policy, TaskRef, TaskSpec, UpdateRequest
 from squall.master.http.app import create_master_app
 from squall.master.service import Master, MasterSettings
-from squall.master.storage.commit import ANSWER_WHEN_DURABLE
 from tests.crashkit import dump_index, kill9
 from tests.helpers import ADMIN, MasterProcess, until, wait_for
 
@@ -120,11 +119,8 @@ async def test_an_index_commit_failure_after_a_durable_wal_acknowledges_and_catc
         real(txn)
 
     m.commit._commit_txn = fail_once  # type: ignore[method-assign]
-    token = ANSWER_WHEN_DURABLE.set(early)
-    try:
-        res = await m.enqueue(G, "a", [TaskSpec(pid="x"), TaskSpec(pid="y")])
-    finally:
-        ANSWER_WHEN_DURABLE.reset(token)
+    res = await m.enqueue(G, "a", [TaskSpec(pid="x"), TaskSpec(pid="y")],
+                          answer_when_durable=early)
     assert res["ticket"] > 0  # durable in the WAL: acknowledged
     with pytest.raises(Unavailable, match="reads wait"):  # the index lacks "x" and "y"
         await m.commit.settled()  # (answered early: waits for the failed commit first)

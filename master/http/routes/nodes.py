@@ -5,25 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 
 from squall.common.server.guard import PRINCIPAL
 from squall.common.wire.cluster import (
     AllocateRequest,
-    AllocateResponse,
     HeartbeatRequest,
-    HeartbeatResponse,
 )
-from squall.common.wire.models import ClusterInfo
-from squall.master.http.answers import ERROR_RESPONSES, JSON
+from squall.master.http.answers import JSON
 from squall.master.http.deps import MasterDep
 from squall.master.http.routes.frontdoor import node_speaks
 from squall.master.service import Master
 
-router = APIRouter(tags=["cluster"], responses=ERROR_RESPONSES)
 
-
-@router.post("/v1/nodes/heartbeat", response_model=HeartbeatResponse)
 async def heartbeat(body: HeartbeatRequest, request: Request, m: MasterDep) -> JSON:
     """A data node's heartbeat and block report (authenticated by a node credential for
     its node id, or a heartbeat token signed with the cluster key and scoped to it); the
@@ -42,7 +36,6 @@ def beat(m: Master, body: HeartbeatRequest, principal: object, authorization: st
     return answer
 
 
-@router.post("/v1/blobs/allocate", response_model=AllocateResponse)
 async def allocate(body: AllocateRequest, m: MasterDep) -> JSON:
     """Blob ids and the data nodes to write them to, with a write token. PUT each blob to
     the first replica; it forwards to the others and answers with receipts, which the
@@ -50,7 +43,6 @@ async def allocate(body: AllocateRequest, m: MasterDep) -> JSON:
     return JSON(m.placement.allocate(body.count, body.size_bytes))
 
 
-@router.get("/v1/cluster", response_model=ClusterInfo)
 async def cluster(m: MasterDep) -> JSON:
     """Data nodes and their health, replication factor, under-replicated and lost blobs."""
     return JSON(m.cluster.info())
