@@ -30,6 +30,7 @@ Starlette's error middleware would.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ Handler = Callable[..., Awaitable[Response]]
 # what a hot handler's FastAPI dependency gives, from the request's scope (e.g. the Master)
 Resolver = Callable[[Scope], Any]
 HOT = "squall.hot"  # scope key: the matched hot route and its path parameters
+# "0": hot routes take FastAPI's stack too, in every app this process builds (tests run a
+# server process both ways); an app's own `fast_dispatch` setting wins
+FAST_DISPATCH_ENV = "SQUALL_FAST_DISPATCH"
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,12 +272,15 @@ class LayeredApp(FastAPI):
         unreachable app) serves what `hot(scope)` accepts."""
         self._chain, self._hot = (fast(_unreachable) if isinstance(fast, type) else fast), hot
 
-    def dispatch(self, table: RouteTable, resolvers: Mapping[Callable[..., Any], Resolver]
-                 ) -> None:
+    def dispatch(self, table: RouteTable, resolvers: Mapping[Callable[..., Any], Resolver],
+                 fast: bool | None = None) -> None:
         """Serve the table's hot routes with a :class:`Dispatcher` (call after
-        :meth:`RouteTable.install`, before adding the layers)."""
+        :meth:`RouteTable.install`, before adding the layers); `fast=False`: through
+        FastAPI's stack instead (default: on unless ``SQUALL_FAST_DISPATCH=0``)."""
         d = Dispatcher(self, table, resolvers)
         self.hot_path(d, d.serves)
+        self.fast_dispatch = os.environ.get(FAST_DISPATCH_ENV, "1") != "0" if fast is None \
+            else fast
 
     def layer(self, cls: Any, **options: Any) -> None:
         """Add a middleware around what was added before (the last added is outermost)."""

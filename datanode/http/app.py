@@ -61,10 +61,10 @@ class RepairPacing:
 
 
 def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
-                        background: bool = True, fast_dispatch: bool = True) -> FastAPI:
+                        background: bool = True, fast_dispatch: bool | None = None) -> FastAPI:
     """The data node app. `background=False` starts no heartbeat or scrubber loop (tests
     drive them by hand through ``app.state.node``). `fast_dispatch=False` serves the hot
-    routes through FastAPI's stack too (tests)."""
+    routes through FastAPI's stack too (tests; default: ``SQUALL_FAST_DISPATCH``, on)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -98,8 +98,7 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
     ROUTES.check(app)
     # the hot routes go through the layers below straight into their handlers
     # (common/server/layered.py); inside BodyLimit: the last added is outermost
-    app.dispatch(ROUTES, RESOLVERS)
-    app.fast_dispatch = fast_dispatch
+    app.dispatch(ROUTES, RESOLVERS, fast_dispatch)
     app.layer(RepairPacing)
     app.layer(BodyLimit, max_bytes=settings.max_body_bytes, skip=_streams)
     app.layer(HttpMetrics, stats=http, fallbacks=ROUTES.metric_labels())

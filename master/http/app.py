@@ -26,11 +26,12 @@ from squall.master.telemetry import Telemetry
 
 def create_master_app(settings: MasterSettings, clock: Clock | None = None,
                       background: bool = True, security: SecuritySettings | None = None,
-                      fast_dispatch: bool = True) -> FastAPI:
+                      fast_dispatch: bool | None = None) -> FastAPI:
     """The master app. `background=False` leaves the sweeper and checkpoints to the caller
     (tests drive them on an injected clock). `security`: auth keys, allowed hosts and
     public routes (default: keys from the environment, else kept in the data folder).
-    `fast_dispatch=False` serves the hot routes through FastAPI's stack too (tests)."""
+    `fast_dispatch=False` serves the hot routes through FastAPI's stack too (tests;
+    default: ``SQUALL_FAST_DISPATCH``, on)."""
     security = security or SecuritySettings()
 
     @asynccontextmanager
@@ -73,8 +74,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     ROUTES.check(app)
     # the hot routes go through the layers below straight into their handlers
     # (common/server/layered.py); inside BodyLimit: the last added is outermost
-    app.dispatch(ROUTES, RESOLVERS)
-    app.fast_dispatch = fast_dispatch
+    app.dispatch(ROUTES, RESOLVERS, fast_dispatch)
     app.layer(BodyLimit, max_bytes=settings.max_body_bytes)
     http = HttpStats()
     app.layer(HttpMetrics, stats=http, fallbacks=ROUTES.metric_labels())
