@@ -29,15 +29,17 @@ Starlette's error middleware would.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_origin
 
-from fastapi import FastAPI
-from fastapi.dependencies.utils import request_params_to_args
+from fastapi import FastAPI, params
+from fastapi._compat import ModelField, get_missing_field_error
+from fastapi.dependencies.utils import get_validation_alias
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
@@ -138,6 +140,39 @@ class RouteTable:
         return out
 
 
+class _Param:
+    """A path, query or header parameter of a hot route, read and validated as FastAPI's
+    ``request_params_to_args`` does for a single value (its alias, default, the field's own
+    validation, the same error locations), without finding out the field's kind per call."""
+
+    def __init__(self, f: ModelField) -> None:
+        info = f.field_info
+        if not isinstance(info, params.Param) or get_origin(info.annotation) in (list, set,
+                                                                               tuple):
+            raise ValueError(f"{f.name}: the fast dispatcher reads single-valued parameters")
+        self.field, self.name = f, f.name
+        self.key = get_validation_alias(f)  # a header's has its underscores converted
+        self.loc = (info.in_.value, self.key)
+        self.required = info.is_required()
+        self.validate_default = bool(info.validate_default)
+
+    def read(self, values: Mapping[str, Any], kw: dict[str, Any], errors: list[Any]) -> None:
+        value = values.get(self.key)
+        if value is None:
+            if self.required:
+                errors.append(get_missing_field_error(loc=self.loc))
+                return
+            value = copy.deepcopy(self.field.default)
+            if not self.validate_default:
+                kw[self.name] = value
+                return
+        v, errs = self.field.validate(value, kw, loc=self.loc)
+        if errs:
+            errors.extend(errs)
+        else:
+            kw[self.name] = v
+
+
 class _Hot:
     """How the dispatcher calls one hot route's handler: its arguments, built as FastAPI
     builds them, from the parameters FastAPI found in its signature."""
@@ -148,8 +183,9 @@ class _Hot:
         if d.cookie_params or len(d.body_params) > 1:
             raise ValueError(f"{route.path}: the fast dispatcher takes no cookies and one body")
         self.route, self.endpoint = route, route.endpoint
-        self.path_params, self.query, self.headers = d.path_params, d.query_params, \
-            d.header_params
+        self.path_params = [_Param(f) for f in d.path_params]
+        self.query = [_Param(f) for f in d.query_params]
+        self.headers = [_Param(f) for f in d.header_params]
         self.body: tuple[str, type[BaseModel]] | None = None
         if d.body_params:
             f = d.body_params[0]
@@ -167,16 +203,18 @@ class _Hot:
 
     async def __call__(self, scope: Scope, receive: Receive, params: dict[str, str]
                        ) -> Response:
-        kw, errors = request_params_to_args(self.path_params, params)
+        kw: dict[str, Any] = {}
+        errors: list[Any] = []
+        for p in self.path_params:
+            p.read(params, kw, errors)
         if self.query:
-            v, e = request_params_to_args(self.query,
-                                          QueryParams(scope.get("query_string", b"")))
-            kw.update(v)
-            errors += e
+            q = QueryParams(scope.get("query_string", b""))
+            for p in self.query:
+                p.read(q, kw, errors)
         if self.headers:
-            v, e = request_params_to_args(self.headers, Headers(scope=scope))
-            kw.update(v)
-            errors += e
+            h = Headers(scope=scope)
+            for p in self.headers:
+                p.read(h, kw, errors)
         if errors:
             raise RequestValidationError(errors)
         if self.request is not None:
