@@ -18,6 +18,7 @@ from squall.common.wire.models import LeaseRequest, TaskSpec
 from squall.master.service import Master, MasterSettings
 from squall.master.storage.records import LEASED, task_key
 from tests.crashkit import kill9, restore_index, snapshot_index
+from tests.helpers import asgi_master
 
 G = "g"
 
@@ -128,11 +129,16 @@ def _in_index(m: Master, queue: str, pid: str) -> bool:
 
 
 async def test_an_http_write_is_answered_once_durable_and_reads_wait_for_its_index_commit(
-        api: tuple[httpx.AsyncClient, Master]) -> None:
-    """Over HTTP (the fast path) a write is answered as soon as its WAL record is durable,
-    while its index commit runs; a read that comes after the answer waits for that commit,
-    so it sees the write. Without the early answer the put below waits for the gate."""
-    c, m = api
+        master_settings: MasterSettings, clock: ManualClock, fast_dispatch: bool) -> None:
+    """Over HTTP (both dispatch paths: the route's handler asks for it) a write is answered
+    as soon as its WAL record is durable, while its index commit runs; a read that comes
+    after the answer waits for that commit, so it sees the write. Without the early answer
+    the put below waits for the gate."""
+    async with asgi_master(master_settings, clock, fast_dispatch) as (c, m):
+        await _answered_once_durable(c, m)
+
+
+async def _answered_once_durable(c: httpx.AsyncClient, m: Master) -> None:
     gate = _hold_index_commits(m)
     try:
         syncs = m.wal.syncs

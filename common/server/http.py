@@ -60,7 +60,7 @@ def validation_error(errors: list[Any], refine: ValidationRefiner | None = None
 
 
 def parse_body(model: type[M], body: bytes) -> M:
-    """A JSON request body as `model`, for the fast paths (pydantic's own JSON parser). A
+    """A JSON request body as `model`, for the fast dispatcher (pydantic's own JSON parser). A
     body that is not JSON is BadRequest; a body that does not fit raises ValidationError
     (see :func:`body_errors`)."""
     try:

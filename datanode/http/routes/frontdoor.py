@@ -81,7 +81,7 @@ async def enqueue(group: str, queue: str, request: Request, node: NodeDep) -> JS
 
 async def serve(node: DataNode, group: str, queue: str, body: bytes, content_type: str
                 ) -> dict[str, Any]:
-    """The route's work (the node's fast path calls it too)."""
+    """The route's work."""
     check_name("group", group)
     check_name("queue", queue)
     fd = node.frontdoor

@@ -54,7 +54,7 @@ async def replicate_batch(request: Request, node: NodeDep, authorization: AuthH 
 
 async def replicate_frames(node: DataNode, claims: TokenClaims, body: bytes, receipt: str,
                            background: bool = False) -> dict[str, Any]:
-    """The batch route's work once authorized (the node's fast path calls it too)."""
+    """The batch route's work once authorized."""
     frames = parse_batch(body)
     check_scope(claims.covers, frames)
     metas = await store_batch(node, frames, background)
