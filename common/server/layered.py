@@ -49,7 +49,7 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from squall.common.security.access import PUBLIC_WHEN_ASKED, Rule
+from squall.common.security.access import Rule
 from squall.common.server.http import body_errors, parse_body
 
 Handler = Callable[..., Awaitable[Response]]
@@ -95,12 +95,6 @@ class RouteTable:
             if key in seen:
                 raise ValueError(f"{r.method} {r.path} is declared twice")
             seen.add(key)
-        for keys in PUBLIC_WHEN_ASKED.values():
-            for key in keys:
-                if key in seen:
-                    continue
-                if any(k[1] == key[1] for k in seen):  # the server has the path: a typo
-                    raise ValueError(f"{key} can be made public but is not a route")
 
     def rules(self) -> dict[tuple[str, str], Rule]:
         """The access rule of each (method, path template)."""
@@ -186,14 +180,15 @@ class _Hot:
         self.path_params = [_Param(f) for f in d.path_params]
         self.query = [_Param(f) for f in d.query_params]
         self.headers = [_Param(f) for f in d.header_params]
-        self.body: tuple[str, type[BaseModel]] | None = None
+        self.body: ModelField | None = None
         if d.body_params:
-            f = d.body_params[0]
+            f = self.body = d.body_params[0]
             if not (isinstance(f.field_info.annotation, type)
                     and issubclass(f.field_info.annotation, BaseModel)):
                 raise ValueError(f"{route.path}: a hot route's body is a pydantic model")
-            self.body = (f.name, f.field_info.annotation)
         self.request = d.request_param_name
+        strict = route.strict_content_type
+        self.strict_content_type = bool(getattr(strict, "value", strict))
         self.deps: list[tuple[str, Resolver]] = []
         for sub in d.dependencies:
             if sub.call is None or sub.call not in resolvers or sub.name is None:
@@ -223,12 +218,31 @@ class _Hot:
             kw[name] = resolve(scope)
         if self.body is not None:
             raw = await _read(receive)  # BodyLimit, outside, bounds it
-            try:
-                kw[self.body[0]] = parse_body(self.body[1], raw)
-            except ValidationError as e:
-                raise RequestValidationError(body_errors(e)) from None
+            kw[self.body.name] = self._body(self.body, raw, scope)
         response: Response = await self.endpoint(**kw)
         return response
+
+    def _body(self, f: ModelField, raw: bytes, scope: Scope) -> Any:
+        """The body as FastAPI reads it: none is a missing field; JSON (by Content-Type) is
+        parsed, here by pydantic's own JSON parser; anything else is validated as bytes."""
+        if not raw:
+            raise RequestValidationError([get_missing_field_error(("body",))])
+        if not self._json(scope):
+            value, errors = f.validate(raw, {}, loc=("body",))
+            if errors:
+                raise RequestValidationError(errors)
+            return value
+        try:
+            return parse_body(f.field_info.annotation, raw)
+        except ValidationError as e:
+            raise RequestValidationError(body_errors(e)) from None
+
+    def _json(self, scope: Scope) -> bool:
+        for k, v in scope["headers"]:
+            if k == b"content-type":
+                main, _, sub = v.decode("latin-1").split(";")[0].strip().lower().partition("/")
+                return bool(main == "application" and (sub == "json" or sub.endswith("+json")))
+        return not self.strict_content_type
 
 
 async def _read(receive: Receive) -> bytes:
