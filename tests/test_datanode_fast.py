@@ -149,9 +149,9 @@ def test_batch_get_with_one_token_for_every_blob(nodes: list[DataNodeProcess],
     assert r.status_code == 401
 
 
-def test_batch_get_fast_path_answers_as_the_route_did(nodes: list[DataNodeProcess],
-                                                     client: httpx.Client) -> None:
-    """The fast path's batch-get: one read group is one answer with its Content-Length;
+def test_batch_get_answers_whole_or_group_by_group(nodes: list[DataNodeProcess],
+                                                   client: httpx.Client) -> None:
+    """A batch-get (either dispatch path): one read group is one answer with its Content-Length;
     more than one read group (over 8 MiB of blobs) is streamed chunked, group by group, the
     frames in request order either way; bad bodies get 400 naming the field, the route is
     counted under its template, and a forged token is refused before anything is read."""
