@@ -164,6 +164,8 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/g/abc/put", {"content": b'{"n": 1}'}),  # no Content-Type: not read as JSON
     ("POST", "/g/abc/put", {}),  # no body
     ("GET", "/g/abc", {}),
+    ("POST", "/g/abc/put?limit=4&limit=6", {"json": {"n": 3},  # repeated: which one counts
+                                            "headers": [("X-Tag", "a"), ("x-tag", "b")]}),
 ]
 
 
@@ -179,7 +181,7 @@ async def test_a_route_table_answers_the_same_through_either_dispatch() -> None:
             answers[fast] = [(r.status_code, r.json()) for r in
                              [await c.request(m, u, **kw) for m, u, kw in REQUESTS]]
         hot = [p for p in entered if p.endswith("/put")]
-        assert len(hot) == (0 if fast else 11)
+        assert len(hot) == (0 if fast else 12)
     assert answers[True] == answers[False]
     got = answers[True]
     assert got[0] == (200, {"group": "abc", "n": 1, "dep": "state", "limit": 3, "tag": None,
@@ -192,6 +194,7 @@ async def test_a_route_table_answers_the_same_through_either_dispatch() -> None:
     assert "nested too deeply" in got[8][1]["error"]["message"]
     assert "Field required" in got[10][1]["error"]["message"]
     assert got[11] == (200, {"group": "abc"})
+    assert got[12][1]["tag"] in ("a", "b") and got[12][1]["limit"] in (4, 6)
     assert TABLE.rules()[("POST", "/g/{group}/put")] == rule("producer", "path")
 
 

@@ -43,7 +43,7 @@ from fastapi.dependencies.utils import get_validation_alias
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from starlette.datastructures import Headers, QueryParams
+from starlette.datastructures import QueryParams
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import compile_path
@@ -147,8 +147,13 @@ class _Param:
         self.field, self.name = f, f.name
         self.key = get_validation_alias(f)  # a header's has its underscores converted
         self.loc = (info.in_.value, self.key)
+        if isinstance(info, params.Header):
+            self.key = self.key.lower()  # read from a dict of the lowercase header names
         self.required = info.is_required()
         self.validate_default = bool(info.validate_default)
+        # an immutable default needs no copy; a plain text value needs no validation
+        self.default_copied = type(f.default) not in (type(None), str, int, float, bool)
+        self.any_text = info.annotation in (str, str | None) and not info.metadata
 
     def read(self, values: Mapping[str, Any], kw: dict[str, Any], errors: list[Any]) -> None:
         value = values.get(self.key)
@@ -156,10 +161,14 @@ class _Param:
             if self.required:
                 errors.append(get_missing_field_error(loc=self.loc))
                 return
-            value = copy.deepcopy(self.field.default)
+            value = copy.deepcopy(self.field.default) if self.default_copied \
+                else self.field.default
             if not self.validate_default:
                 kw[self.name] = value
                 return
+        elif self.any_text and type(value) is str:
+            kw[self.name] = value
+            return
         v, errs = self.field.validate(value, kw, loc=self.loc)
         if errs:
             errors.extend(errs)
@@ -203,11 +212,12 @@ class _Hot:
         for p in self.path_params:
             p.read(params, kw, errors)
         if self.query:
-            q = QueryParams(scope.get("query_string", b""))
+            qs = scope.get("query_string", b"")
+            q: Mapping[str, str] = QueryParams(qs) if qs else {}
             for p in self.query:
                 p.read(q, kw, errors)
-        if self.headers:
-            h = Headers(scope=scope)
+        if self.headers:  # the first of repeated headers, as Starlette's Headers.get
+            h = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"])}
             for p in self.headers:
                 p.read(h, kw, errors)
         if errors:
