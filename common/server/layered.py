@@ -43,6 +43,7 @@ from fastapi.dependencies.utils import get_validation_alias
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.convertors import StringConvertor
 from starlette.datastructures import QueryParams
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -283,8 +284,12 @@ class Dispatcher:
             for m in route.methods or ():
                 if (m, route.path) in hot:
                     hot.discard((m, route.path))
+                    # text parameters (the usual) are the match's groups as they are
+                    conv = None if all(isinstance(c, StringConvertor)
+                                       for c in route.param_convertors.values()) \
+                        else route.param_convertors
                     self.by_method.setdefault(m, []).append(
-                        (route.path_regex, route.param_convertors, _Hot(route, resolvers)))
+                        (route.path_regex, conv, _Hot(route, resolvers)))
         if hot:
             raise ValueError(f"hot routes without a FastAPI route: {sorted(hot)}")
 
@@ -293,7 +298,8 @@ class Dispatcher:
         for rx, conv, hot in self.by_method.get(scope["method"], ()):
             m = rx.match(scope["path"])
             if m is not None:
-                params = {k: conv[k].convert(v) for k, v in m.groupdict().items()}
+                params = m.groupdict() if conv is None else \
+                    {k: conv[k].convert(v) for k, v in m.groupdict().items()}
                 scope[HOT] = (hot, params)
                 return True
         return False
