@@ -157,7 +157,9 @@ class Master(Housekeeping):
 
     # -- commit path ---------------------------------------------------------------------
     async def _execute(self, build: Callable[[lmdb.Transaction], Plan],
-                       sweep_first: bool = False) -> dict[str, Any]:
+                       sweep_first: bool = False, early: bool = False) -> dict[str, Any]:
+        """Plan and apply in the open batch; `early`: answer once durable in the WAL
+        (``GroupCommit.run``'s `answer_when_durable`)."""
         def work(txn: lmdb.Transaction, ticket: int) -> tuple[bytes | None, Plan]:
             plan = build(txn)
             if not plan.ops:
@@ -166,12 +168,14 @@ class Master(Housekeeping):
 
         # plans only read; apply() writes, and logs what it writes
         if not sweep_first:
-            ticket, plan = await self.commit.run(work, logged_only=True)
+            ticket, plan = await self.commit.run(work, logged_only=True,
+                                                 answer_when_durable=early)
         else:
             swept: list[tuple[str, str]] = []
             try:
                 ticket, plan = await self.commit.run(work, pre=self._sweeper(swept),
-                                                     logged_only=True)
+                                                     logged_only=True,
+                                                     answer_when_durable=early)
             finally:
                 # a refused `work` does not take its sweep back: whoever is woken leases in
                 # this batch or a later one, so it still answers only once they are durable
@@ -190,7 +194,8 @@ class Master(Housekeeping):
 
     async def _execute_proven(self, refs: list[PayloadRef],
                               build: Callable[[lmdb.Transaction], Plan],
-                              sweep_first: bool = False) -> dict[str, Any]:
+                              sweep_first: bool = False, early: bool = False
+                              ) -> dict[str, Any]:
         """:meth:`_execute` for a plan that may enqueue payloads `refs`: their batch
         receipts are checked right before the plan uses them, and once the enqueue is
         durable its blobs, now referenced, are examined at once (``blobgc.enqueued``)."""
@@ -202,7 +207,7 @@ class Master(Housekeeping):
             recorded[:] = self.placement.recorded
             return plan
 
-        res = await self._execute(work, sweep_first=sweep_first)
+        res = await self._execute(work, sweep_first=sweep_first, early=early)
         blobgc.enqueued(self.cluster, recorded)  # durable: these blobs are referenced
         return res
 
@@ -214,52 +219,61 @@ class Master(Housekeeping):
         """After a commit: tasks of these queues may be available (parked leases look)."""
         self.waiters.notify((group, q) for q in queues)
 
-    async def update(self, group: str, req: UpdateRequest, addr: str = "") -> dict[str, Any]:
+    async def update(self, group: str, req: UpdateRequest, addr: str = "", *,
+                     answer_when_durable: bool = False) -> dict[str, Any]:
+        """The atomic update. `answer_when_durable` (as for every method that writes):
+        answer once the WAL group is durable, while the index commit runs (the HTTP
+        routes); else once the index is committed too (``GroupCommit.run``)."""
         if req.lease is not None:
             check_name("group", group)
         refs = [e.payload for e in req.enqueue if e.payload is not None]
         res = await self._execute_proven(
             refs, lambda txn: self.engine.plan_update(txn, group, req, addr),
-            sweep_first=req.lease is not None)
+            sweep_first=req.lease is not None, early=answer_when_durable)
         self._woke(group, {*(e.queue for e in req.enqueue), *(r.queue for r in req.release)})
         if req.lease is not None:
             self._leased(group, req.lease.queue, res, "leased")
             if req.lease.wait_secs and not res["leased"] and not self.waiters.closed:
-                await self._wait_after_update(group, req.lease, addr, res)
+                await self._wait_after_update(group, req.lease, addr, res,
+                                              answer_when_durable)
         return res
 
     async def _wait_after_update(self, group: str, ul: UpdateLease, addr: str,
-                                 res: dict[str, Any]) -> None:
+                                 res: dict[str, Any], early: bool) -> None:
         """The update is durable and leased nothing: wait for tasks as a lease would. The
         update stays acknowledged whatever happens now: a refused wait (too many parked,
         a write refused) answers it with nothing leased."""
         lr = LeaseRequest(max_tasks=ul.max_tasks, lease_secs=ul.lease_secs,
                           max_pid=ul.max_pid, worker=ul.worker, wait_secs=ul.wait_secs)
         try:
-            more = await self.lease(group, ul.queue, lr, addr)
+            more = await self.lease(group, ul.queue, lr, addr, answer_when_durable=early)
         except StatusError as e:
             log.info("an update's lease could not wait (%s); answered with nothing leased", e)
             return
         res["leased"], res["read_token"] = more["tasks"], more["read_token"]
         res["ticket"] = max(res["ticket"], more["ticket"])
 
-    async def enqueue(self, group: str, queue: str, tasks: list[TaskSpec]) -> dict[str, Any]:
+    async def enqueue(self, group: str, queue: str, tasks: list[TaskSpec], *,
+                      answer_when_durable: bool = False) -> dict[str, Any]:
         refs = [t.payload for t in tasks if t.payload is not None]
         res = await self._execute_proven(
-            refs, lambda txn: self.engine.plan_enqueue(txn, group, queue, tasks))
+            refs, lambda txn: self.engine.plan_enqueue(txn, group, queue, tasks),
+            early=answer_when_durable)
         self._woke(group, (queue,))
         return res
 
-    async def lease(self, group: str, queue: str, req: LeaseRequest, addr: str) -> dict[str, Any]:
+    async def lease(self, group: str, queue: str, req: LeaseRequest, addr: str, *,
+                    answer_when_durable: bool = False) -> dict[str, Any]:
         """Lease now; with ``wait_secs``, wait for tasks (see waiters.py)."""
+        early = answer_when_durable
         if not req.wait_secs or self.waiters.closed:
-            return await self._lease_now(group, queue, req, addr)
+            return await self._lease_now(group, queue, req, addr, early)
         return await self.waiters.wait((check_name("group", group), check_name("queue", queue)),
                                        req.wait_secs,
-                                       lambda: self._lease_now(group, queue, req, addr))
+                                       lambda: self._lease_now(group, queue, req, addr, early))
 
-    async def _lease_now(self, group: str, queue: str, req: LeaseRequest, addr: str
-                         ) -> dict[str, Any]:
+    async def _lease_now(self, group: str, queue: str, req: LeaseRequest, addr: str,
+                         early: bool = False) -> dict[str, Any]:
         # a bad request changes nothing, not even the sweep; expired leases are swept in
         # their own child txn, so a plan that then fails cannot abort it
         check_name("group", group)
@@ -267,7 +281,8 @@ class Master(Housekeeping):
         if req.max_pid is not None:
             check_pid(req.max_pid)
         res = await self._execute(
-            lambda txn: self.engine.plan_lease(txn, group, queue, req, addr), sweep_first=True)
+            lambda txn: self.engine.plan_lease(txn, group, queue, req, addr), sweep_first=True,
+            early=early)
         self._leased(group, queue, res, "tasks")
         return res
 

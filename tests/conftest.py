@@ -29,6 +29,13 @@ async def api(master_settings: MasterSettings, clock: ManualClock
         yield c, m
 
 
+@pytest.fixture(params=["fast", "framework"])
+def fast_dispatch(request: pytest.FixtureRequest) -> bool:
+    """Both ways a server serves its hot routes: the fast dispatcher, and FastAPI's stack
+    (``common/server/layered.py``); the same handlers either way."""
+    return bool(request.param == "fast")
+
+
 @pytest.fixture
 def master_proc(tmp_path) -> Iterator[MasterProcess]:  # type: ignore[no-untyped-def]
     m = MasterProcess(str(tmp_path / "master")).start()

@@ -117,9 +117,12 @@ def chunks(total: int, part: int = 1 << 20, seed: bytes = b"") -> Iterator[bytes
 
 
 @contextlib.contextmanager
-def node_processes(base: Path, n: int) -> Iterator[list[DataNodeProcess]]:
-    """`n` data nodes without a master (scrubber off), started in parallel, stopped after."""
-    ps = [DataNodeProcess(str(base / f"n{i}"), env=ENV, extra=["--scrub-bytes-per-s", "0"])
+def node_processes(base: Path, n: int, env: dict[str, str] | None = None
+                   ) -> Iterator[list[DataNodeProcess]]:
+    """`n` data nodes without a master (scrubber off), started in parallel, stopped after;
+    `env`: more environment variables."""
+    ps = [DataNodeProcess(str(base / f"n{i}"), env={**ENV, **(env or {})},
+                          extra=["--scrub-bytes-per-s", "0"])
           for i in range(n)]
     try:
         start_all(ps)

@@ -270,13 +270,19 @@ def running_master(data_dir: str, **kw: Any) -> Iterator[MasterProcess]:
         m.stop()
 
 
+# both ways a server process serves its hot routes (module fixtures' params)
+DISPATCH_ENV = {"fast": {}, "framework": {"SQUALL_FAST_DISPATCH": "0"}}
+
+
 @contextlib.asynccontextmanager
-async def asgi_master(settings: Any, clock: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
+async def asgi_master(settings: Any, clock: Any, fast_dispatch: bool = True
+                      ) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
     """A master app in this process (no background loop: the test ticks it), started, and an
     admin client talking to it over ASGI; yields (client, Master)."""
     from squall.master.http.app import create_master_app
 
-    app = create_master_app(settings, clock=clock, background=False)
+    app = create_master_app(settings, clock=clock, background=False,
+                            fast_dispatch=fast_dispatch)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",

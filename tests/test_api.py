@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
 from squall.common.clock import ManualClock
-from squall.master.service import Master
-from tests.helpers import ADMIN, lease_seq
+from squall.master.service import Master, MasterSettings
+from tests.helpers import ADMIN, asgi_master, lease_seq
 
 Api = tuple[httpx.AsyncClient, Master]
+
+
+@pytest.fixture
+async def api(master_settings: MasterSettings, clock: ManualClock, fast_dispatch: bool
+              ) -> AsyncIterator[Api]:
+    """Every test here runs through the fast dispatcher and through FastAPI's stack."""
+    async with asgi_master(master_settings, clock, fast_dispatch) as served:
+        yield served
 
 
 async def put(c: httpx.AsyncClient, q: str, *tasks: dict[str, Any], group: str = "g") -> Any:

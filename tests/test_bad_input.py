@@ -21,7 +21,15 @@ from squall.common.clock import ManualClock
 from squall.common.wire.models import MAX_BATCH
 from squall.common.wire.names import PID_MAX_BYTES
 from squall.master.service import Master, MasterSettings
-from tests.helpers import ADMIN, FAKE_TOKEN, MasterProcess, forge_token, lease_seq
+from tests.helpers import (
+    ADMIN,
+    DISPATCH_ENV,
+    FAKE_TOKEN,
+    MasterProcess,
+    asgi_master,
+    forge_token,
+    lease_seq,
+)
 
 TK = FAKE_TOKEN  # any well-formed lease token
 
@@ -38,6 +46,15 @@ API = tuple[httpx.AsyncClient, Master]
 @pytest.fixture
 def master_settings(tmp_path) -> MasterSettings:  # type: ignore[no-untyped-def]
     return MasterSettings(data_dir=str(tmp_path / "master"), max_body_bytes=BODY_LIMIT)
+
+
+@pytest.fixture
+async def api(master_settings: MasterSettings, clock: ManualClock, fast_dispatch: bool
+              ) -> AsyncIterator[API]:
+    """Every test here runs through the fast dispatcher and through FastAPI's stack: the
+    same answers, word for word."""
+    async with asgi_master(master_settings, clock, fast_dispatch) as served:
+        yield served
 
 
 def check_error(r: httpx.Response, status: int, code: str | None = None,
@@ -441,9 +458,11 @@ async def wal_ticket(c: httpx.AsyncClient) -> int:
 
 
 # -- against a real subprocess over real HTTP ----------------------------------------------
-@pytest.fixture(scope="module")
-def real_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MasterProcess]:
-    m = MasterProcess(str(tmp_path_factory.mktemp("badinput") / "master")).start()
+@pytest.fixture(scope="module", params=sorted(DISPATCH_ENV))
+def real_master(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+                ) -> Iterator[MasterProcess]:
+    m = MasterProcess(str(tmp_path_factory.mktemp("badinput") / "master"),
+                      env=DISPATCH_ENV[request.param]).start()
     try:
         yield m
     finally:

@@ -4,7 +4,6 @@ the commit altogether. (Refusals and disk faults: test_refused.py; the log: test
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -17,9 +16,9 @@ import pytest
 from squall.common.clock import ManualClock
 from squall.common.wire.models import LeaseRequest, TaskSpec
 from squall.master.service import Master, MasterSettings
-from squall.master.storage.commit import ANSWER_WHEN_DURABLE
 from squall.master.storage.records import LEASED, task_key
 from tests.crashkit import kill9, restore_index, snapshot_index
+from tests.helpers import asgi_master
 
 G = "g"
 
@@ -130,11 +129,16 @@ def _in_index(m: Master, queue: str, pid: str) -> bool:
 
 
 async def test_an_http_write_is_answered_once_durable_and_reads_wait_for_its_index_commit(
-        api: tuple[httpx.AsyncClient, Master]) -> None:
-    """Over HTTP (the fast path) a write is answered as soon as its WAL record is durable,
-    while its index commit runs; a read that comes after the answer waits for that commit,
-    so it sees the write. Without the early answer the put below waits for the gate."""
-    c, m = api
+        master_settings: MasterSettings, clock: ManualClock, fast_dispatch: bool) -> None:
+    """Over HTTP (both dispatch paths: the route's handler asks for it) a write is answered
+    as soon as its WAL record is durable, while its index commit runs; a read that comes
+    after the answer waits for that commit, so it sees the write. Without the early answer
+    the put below waits for the gate."""
+    async with asgi_master(master_settings, clock, fast_dispatch) as (c, m):
+        await _answered_once_durable(c, m)
+
+
+async def _answered_once_durable(c: httpx.AsyncClient, m: Master) -> None:
     gate = _hold_index_commits(m)
     try:
         syncs = m.wal.syncs
@@ -166,11 +170,11 @@ async def test_in_process_callers_return_once_the_index_is_committed(master: Mas
     assert not done and not _in_index(m, "q", "a")
     gate.set()
     assert (await asyncio.wait_for(put, 20))["ticket"] > 0 and _in_index(m, "q", "a")
-    with answered_when_durable():
-        gate.clear()
-        res = await asyncio.wait_for(m.enqueue(G, "q", [TaskSpec(pid="b")]), 20)
-        assert res["ticket"] > 0 and not _in_index(m, "q", "b")
-        gate.set()
+    gate.clear()  # the HTTP routes' writes answer once durable in the WAL
+    res = await asyncio.wait_for(
+        m.enqueue(G, "q", [TaskSpec(pid="b")], answer_when_durable=True), 20)
+    assert res["ticket"] > 0 and not _in_index(m, "q", "b")
+    gate.set()
     await m.commit.settled()
     assert _in_index(m, "q", "b")
 
@@ -188,8 +192,8 @@ async def test_a_write_answered_before_its_index_commit_survives_losing_that_com
     snap = str(tmp_path / "index.snap")
     snapshot_index(data_dir, snap)
     gate = _hold_index_commits(m)
-    with answered_when_durable():
-        res = await asyncio.wait_for(m.enqueue(G, "q", [TaskSpec(pid="answered")]), 20)
+    res = await asyncio.wait_for(
+        m.enqueue(G, "q", [TaskSpec(pid="answered")], answer_when_durable=True), 20)
     assert res["ticket"] > 0 and not _in_index(m, "q", "answered")
     gate.set()
     kill9(m)
@@ -201,13 +205,3 @@ async def test_a_write_answered_before_its_index_commit_survives_losing_that_com
         assert q is not None and q.available == 2 and _in_index(m2, "q", "answered")
     finally:
         m2.close()
-
-
-@contextlib.contextmanager
-def answered_when_durable() -> Iterator[None]:
-    """What the HTTP layer does for each request, for in-process calls."""
-    token = ANSWER_WHEN_DURABLE.set(True)
-    try:
-        yield
-    finally:
-        ANSWER_WHEN_DURABLE.reset(token)

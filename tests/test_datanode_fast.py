@@ -23,12 +23,14 @@ from squall.common.wire import payload
 from squall.datanode.replication.peers import Peers, PeerUnreachable
 from squall.datanode.store.blobstore import BlobStore
 from tests.dn_kit import node_processes, tok
-from tests.helpers import ADMIN, DataNodeProcess, free_port
+from tests.helpers import ADMIN, DISPATCH_ENV, DataNodeProcess, free_port
 
 
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory) -> Iterator[list[DataNodeProcess]]:  # type: ignore[no-untyped-def]
-    with node_processes(tmp_path_factory.mktemp("dnfast"), 2) as ps:
+@pytest.fixture(scope="module", params=sorted(DISPATCH_ENV))
+def nodes(tmp_path_factory, request) -> Iterator[list[DataNodeProcess]]:  # type: ignore[no-untyped-def]
+    """Two nodes serving their hot routes with the fast dispatcher, then two through
+    FastAPI's stack: every test runs both ways."""
+    with node_processes(tmp_path_factory.mktemp("dnfast"), 2, DISPATCH_ENV[request.param]) as ps:
         yield ps
 
 
@@ -151,9 +153,9 @@ def test_batch_get_with_one_token_for_every_blob(nodes: list[DataNodeProcess],
     assert r.status_code == 401
 
 
-def test_batch_get_fast_path_answers_as_the_route_did(nodes: list[DataNodeProcess],
-                                                     client: httpx.Client) -> None:
-    """The fast path's batch-get: one read group is one answer with its Content-Length;
+def test_batch_get_answers_whole_or_group_by_group(nodes: list[DataNodeProcess],
+                                                   client: httpx.Client) -> None:
+    """A batch-get (either dispatch path): one read group is one answer with its Content-Length;
     more than one read group (over 8 MiB of blobs) is streamed chunked, group by group, the
     frames in request order either way; bad bodies get 400 naming the field, the route is
     counted under its template, and a forged token is refused before anything is read."""

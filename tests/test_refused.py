@@ -27,9 +27,8 @@ from squall.common.errors import Unavailable
 from squall.common.wire.models import LeaseRequest, Policy, TaskRef, TaskSpec, UpdateRequest
 from squall.master.http.app import create_master_app
 from squall.master.service import Master, MasterSettings
-from squall.master.storage.commit import ANSWER_WHEN_DURABLE
 from tests.crashkit import dump_index, kill9
-from tests.helpers import ADMIN, MasterProcess, until, wait_for
+from tests.helpers import ADMIN, DISPATCH_ENV, MasterProcess, until, wait_for
 
 G = "g"
 
@@ -120,11 +119,8 @@ async def test_an_index_commit_failure_after_a_durable_wal_acknowledges_and_catc
         real(txn)
 
     m.commit._commit_txn = fail_once  # type: ignore[method-assign]
-    token = ANSWER_WHEN_DURABLE.set(early)
-    try:
-        res = await m.enqueue(G, "a", [TaskSpec(pid="x"), TaskSpec(pid="y")])
-    finally:
-        ANSWER_WHEN_DURABLE.reset(token)
+    res = await m.enqueue(G, "a", [TaskSpec(pid="x"), TaskSpec(pid="y")],
+                          answer_when_durable=early)
     assert res["ticket"] > 0  # durable in the WAL: acknowledged
     with pytest.raises(Unavailable, match="reads wait"):  # the index lacks "x" and "y"
         await m.commit.settled()  # (answered early: waits for the failed commit first)
@@ -203,12 +199,14 @@ def _fail_next_index_commit(m: Master) -> None:
     m.commit._commit_txn = fail_once  # type: ignore[method-assign]
 
 
-async def test_reads_of_an_index_behind_the_wal_are_refused_over_http(tmp_path: Path) -> None:
+async def test_reads_of_an_index_behind_the_wal_are_refused_over_http(
+        tmp_path: Path, fast_dispatch: bool) -> None:
     """While the index lacks acknowledged records (its commit failed, the WAL has them), a
     read must not answer from it (it would say 404 for a task whose enqueue was answered):
-    503 with the reason, until the index caught up."""
+    503 with the reason, until the index caught up (the write through both dispatch paths)."""
     settings = MasterSettings(data_dir=str(tmp_path / "m"), require_receipts=False)
-    app = create_master_app(settings, clock=ManualClock(), background=False)
+    app = create_master_app(settings, clock=ManualClock(), background=False,
+                            fast_dispatch=fast_dispatch)
     async with app.router.lifespan_context(app), \
             AsyncClient("http://127.0.0.1", transport=httpx.ASGITransport(app=app),
                         retries=0) as c:
@@ -260,7 +258,9 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
     return r.returncode == 0
 
 
-def test_a_master_on_a_full_disk_refuses_cleanly_and_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dispatch", sorted(DISPATCH_ENV))
+def test_a_master_on_a_full_disk_refuses_cleanly_and_resumes(tmp_path: Path, dispatch: str
+                                                             ) -> None:
     """A real master on a 24 MB tmpfs: producers and leasers run while a filler file eats
     the space. Every answered request survives a kill -9; every refused one left nothing;
     /readyz says why while full; freeing space resumes writes without a restart."""
@@ -268,7 +268,7 @@ def test_a_master_on_a_full_disk_refuses_cleanly_and_resumes(tmp_path: Path) -> 
     if not _mount_tmpfs(mnt, "24m"):
         pytest.skip("cannot mount a tmpfs here (needs root): the in-process tests above "
                     "cover the same paths with injected errors")
-    master = MasterProcess(str(mnt / "master"),
+    master = MasterProcess(str(mnt / "master"), env=DISPATCH_ENV[dispatch],
                            extra=["--checkpoint-interval-s", "0.5"])
     master.log_path = str(tmp_path / "master.log")  # not on the disk that fills up
     try:

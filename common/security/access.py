@@ -1,8 +1,10 @@
-"""THE rule table: who may call which route of the master and of a data node.
+"""Access rules: who may call a route of the master or of a data node, and how a request
+finds its route's rule.
 
-Every route a server serves needs an entry here (``tests/test_access.py`` walks both apps
-and fails on a route without one); a request matching no entry needs an admin credential.
-The same table is in ``docs/security.md``. Add a line when you add a route.
+Each route's rule is a column of its server's route table (``master/http/table.py``,
+``datanode/http/table.py``), so a route cannot be added without one (the app refuses to
+build); a request matching no route needs an admin credential. The same rules are listed in
+``docs/security.md`` (``tests/test_access.py`` compares them).
 
 Roles of a :class:`Rule`:
 
@@ -40,90 +42,17 @@ class Rule:
         return "public" in self.roles
 
 
-def _r(roles: str, groups: Scope = "any", body: Literal["json", "binary", "none"] = "json"
-       ) -> Rule:
+def rule(roles: str, groups: Scope = "any", body: Literal["json", "binary", "none"] = "json"
+         ) -> Rule:
+    """A rule: `roles` space-separated."""
     return Rule(frozenset(roles.split()), groups, body)
 
 
-PUBLIC = _r("public", body="none")
-ADMIN = _r("admin", "all")
-READ = _r("producer consumer", "path", "none")  # group-scoped reads: stats, policies
-_G = "/v1/groups/{group}"
-_Q = _G + "/queues/{queue}"
-
-MASTER_RULES: dict[tuple[str, str], Rule] = {
-    # tasks (the hot path; also served by master/http/fastpath.py behind the same check)
-    ("POST", _G + "/update"): _r("producer consumer", "path"),  # route: enqueue needs
-    ("POST", _Q + "/tasks"): _r("producer", "path"),            # producer, the rest consumer
-    ("POST", _Q + "/lease"): _r("consumer", "path"),
-    ("GET", _Q + "/tasks/{pid:path}"): _r("admin", "path", "none"),  # hands out read tokens
-    ("GET", _Q + "/tasks"): _r("admin", "path", "none"),
-    ("DELETE", _Q + "/tasks/{pid:path}"): _r("admin", "path", "none"),  # cancel a queued task
-    # queues
-    ("GET", _Q): READ,
-    ("DELETE", _Q): _r("admin", "path", "none"),
-    ("POST", _Q + "/reset-leases"): _r("admin", "path"),
-    ("POST", _Q + "/redrive"): _r("admin", "path"),
-    ("GET", "/v1/queues"): _r("producer consumer", "query", "none"),
-    ("GET", "/v1/cluster/stats"): _r("producer consumer", "all", "none"),
-    # policies and schedules
-    ("GET", _G + "/policy"): READ,
-    ("PUT", _G + "/policy"): _r("admin", "path"),
-    ("GET", _Q + "/policy"): READ,
-    ("PUT", _Q + "/policy"): _r("admin", "path"),
-    ("DELETE", _Q + "/policy"): _r("admin", "path", "none"),
-    ("GET", _G + "/schedules"): READ,
-    ("PUT", _G + "/schedules/{name}"): _r("admin", "path"),
-    ("GET", _G + "/schedules/{name}"): READ,
-    ("DELETE", _G + "/schedules/{name}"): _r("admin", "path", "none"),
-    # cluster
-    ("POST", "/v1/nodes/heartbeat"): _r("node"),
-    ("POST", "/v1/nodes/blocks"): _r("node"),  # the front door's blob-id blocks
-    ("POST", "/v1/nodes/commit"): _r("node"),  # the front door's group commit
-    ("POST", "/v1/blobs/allocate"): _r("producer"),
-    ("GET", "/v1/cluster"): _r("producer consumer", "any", "none"),
-    # node management (decommission, recommission, forget)
-    ("GET", "/v1/nodes/{node_id}"): _r("admin", "all", "none"),
-    ("POST", "/v1/nodes/{node_id}/decommission"): ADMIN,
-    ("DELETE", "/v1/nodes/{node_id}/decommission"): _r("admin", "all", "none"),
-    ("DELETE", "/v1/nodes/{node_id}"): _r("admin", "all", "none"),
-    # credentials
-    ("POST", "/v1/auth/credentials"): ADMIN,
-    ("GET", "/v1/auth/credentials"): _r("admin", "all", "none"),
-    ("DELETE", "/v1/auth/credentials/{cred_id}"): _r("admin", "all", "none"),
-    # health, metrics, status page, API description
-    ("GET", "/healthz"): PUBLIC,
-    ("GET", "/readyz"): PUBLIC,
-    ("GET", "/metrics"): _r("admin", "all", "none"),  # public with --public-metrics
-    # the dashboard: the page and its assets hold no data; the JSON it polls is admin's
-    # (public with --public-status), its actions are the REST routes above
-    ("GET", "/"): PUBLIC,
-    ("GET", "/v1/overview"): _r("admin", "all", "none"),
-    ("GET", "/v1/overview/queues/{group}/{queue}"): _r("admin", "path", "none"),
-    ("GET", "/static/{path:path}"): PUBLIC,  # dashboard and API docs assets
-    ("GET", "/openapi.json"): PUBLIC,
-    ("GET", "/docs"): PUBLIC,
-}
-
-_PAYLOAD = _r("payload", body="binary")
-DATANODE_RULES: dict[tuple[str, str], Rule] = {
-    ("PUT", "/v1/blobs/{blob_id}"): _PAYLOAD,
-    ("GET", "/v1/blobs/{blob_id}"): _r("payload", body="none"),
-    ("HEAD", "/v1/blobs/{blob_id}"): _r("payload", body="none"),
-    ("DELETE", "/v1/blobs/{blob_id}"): _r("payload", body="none"),
-    ("POST", "/v1/blobs:batch-put"): _PAYLOAD,
-    ("POST", "/v1/blobs:batch-get"): _r("payload"),
-    ("PUT", "/v1/replicate/{blob_id}"): _PAYLOAD,
-    ("POST", "/v1/replicate:batch-put"): _PAYLOAD,
-    # the front door: a client's tasks with small payloads (msgpack), committed by the node
-    ("POST", _Q + "/tasks"): _r("producer", "path", "binary"),
-    ("GET", "/healthz"): PUBLIC,
-    ("GET", "/readyz"): PUBLIC,
-    ("GET", "/metrics"): _r("admin", "all", "none"),
-    ("GET", "/static/{path:path}"): PUBLIC,  # API docs assets
-    ("GET", "/openapi.json"): PUBLIC,
-    ("GET", "/docs"): PUBLIC,
-}
+PUBLIC = rule("public", body="none")
+ADMIN = rule("admin", "all")
+ADMIN_READ = rule("admin", "all", "none")  # cluster-wide views
+READ = rule("producer consumer", "path", "none")  # group-scoped reads: stats, policies
+PAYLOAD = rule("payload", body="binary")
 PUBLIC_WHEN_ASKED = {"metrics": (("GET", "/metrics"),),
                      "status": (("GET", "/v1/overview"),
                                 ("GET", "/v1/overview/queues/{group}/{queue}"))}
@@ -141,11 +70,11 @@ class RuleTable:
         self.rules = rules
         self._exact: dict[tuple[str, str], Rule] = {}
         self._patterns: list[tuple[str, re.Pattern[str], Rule]] = []
-        for (method, template), rule in rules.items():
+        for (method, template), r in rules.items():
             if "{" not in template:
-                self._exact[(method, template)] = rule
+                self._exact[(method, template)] = r
             else:
-                self._patterns.append((method, _compile(template), rule))
+                self._patterns.append((method, _compile(template), r))
         # templates with more literal text first: /tasks/{pid:path} vs /tasks
         self._patterns.sort(key=lambda p: -len(re.sub(r"\(\?P<[^>]+>[^)]+\)", "", p[1].pattern)))
 

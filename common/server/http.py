@@ -41,6 +41,10 @@ def error_response(err: StatusError) -> JSON:
 def describe_validation(errors: list[Any]) -> str:
     parts = []
     for e in errors[:5]:
+        if e.get("type") == "json_invalid":  # FastAPI's: the location is a character offset
+            why = (e.get("ctx") or {}).get("error")
+            parts.append(f"body: {e.get('msg', 'invalid JSON')}" + (f" ({why})" if why else ""))
+            continue
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
         parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
@@ -60,22 +64,25 @@ def validation_error(errors: list[Any], refine: ValidationRefiner | None = None
 
 
 def parse_body(model: type[M], body: bytes) -> M:
-    """A JSON request body as `model`, for the fast paths (pydantic's own JSON parser). A
-    body that is not JSON is BadRequest; a body that does not fit raises ValidationError
-    (see :func:`body_errors`)."""
+    """A JSON request body as `model`, for the fast dispatcher (pydantic's own JSON parser).
+    A body that does not fit raises ValidationError (see :func:`body_errors`). A body that
+    is not JSON to pydantic's strict parser is parsed as FastAPI parses it (``json.loads``,
+    then the model), with FastAPI's errors, so both dispatch paths answer alike: a lone
+    surrogate escape is accepted; not JSON: RequestValidationError (``json_invalid``); not
+    text or nested too deeply: HTTPException 400 caused by the parser's error."""
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
         if not any(x["type"] == "json_invalid" for x in e.errors()):
             raise
-    # not JSON to pydantic's strict parser (e.g. a lone surrogate escape): parse as the
-    # documented route does, so the answer names the real problem
     try:
         data = json.loads(body)
-    except ValueError as e:
-        raise BadRequest(f"invalid request: body: JSON decode error ({e})") from None
-    except RecursionError:
-        raise BadRequest("invalid request: body: JSON nested too deeply") from None
+    except json.JSONDecodeError as e:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", e.pos),
+                                       "msg": "JSON decode error", "input": {},
+                                       "ctx": {"error": e.msg}}], body=e.doc) from None
+    except (ValueError, RecursionError) as e:
+        raise StarletteHTTPException(400, "There was an error parsing the body") from e
     return model.model_validate(data)
 
 
@@ -98,6 +105,8 @@ def install_error_handlers(app: FastAPI, refine: ValidationRefiner | None = None
 
     async def on_http(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if isinstance(exc.__cause__, RecursionError):  # a body FastAPI could not parse
+            return error_response(BadRequest("invalid request: JSON nested too deeply"))
         codes = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
                  408: "request_timeout", 413: "too_large"}
         body = {"error": {"code": codes.get(exc.status_code, "http_error"),

@@ -138,7 +138,8 @@ class HttpStats:
 
 class HttpMetrics:
     """ASGI middleware recording every HTTP request into `stats` (time to the end of the
-    answer). `fallbacks` name routes served below the router (fast paths) by regex."""
+    answer). Routes label themselves (``scope["route"]``, set by FastAPI's router and by the
+    fast dispatcher); `fallbacks` name the others (static files) by regex."""
 
     def __init__(self, app: ASGIApp, stats: HttpStats,
                  fallbacks: list[tuple[re.Pattern[str], str]] | None = None) -> None:

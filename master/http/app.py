@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,46 +9,29 @@ from fastapi import FastAPI
 from starlette.staticfiles import StaticFiles
 
 from squall.common.clock import Clock
-from squall.common.security.access import MASTER_RULES, RuleTable
+from squall.common.security.access import RuleTable
 from squall.common.server.docs import install_docs
 from squall.common.server.guard import Access, Guard, default_hosts
 from squall.common.server.layered import LayeredApp
 from squall.common.server.metrics import Exposition, HttpMetrics, HttpStats
 from squall.master.http.answers import BodyLimit, install_error_handlers
-from squall.master.http.fastpath import FastPath
+from squall.master.http.deps import RESOLVERS
 from squall.master.http.metrics import MasterMetrics, WalTimes
-from squall.master.http.routes import (
-    config,
-    frontdoor,
-    health,
-    nodes,
-    nodes_admin,
-    queues,
-    status,
-    tasks,
-)
+from squall.master.http.routes import status
+from squall.master.http.table import ROUTES
 from squall.master.security import CredentialStore, SecuritySettings
-from squall.master.security import router as auth_router
 from squall.master.service import Master, MasterSettings
 from squall.master.telemetry import Telemetry
 
-# routes served by FastPath below the router, and the static assets, for request metrics
-FAST_ROUTES = [(re.compile(r"^/v1/groups/[^/]+/update$"), "/v1/groups/{group}/update"),
-               (re.compile(r"^/v1/groups/[^/]+/queues/[^/]+/tasks$"),
-                "/v1/groups/{group}/queues/{queue}/tasks"),
-               (re.compile(r"^/v1/groups/[^/]+/queues/[^/]+/lease$"),
-                "/v1/groups/{group}/queues/{queue}/lease"),
-               (re.compile(r"^/v1/nodes/commit$"), "/v1/nodes/commit"),
-               (re.compile(r"^/v1/nodes/heartbeat$"), "/v1/nodes/heartbeat"),
-               (re.compile(r"^/static/"), "/static/{path}")]
-
 
 def create_master_app(settings: MasterSettings, clock: Clock | None = None,
-                      background: bool = True, security: SecuritySettings | None = None
-                      ) -> FastAPI:
+                      background: bool = True, security: SecuritySettings | None = None,
+                      fast_dispatch: bool | None = None) -> FastAPI:
     """The master app. `background=False` leaves the sweeper and checkpoints to the caller
     (tests drive them on an injected clock). `security`: auth keys, allowed hosts and
-    public routes (default: keys from the environment, else kept in the data folder)."""
+    public routes (default: keys from the environment, else kept in the data folder).
+    `fast_dispatch=False` serves the hot routes through FastAPI's stack too (tests;
+    default: ``SQUALL_FAST_DISPATCH``, on)."""
     security = security or SecuritySettings()
 
     @asynccontextmanager
@@ -80,28 +62,22 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
                   redoc_url=None,
                   description="Metadata, leases and placement of squall, a durable priority "
                   "task queue. Errors are `{\"error\": {\"code\", \"message\"}}`.")
-    access = Access(RuleTable(MASTER_RULES, security.public),
+    access = Access(RuleTable(ROUTES.rules(), security.public),
                     security.resolve_keys(settings.data_dir),
                     allowed_hosts=default_hosts(*security.allowed_hosts),
                     body_timeout_s=security.body_timeout_s)
     app.state.access = access
     install_error_handlers(app)
-    app.include_router(tasks.router)
-    app.include_router(queues.router)
-    app.include_router(config.router)
-    app.include_router(nodes.router)
-    app.include_router(nodes_admin.router)
-    app.include_router(frontdoor.router)
-    app.include_router(health.router)
-    app.include_router(status.router)
-    app.include_router(auth_router)
+    ROUTES.install(app)
     install_docs(app)
     app.mount("/static/dashboard", StaticFiles(directory=status.STATIC), name="dashboard")
-    # the hot routes go through the layers below straight into FastPath (common/server/layered.py)
-    app.hot_path(FastPath, FastPath.serves)  # inside BodyLimit: the last added is outermost
+    ROUTES.check(app)
+    # the hot routes go through the layers below straight into their handlers
+    # (common/server/layered.py); inside BodyLimit: the last added is outermost
+    app.dispatch(ROUTES, RESOLVERS, fast_dispatch)
     app.layer(BodyLimit, max_bytes=settings.max_body_bytes)
     http = HttpStats()
-    app.layer(HttpMetrics, stats=http, fallbacks=FAST_ROUTES)
+    app.layer(HttpMetrics, stats=http, fallbacks=ROUTES.metric_labels())
     # outermost: nothing is read (or counted: no metric series for strangers' methods and
     # paths) before the credential is checked
     app.layer(Guard)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.types import Scope
 
 from squall.master.service import Master
 
@@ -23,6 +24,11 @@ async def _settled(request: Request) -> Master:
     return m
 
 
+def master_of(scope: Scope) -> Master:
+    m: Master = scope["app"].state.master
+    return m
+
+
 MasterDep = Annotated[Master, Depends(_master)]
 ReadMasterDep = Annotated[Master, Depends(_settled)]
 
@@ -30,3 +36,6 @@ ReadMasterDep = Annotated[Master, Depends(_settled)]
 def client_addr(request: Request) -> str:
     c = request.client
     return f"{c.host}:{c.port}" if c else ""
+
+# how the fast dispatcher resolves the dependencies of the hot routes (from the scope)
+RESOLVERS = {_master: master_of}

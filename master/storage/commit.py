@@ -7,8 +7,9 @@ batch is closed (later requests wait for the next one). The flush writes the bat
 to the WAL as one group on the commit thread, durable once written (one ``fdatasync``; the
 group is written whole or truncated away), then commits the batch
 transaction (with the index's own ``fdatasync`` when index sync is on, the default), and
-then answers the batch's requests; over HTTP, one that logged a record is answered once the
-WAL group is durable, before that index commit (``ANSWER_WHEN_DURABLE``). Hence:
+then answers the batch's requests; a request run with ``answer_when_durable`` (the HTTP
+routes' writes) that logged a record is answered once the WAL group is durable, before that
+index commit. Hence:
 
 * **Refused means not applied.** A request that fails validation aborts only its child
   transaction (plans validate before they change anything, in LMDB or in memory). When the
@@ -36,7 +37,6 @@ import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -49,10 +49,6 @@ from squall.master.storage.wal import WAL, WALFailed
 
 log = logging.getLogger("squall.master")
 T = TypeVar("T")
-# Set by the HTTP layer per request: a request that logged a record is answered once its WAL
-# group is durable, while the index commit runs (index reads wait in `settled`). Unset (tests,
-# tools), `run` returns once the index is committed too. Why: docs/master.md.
-ANSWER_WHEN_DURABLE: ContextVar[bool] = ContextVar("answer_when_durable", default=False)
 Work = Callable[[lmdb.Transaction, int], tuple[bytes | None, T]]
 
 
@@ -98,14 +94,18 @@ class GroupCommit:
 
     # -- the request side ----------------------------------------------------------------
     async def run(self, work: Work[T], pre: Callable[[lmdb.Transaction], Any] | None = None,
-                  *, logged_only: bool = False) -> tuple[int, T]:
+                  *, logged_only: bool = False, answer_when_durable: bool = False
+                  ) -> tuple[int, T]:
         """Apply `work(txn, ticket) -> (WAL body or None, value)` in the current batch and
         return (ticket, value) once the batch is durable; ticket is 0 when nothing was
         logged. `pre(txn)` (e.g. a sweep) runs first in its own child transaction, so a
         refused `work` cannot take it back; it returns how many changes it made.
         `logged_only`: `work` changes the index only when it returns a WAL body (a plan
         applied), so a batch of such requests that logged nothing (an empty lease) is
-        answered without a commit, and its transaction serves the next batch."""
+        answered without a commit, and its transaction serves the next batch.
+        `answer_when_durable`: when `work` logged a record, return once the WAL group is
+        durable, while the index commit runs (index reads wait in `settled`; the HTTP routes'
+        writes); else once the index is committed too (tools, tests). Why: docs/master.md."""
         batch = await self._current()
         batch.members += 1
         try:
@@ -117,7 +117,7 @@ class GroupCommit:
                 batch.records.append((ticket, body))
                 batch.next_ticket = ticket + 1
             # a request that logged a record may be answered once it is durable
-            early = body is not None and ANSWER_WHEN_DURABLE.get()
+            early = body is not None and answer_when_durable
             await asyncio.shield(batch.durable if early else batch.done)
         finally:
             batch.members -= 1
@@ -211,7 +211,7 @@ class GroupCommit:
         or succeeds whole), then the index commit, then the next batch's transaction."""
         if b.records:
             self.wal.write_group(b.records)  # WALFailed: the transaction is still open
-            # durable: answer who may be answered now (see ANSWER_WHEN_DURABLE); the index
+            # durable: answer who may be answered now (see `run`); the index
             # commit below runs while their answers travel
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody to answer
                 b.durable.get_loop().call_soon_threadsafe(_settle, b.durable, None)

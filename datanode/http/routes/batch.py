@@ -9,17 +9,17 @@ batch body is bounded by ``max_body_bytes`` (413 above it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
 from typing import Any
 
-from fastapi import APIRouter, Request
-from starlette.responses import StreamingResponse
+from fastapi import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from squall.common.errors import BadRequest, DataCorrupt, Forbidden, Unavailable
+from squall.common.errors import BadRequest, DataCorrupt, Forbidden, StatusError, Unavailable
 from squall.common.server.http import JSON
 from squall.common.wire.cluster import (
     BatchGetRequest,
-    BatchPutResult,
     PeerError,
     check_blob_id,
 )
@@ -35,18 +35,16 @@ from squall.common.wire.payload import (
 )
 from squall.datanode.http.deps import AuthH, NodeDep
 from squall.datanode.http.routes.blobs import (
-    ERRORS,
-    RAW_ANSWER,
-    RAW_BODY,
     QuorumQ,
     ReplicasQ,
+    StreamAborted,
     peers_of,
 )
 from squall.datanode.replication.pipeline import forward_batch, quorum_message
 from squall.datanode.service import DataNode
 from squall.datanode.store.blobstore import BlobMeta
 
-router = APIRouter(tags=["blobs"])
+log = logging.getLogger("squall.datanode.blobs")
 BATCH_READ_BYTES = 8 << 20  # a batch-get reads (and holds) about this much at a time
 
 
@@ -80,8 +78,6 @@ async def store_batch(node: DataNode, frames: list[Frame], background: bool = Fa
     return [m for m, _ in res]
 
 
-@router.post("/v1/blobs:batch-put", response_model=BatchPutResult, responses=ERRORS,
-             openapi_extra=RAW_BODY)
 async def batch_put(request: Request, node: NodeDep, authorization: AuthH = None,
                     replicas: ReplicasQ = "", quorum: QuorumQ = None) -> JSON:
     """Store many small blobs (a body of frames) here and on `replicas`, all or nothing
@@ -163,18 +159,40 @@ def read_frames(node: DataNode, ids: list[str]) -> tuple[bytes, int]:
     return b"".join(out), len(got)
 
 
-@router.post("/v1/blobs:batch-get", responses={200: RAW_ANSWER, **ERRORS})
 async def batch_get(req: BatchGetRequest, node: NodeDep,
-                    authorization: AuthH = None) -> StreamingResponse:
+                    authorization: AuthH = None) -> Response:
     """Fetch many small blobs in one answer: a body of frames in request order; a missing,
     corrupt or too-large blob is a frame with that status and no data."""
-    may_read(node, req, authorization)  # (the fast path serves this route; see fastpath.py)
+    may_read(node, req, authorization)
+    data, n = await node.store.run(read_frames, node, req.blob_ids)
+    return Frames(node, data, req.blob_ids[n:])
 
-    async def body() -> AsyncIterator[bytes]:
-        ids = req.blob_ids
+
+class Frames(Response):
+    """A batch-get's frames: the first read group (read before the answer, so its errors
+    are clean error answers) with its length when it is the whole answer, the common case;
+    else streamed chunked, group by group. A storage error after the first group cuts the
+    connection (StreamAborted)."""
+
+    media_type = "application/octet-stream"
+
+    def __init__(self, node: DataNode, first: bytes, rest: list[str]) -> None:
+        self.node, self.first, self.rest = node, first, rest
+        self.status_code, self.background = 200, None
+        self.raw_headers = [(b"content-type", b"application/octet-stream")]
+        if not rest:
+            self.raw_headers.append((b"content-length", str(len(first)).encode()))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": self.raw_headers})
+        data, ids = self.first, self.rest
         while ids:  # one read transaction and one thread hop per group
-            data, n = await node.store.run(read_frames, node, ids)
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            try:
+                data, n = await self.node.store.run(read_frames, self.node, ids)
+            except StatusError as e:  # headers are gone: the only honest answer is a cut
+                log.error("aborting a batch-get mid-stream: %s", e.message)
+                raise StreamAborted(f"batch-get: {e.message}") from None
             ids = ids[n:]
-            yield data
-
-    return StreamingResponse(body(), media_type="application/octet-stream")
+        await send({"type": "http.response.body", "body": data, "more_body": False})

@@ -12,20 +12,19 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
-from starlette.responses import Response, StreamingResponse
+from fastapi import Header, Query, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from squall.common.checksum import CRC_HEADER, parse_crc
 from squall.common.errors import BadRequest, NotFound, StatusError
 from squall.common.security.tokens import check_replicas
 from squall.common.server.http import JSON
-from squall.common.wire.cluster import PutResult
 from squall.datanode.http.deps import AuthH, BlobIdP, NodeDep
 from squall.datanode.replication.pipeline import store_and_forward
 from squall.datanode.service import DataNode
 from squall.datanode.store.blobstore import BlobMeta
 
-router = APIRouter(tags=["blobs"])
 log = logging.getLogger("squall.datanode.blobs")
 
 
@@ -75,8 +74,6 @@ def peers_of(node: DataNode, claims: Any, replicas: str, quorum: int | None
     return peers, q
 
 
-@router.put("/v1/blobs/{blob_id}", response_model=PutResult, responses=ERRORS,
-            openapi_extra=RAW_BODY)
 async def put_blob(blob_id: BlobIdP, request: Request, node: NodeDep,
                    authorization: AuthH = None, replicas: ReplicasQ = "",
                    quorum: QuorumQ = None, crc: CrcH = None,
@@ -134,9 +131,6 @@ def _here(node: DataNode, blob_id: str, meta: BlobMeta | None) -> BlobMeta:
     return meta
 
 
-@router.get("/v1/blobs/{blob_id}", responses={200: RAW_ANSWER, 206: RAW_ANSWER,
-                                             416: {"description": "Range not satisfiable"},
-                                             **ERRORS})
 async def get_blob(blob_id: BlobIdP, node: NodeDep, authorization: AuthH = None,
                    range_: Annotated[str | None, Header(alias="Range")] = None) -> Response:
     """The blob's bytes, streamed; a single ``Range: bytes=...`` gives 206 (416 if it is
@@ -144,20 +138,36 @@ async def get_blob(blob_id: BlobIdP, node: NodeDep, authorization: AuthH = None,
     opened = await open_read(node, blob_id, authorization, range_)
     if isinstance(opened, JSON):
         return opened
-    status, headers, stream, first = opened
+    return BlobStream(blob_id, *opened)
 
-    async def body() -> AsyncIterator[bytes]:
-        if first is not None:
-            yield first
+
+class BlobStream(Response):
+    """A blob's bytes: the headers, the part read already (so a corrupt first chunk was a
+    clean error answer), then the rest of the verified stream. A storage error once the
+    headers are sent cuts the connection (StreamAborted): never a wrong byte."""
+
+    media_type = "application/octet-stream"
+
+    def __init__(self, blob_id: str, status: int, headers: dict[str, str],
+                 stream: AsyncIterator[bytes], first: bytes | None) -> None:
+        self.blob_id, self.status_code, self.stream, self.first = blob_id, status, stream, first
+        self.background = None
+        self.raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                            for k, v in headers.items()]
+        self.raw_headers.append((b"content-type", b"application/octet-stream"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        part = self.first
         try:
-            async for part in stream:
-                yield part
+            async for nxt in self.stream:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+                part = nxt
         except StatusError as e:  # headers are gone: the only honest answer is a cut
-            log.error("aborting the download of %s mid-stream: %s", blob_id, e.message)
-            raise StreamAborted(f"{blob_id}: {e.message}") from None
-
-    return StreamingResponse(body(), status_code=status, headers=headers,
-                             media_type="application/octet-stream")
+            log.error("aborting the download of %s mid-stream: %s", self.blob_id, e.message)
+            raise StreamAborted(f"{self.blob_id}: {e.message}") from None
+        await send({"type": "http.response.body", "body": part or b"", "more_body": False})
 
 
 Opened = tuple[int, dict[str, str], AsyncIterator[bytes], bytes | None]
@@ -167,7 +177,7 @@ async def open_read(node: DataNode, blob_id: str, authorization: str | None,
                     range_: str | None) -> JSON | Opened:
     """Check the token, find the blob, resolve a Range: a 416 answer, or (status, headers,
     the byte stream, its first part — read already, so a corrupt first chunk is still a
-    clean error answer). Shared by this route and the fast path."""
+    clean error answer)."""
     node.authorize(authorization, "read", blob_id)
     head = None
     if range_ is None:  # a whole read: the metadata and the first chunk in one thread hop
@@ -192,7 +202,6 @@ async def open_read(node: DataNode, blob_id: str, authorization: str | None,
     return (206 if rng else 200), headers, stream, first
 
 
-@router.head("/v1/blobs/{blob_id}", responses=ERRORS)
 async def head_blob(blob_id: BlobIdP, node: NodeDep, authorization: AuthH = None) -> Response:
     """Size and checksum of a blob (read token)."""
     node.authorize(authorization, "read", blob_id)
@@ -200,7 +209,6 @@ async def head_blob(blob_id: BlobIdP, node: NodeDep, authorization: AuthH = None
     return Response(headers=_headers(meta, meta.size), media_type="application/octet-stream")
 
 
-@router.delete("/v1/blobs/{blob_id}", responses=ERRORS)
 async def delete_blob(blob_id: BlobIdP, node: NodeDep, authorization: AuthH = None) -> JSON:
     """Delete a blob (delete token); idempotent: ``deleted`` says whether it was here."""
     node.authorize(authorization, "delete", blob_id)

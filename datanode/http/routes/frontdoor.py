@@ -17,19 +17,17 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
-from fastapi import APIRouter, Request
+from fastapi import Request
 
 from squall.common.errors import BadRequest, PayloadTooLarge, Unavailable
 from squall.common.server.http import JSON
-from squall.common.wire.models import MAX_BATCH, EnqueueResponse
+from squall.common.wire.models import MAX_BATCH
 from squall.common.wire.names import check_name, check_pid
 from squall.datanode.http.deps import NodeDep
-from squall.datanode.http.routes.blobs import ERRORS
 from squall.datanode.service import DataNode
 
-router = APIRouter(tags=["front door"])
 _FIELDS = {"pid", "payload", "not_before", "delay_secs", "idempotency_key"}
-_BODY = {"requestBody": {"required": True, "content": {"application/msgpack": {
+BODY = {"requestBody": {"required": True, "content": {"application/msgpack": {
     "schema": {"type": "string", "format": "binary"}}}}}
 
 
@@ -74,8 +72,6 @@ def _check(i: int, t: Any) -> None:
             raise BadRequest(f"task {i}: {k} must be a number")
 
 
-@router.post("/v1/groups/{group}/queues/{queue}/tasks", response_model=EnqueueResponse,
-             responses=ERRORS, openapi_extra=_BODY)
 async def enqueue(group: str, queue: str, request: Request, node: NodeDep) -> JSON:
     """Enqueue tasks with small payloads in one round trip: stored here and on the replica
     set, committed to the master with other requests, answered when durable."""
@@ -85,7 +81,7 @@ async def enqueue(group: str, queue: str, request: Request, node: NodeDep) -> JS
 
 async def serve(node: DataNode, group: str, queue: str, body: bytes, content_type: str
                 ) -> dict[str, Any]:
-    """The route's work (the node's fast path calls it too)."""
+    """The route's work."""
     check_name("group", group)
     check_name("queue", queue)
     fd = node.frontdoor

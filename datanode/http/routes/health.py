@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.responses import Response
@@ -16,16 +15,12 @@ from squall.common.server.metrics import Exposition, build_info
 from squall.datanode.http.deps import NodeDep
 from squall.datanode.service import DataNode
 
-router = APIRouter(tags=["health"])
 
-
-@router.get("/healthz")
 async def healthz() -> JSON:
     """The process is up."""
     return JSON({"ok": True})
 
 
-@router.get("/readyz", responses={503: {"description": "The store is not open"}})
 async def readyz(node: NodeDep) -> JSON:
     """The store is open and its writer runs."""
     if not node.ready():
@@ -94,7 +89,6 @@ class NodeCollector:
         yield runtime.metric()
 
 
-@router.get("/metrics", response_class=Response)
 async def metrics(node: NodeDep) -> Response:
     """Prometheus metrics: the node's counters, HTTP requests and latency per route
     (reads: GET blobs, writes: PUT blobs, replication: PUT replicate), process and Python."""

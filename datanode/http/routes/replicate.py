@@ -11,27 +11,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import Header, Query, Request
 
 from squall.common.checksum import parse_crc
 from squall.common.security.tokens import TokenClaims
 from squall.common.server.http import JSON
-from squall.common.wire.cluster import REPAIR_HEADER, BatchPutResult, PutResult
+from squall.common.wire.cluster import REPAIR_HEADER
 from squall.datanode.http.deps import AuthH, BlobIdP, NodeDep
 from squall.datanode.http.routes.batch import answers, check_scope, parse_batch, store_batch
-from squall.datanode.http.routes.blobs import ERRORS, RAW_BODY, CrcH, LengthH
+from squall.datanode.http.routes.blobs import CrcH, LengthH
 from squall.datanode.replication.pipeline import store_and_forward
 from squall.datanode.service import DataNode
 
-router = APIRouter(tags=["replication"])
 ReceiptQ = Annotated[Literal["blob", "batch"], Query(
     description="`batch`: one batch receipt for all the blobs instead of one each")]
 RepairH = Annotated[str | None, Header(alias=REPAIR_HEADER, description="`1`: a "
                     "re-replication copy, written behind client writes")]
 
 
-@router.put("/v1/replicate/{blob_id}", response_model=PutResult, responses=ERRORS,
-            openapi_extra=RAW_BODY)
 async def replicate_blob(blob_id: BlobIdP, request: Request, node: NodeDep,
                          authorization: AuthH = None, crc: CrcH = None,
                          content_length: LengthH = None, repair: RepairH = None) -> JSON:
@@ -45,8 +42,6 @@ async def replicate_blob(blob_id: BlobIdP, request: Request, node: NodeDep,
     return JSON(res.model_dump())
 
 
-@router.post("/v1/replicate:batch-put", response_model=BatchPutResult, responses=ERRORS,
-             openapi_extra=RAW_BODY)
 async def replicate_batch(request: Request, node: NodeDep, authorization: AuthH = None,
                           receipt: ReceiptQ = "blob", repair: RepairH = None) -> JSON:
     """Store copies of a batch of small blobs sent by another node, all or nothing.
@@ -59,7 +54,7 @@ async def replicate_batch(request: Request, node: NodeDep, authorization: AuthH 
 
 async def replicate_frames(node: DataNode, claims: TokenClaims, body: bytes, receipt: str,
                            background: bool = False) -> dict[str, Any]:
-    """The batch route's work once authorized (the node's fast path calls it too)."""
+    """The batch route's work once authorized."""
     frames = parse_batch(body)
     check_scope(claims.covers, frames)
     metas = await store_batch(node, frames, background)

@@ -22,25 +22,22 @@ import asyncio
 import secrets
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 
 from squall.common.errors import Forbidden, Overloaded, StatusError, Unavailable
 from squall.common.security.tokens import TokenClaims, bearer, verify
 from squall.common.server.guard import PRINCIPAL
 from squall.common.wire.cluster import (
-    BlockGrant,
     BlockRequest,
     NodeCommitRequest,
-    NodeCommitResponse,
     NodeUpdate,
 )
 from squall.common.wire.models import EnqueueItem, UpdateRequest
-from squall.master.http.answers import ERROR_RESPONSES, JSON
+from squall.master.http.answers import JSON
 from squall.master.http.deps import MasterDep, client_addr
 from squall.master.security import check_node
 from squall.master.service import Master
 
-router = APIRouter(prefix="/v1/nodes", tags=["cluster"], responses=ERROR_RESPONSES)
 BLOCK_SECS = 60.0
 BLOCKS_PER_NODE = 8
 
@@ -61,7 +58,6 @@ def node_speaks(m: Master, principal: object, authorization: str | None, node_id
         verify(m.key, bearer(authorization), "heartbeat", node_id, m.clock.now())
 
 
-@router.post("/blocks", response_model=BlockGrant)
 async def blocks(body: BlockRequest, request: Request, m: MasterDep) -> JSON:
     """A block of blob ids for this node's front door, and the peers to copy them to."""
     _node(m, request, body.node_id)
@@ -88,7 +84,6 @@ async def blocks(body: BlockRequest, request: Request, m: MasterDep) -> JSON:
                  "write_quorum": c.s.quorum})
 
 
-@router.post("/commit", response_model=NodeCommitResponse)
 async def commit(body: NodeCommitRequest, request: Request, m: MasterDep) -> JSON:
     """Commit many clients' front-door enqueues, each update on its own, in one go."""
     _node(m, request, body.node_id)
@@ -96,12 +91,12 @@ async def commit(body: NodeCommitRequest, request: Request, m: MasterDep) -> JSO
 
 
 async def commit_updates(m: Master, body: NodeCommitRequest, addr: str) -> dict[str, Any]:
-    """Apply each update on its own, all of them concurrently (one group commit); the
-    master's fast path serves the route with this too."""
+    """Apply each update on its own, all of them concurrently (one group commit), each
+    answered once durable in the WAL."""
 
     async def one(group: str, req: UpdateRequest) -> dict[str, Any]:
         try:
-            return {"ok": await m.update(group, req, addr)}
+            return {"ok": await m.update(group, req, addr, answer_when_durable=True)}
         except StatusError as e:
             return {"error": {**e.to_body()["error"], "status": e.status}}
 

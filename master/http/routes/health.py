@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from squall.master.http.answers import JSON
 from squall.master.http.deps import MasterDep
 
-router = APIRouter(tags=["health"])
 
-
-@router.get("/healthz")
 async def healthz() -> JSON:
     """The process is up."""
     return JSON({"ok": True})
 
 
-@router.get("/readyz")
 async def readyz(m: MasterDep) -> JSON:
     """Recovery is done and the WAL accepts writes (503 with the reason otherwise)."""
     reason = m.ready()
@@ -27,7 +23,6 @@ async def readyz(m: MasterDep) -> JSON:
     return JSON({"ok": True, "ticket": m.wal.last_ticket, "recovery_secs": m.recovery_secs})
 
 
-@router.get("/metrics", response_class=Response)
 async def metrics(request: Request) -> Response:
     """Prometheus metrics (names and labels in docs/operations.md)."""
     return Response(request.app.state.metrics.body(), media_type=CONTENT_TYPE_LATEST)

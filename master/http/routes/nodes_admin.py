@@ -5,25 +5,21 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import Path
 
-from squall.common.wire.models import ForgetResponse, NodeStatus
 from squall.master.cluster import drain
-from squall.master.http.answers import ERROR_RESPONSES, JSON
+from squall.master.http.answers import JSON
 from squall.master.http.deps import MasterDep
 
-router = APIRouter(prefix="/v1/nodes/{node_id}", tags=["cluster"], responses=ERROR_RESPONSES)
 NodeP = Annotated[str, Path(description="a data node's id (`GET /v1/cluster` lists them)",
                             min_length=1, max_length=128)]
 
 
-@router.get("", response_model=NodeStatus)
 async def get_node(node_id: NodeP, m: MasterDep) -> JSON:
     """One data node: health, usage, and decommission progress."""
     return JSON(drain.describe(m.cluster, node_id))
 
 
-@router.post("/decommission", response_model=NodeStatus)
 async def decommission(node_id: NodeP, m: MasterDep) -> JSON:
     """Start decommissioning a node (idempotent): it gets no new blobs and the master copies
     every blob it holds to other nodes while it keeps serving reads. Poll `GET
@@ -33,14 +29,12 @@ async def decommission(node_id: NodeP, m: MasterDep) -> JSON:
     return JSON(await m.decommission(node_id))
 
 
-@router.delete("/decommission", response_model=NodeStatus)
 async def recommission(node_id: NodeP, m: MasterDep) -> JSON:
     """Cancel a decommission (idempotent): the node takes new blobs again and extra copies
     made meanwhile are trimmed."""
     return JSON(await m.recommission(node_id))
 
 
-@router.delete("", response_model=ForgetResponse)
 async def forget(node_id: NodeP, m: MasterDep) -> JSON:
     """Remove a dead or decommissioned node from the master's node table. Refused (409)
     for a node that is alive and not decommissioned. If it heartbeats again it rejoins as a

@@ -4,25 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 
 from squall.common.errors import BadRequest, NotFound
 from squall.common.wire.models import (
-    ClusterStats,
-    DeleteResponse,
-    QueueList,
-    QueueStats,
     RedriveRequest,
-    RedriveResponse,
-    ResetResponse,
 )
 from squall.common.wire.names import join_queue, split_queue
-from squall.master.http.answers import ERROR_RESPONSES, JSON
+from squall.master.http.answers import JSON
 from squall.master.http.deps import MasterDep, ReadMasterDep
 from squall.master.http.routes.tasks import GroupP, QueueP
 from squall.master.storage.records import QueueRec
 
-router = APIRouter(tags=["queues"], responses=ERROR_RESPONSES)
 MAX_LIST = 10_000
 MAX_REGEX = 256
 
@@ -49,7 +42,6 @@ def counts(q: QueueRec) -> dict[str, Any]:
             "enqueued_total": q.enqueued_total}
 
 
-@router.get(QPATH, response_model=QueueStats)
 async def queue_stats(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
     """A queue's exact counts by state and completion counter (these survive restarts),
     plus soft-state rates, mean lease time, oldest available age and a leased sample."""
@@ -60,27 +52,23 @@ async def queue_stats(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
     return JSON({**counts(q), **m.queue_details(q)})
 
 
-@router.delete(QPATH, response_model=DeleteResponse)
 async def delete_queue(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
     """Delete a queue and all its tasks at once (O(1)); storage is reclaimed in the
     background. A queue of the same name starts empty."""
     return JSON(await m.delete_queue(group, queue))
 
 
-@router.post(QPATH + "/reset-leases", response_model=ResetResponse)
 async def reset_leases(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
     """Make every leased task of the queue available now; every token issued so far
     becomes stale."""
     return JSON(await m.reset_leases(group, queue))
 
 
-@router.post(QPATH + "/redrive", response_model=RedriveResponse)
 async def redrive(group: GroupP, queue: QueueP, body: RedriveRequest, m: MasterDep) -> JSON:
     """Move up to `max_tasks` dead letters of this queue back into it (attempts reset)."""
     return JSON(await m.redrive(group, queue, body.max_tasks))
 
 
-@router.get("/v1/queues", response_model=QueueList)
 async def list_queues(
     m: ReadMasterDep,
     regex: Annotated[str | None, Query(max_length=MAX_REGEX, description="search in group#name "
@@ -112,7 +100,6 @@ async def list_queues(
     return JSON({"queues": out, "next": nxt})
 
 
-@router.get("/v1/cluster/stats", response_model=ClusterStats)
 async def cluster_stats(m: ReadMasterDep) -> JSON:
     """Totals over every queue."""
     qs = m.index.queues.values()

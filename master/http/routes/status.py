@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from starlette.responses import Response
 
 from squall.common.errors import NotFound
 from squall.common.wire.names import join_queue
-from squall.master.http.answers import ERROR_RESPONSES, JSON
+from squall.master.http.answers import JSON
 from squall.master.http.deps import MasterDep, ReadMasterDep
 from squall.master.http.metrics import wal_error
 from squall.master.http.routes.tasks import GroupP, QueueP
@@ -33,7 +33,6 @@ from squall.master.storage.records import STATE_NAMES
 from squall.master.tasks import admin, policies
 from squall.master.telemetry import TOP_QUEUES, Telemetry, is_dead_letter_queue
 
-router = APIRouter(tags=["dashboard"], responses=ERROR_RESPONSES)
 STATIC = Path(__file__).resolve().parents[2] / "static"
 SAMPLE = 10
 
@@ -43,7 +42,6 @@ def _page() -> bytes:
     return (STATIC / "dashboard.html").read_bytes()
 
 
-@router.get("/", include_in_schema=False)
 async def dashboard() -> Response:
     """The dashboard page (static: read once, served from memory)."""
     return Response(_page(), media_type="text/html", headers={"Cache-Control": "no-cache"})
@@ -64,7 +62,6 @@ def _first_errors(m: Master, key: tuple[str, str], n: int) -> list[dict[str, Any
                 for t in m.index.iter_tasks(txn, q, b"", n)]
 
 
-@router.get("/v1/overview")
 async def overview(request: Request, m: MasterDep,
                    limit: Annotated[int, Query(ge=1, le=TOP_QUEUES)] = 100,
                    since: Annotated[float, Query(ge=0)] = 0.0) -> JSON:
@@ -93,7 +90,6 @@ async def overview(request: Request, m: MasterDep,
     })
 
 
-@router.get("/v1/overview/queues/{group}/{queue}")
 async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: ReadMasterDep,
                          since: Annotated[float, Query(ge=0)] = 0.0) -> JSON:
     """A queue's dashboard page: counts, rates, oldest age, leased sample (worker,
