@@ -35,7 +35,7 @@ import os
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, get_origin
+from typing import Any, cast, get_origin
 
 from fastapi import FastAPI, params
 from fastapi._compat import ModelField, get_missing_field_error
@@ -244,7 +244,7 @@ class _Hot:
                 raise RequestValidationError(errors)
             return value
         try:
-            return parse_body(f.field_info.annotation, raw)
+            return parse_body(cast(type[Any], f.field_info.annotation), raw)
         except ValidationError as e:
             raise RequestValidationError(body_errors(e)) from None
 
