@@ -149,11 +149,10 @@ def connect(master: str | None) -> Iterator[Client]:
 
 def _data_node_hint(url: str) -> str | None:
     """A message if `url` is a squall data node (it answers /readyz with its node id)."""
-    import httpx
-
     try:
-        ready = httpx.get(url + "/readyz", timeout=3.0).json()
-    except (httpx.HTTPError, ValueError):
+        with Client(url, retries=0, timeout=3.0) as c:
+            ready = c.ready()
+    except SquallError:
         return None
     if isinstance(ready, dict) and "node_id" in ready:
         return (f"{url} is a squall data node (node {ready['node_id']}), not a master: point "

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 
+from squall.client import Client, SquallError
 from squall.client.cli.common import SERVER_EXTRA_HINT, err, fail, missing_server_deps, say
 from squall.common.security import auth
 
@@ -110,11 +110,11 @@ class DevCluster:
             "squall.master", "--data-dir", str(self.data_dir / "master"), "--host",
             "127.0.0.1", "--port", str(self.port), "--replication-factor", str(self.rf),
             "--heartbeat-interval-s", hb])
-        self._wait(self.master_url + "/readyz", self.master_proc, "master", timeout_s)
+        self._wait(self.master_url, self.master_proc, "master", timeout_s)
         for i in range(1, self.n + 1):
             self.start_node(i)
         for i in range(1, self.n + 1):
-            self._wait(self.node_url(i) + "/readyz", self.node_procs[i], f"node-{i}", timeout_s)
+            self._wait(self.node_url(i), self.node_procs[i], f"node-{i}", timeout_s)
         self.wait_alive(self.n, timeout_s)
 
     def start_node(self, i: int, master: str | None = None) -> None:
@@ -127,27 +127,28 @@ class DevCluster:
 
     def _wait(self, url: str, proc: subprocess.Popen[bytes], name: str, timeout_s: float
               ) -> None:
+        """Until the server at `url` answers ``/readyz`` with 200."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {proc.returncode}; see "
-                                   f"{self.data_dir / 'logs' / (name + '.log')}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=1.0).status_code == 200:
+        with Client(url, retries=0, timeout=1.0) as c:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with code {proc.returncode}; see "
+                                       f"{self.data_dir / 'logs' / (name + '.log')}")
+                with contextlib.suppress(SquallError):
+                    c.ready()
                     return
-            time.sleep(0.05)
+                time.sleep(0.05)
         raise RuntimeError(f"{name} did not become ready in {timeout_s:.0f}s")
 
     def wait_alive(self, n: int, timeout_s: float = 30.0) -> None:
         """Until the master sees `n` live data nodes (their first heartbeats)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                info = httpx.get(self.master_url + "/v1/cluster", timeout=2.0,
-                                 headers={"Authorization": f"Bearer {self.admin}"}).json()
-                if sum(1 for x in info["nodes"] if x["state"] == "alive") >= n:
-                    return
-            time.sleep(0.05)
+        with Client(self.master_url, retries=0, timeout=2.0, token=self.admin) as c:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(SquallError):
+                    if sum(1 for x in c.cluster().nodes if x.state == "alive") >= n:
+                        return
+                time.sleep(0.05)
         raise RuntimeError(f"the master did not see {n} live data nodes in {timeout_s:.0f}s")
 
     def failed(self) -> str | None:
