@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Path, Request
+from fastapi import Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from squall.common.errors import NotFound
@@ -148,13 +148,13 @@ class CredentialList(BaseModel):
     credentials: list[CredentialInfo]
 
 
-router = APIRouter(prefix="/v1/auth", tags=["auth"], responses={
+# the credential routes' documented answers (their rows are in master/http/table.py)
+RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES, 401: {"description": "Missing or invalid credential",
                              "model": ErrorResponse},
-    403: {"description": "Not an admin credential", "model": ErrorResponse}})
+    403: {"description": "Not an admin credential", "model": ErrorResponse}}
 
 
-@router.post("/credentials", response_model=MintResponse)
 async def mint_credential(body: MintRequest, request: Request) -> JSON:
     """Mint a credential (admin). The answer holds it; the master keeps only its claims."""
     from squall.common.errors import BadRequest
@@ -172,14 +172,12 @@ async def mint_credential(body: MintRequest, request: Request) -> JSON:
     return JSON({**claims.describe(), "note": body.note, "credential": cred})
 
 
-@router.get("/credentials", response_model=CredentialList)
 async def list_credentials(request: Request) -> JSON:
     """Credentials minted through this master (not their secrets), revoked or not."""
     return JSON({"credentials": request.app.state.credentials.listing(
         request.app.state.access.now())})
 
 
-@router.delete("/credentials/{cred_id}", response_model=CredentialInfo)
 async def revoke_credential(cred_id: Annotated[str, Path(max_length=64)],
                             request: Request) -> JSON:
     """Revoke a credential by id: every server refuses it from now on (data nodes from

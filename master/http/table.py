@@ -133,11 +133,11 @@ ROUTES = RouteTable([
     *section(
         "auth",
         R("POST", A, security.mint_credential, security.MintResponse, ADMIN,
-          responses=security.router.responses),
+          responses=security.RESPONSES),
         R("GET", A, security.list_credentials, security.CredentialList, ADMIN_READ,
-          responses=security.router.responses),
+          responses=security.RESPONSES),
         R("DELETE", A + "/{cred_id}", security.revoke_credential, security.CredentialInfo,
-          ADMIN_READ, responses=security.router.responses)),
+          ADMIN_READ, responses=security.RESPONSES)),
     # served by the framework: the API description and its page, the dashboard's and the
     # API page's assets
     R("GET", "/openapi.json", None, None, PUBLIC),
