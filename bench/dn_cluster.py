@@ -23,6 +23,7 @@ from bench.harness import AUTH, Server, free_port, proc_cpu_s
 from squall.common.transport.adapters import SyncTransport
 from squall.common.wire import payload
 from squall.common.wire.cluster import BatchPutResult, PutResult
+from tests import blobhttp
 
 KEY = "bench-cluster-key-0123456789abcdef"
 ENV = {"SQUALL_CLUSTER_KEY": KEY}
@@ -191,7 +192,7 @@ class Payloads:
         a = self.allocate(1, len(data))
         t = self._took("allocate", t)
         b = a["blobs"][0]
-        res = payload.put_blob(self.http, b["replicas"][0], b["blob_id"], data, a["token"],
+        res = blobhttp.put_blob(self.http, b["replicas"][0], b["blob_id"], data, a["token"],
                                replicas=b["replicas"][1:])
         t = self._took("write", t)
         self.enqueue([{"pid": pid, "payload": _ref(res)}])
@@ -205,7 +206,7 @@ class Payloads:
         t = self._took("allocate", t)
         reps = a["blobs"][0]["replicas"]
         ids = [b["blob_id"] for b in a["blobs"]]
-        res = payload.put_batch(self.http, reps[0], zip(ids, datas, strict=True), a["token"],
+        res = blobhttp.put_batch(self.http, reps[0], zip(ids, datas, strict=True), a["token"],
                                 replicas=reps[1:])
         t = self._took("write", t)
         self.enqueue([{"pid": p, "payload": _ref(r)}
@@ -234,7 +235,7 @@ class Payloads:
         """Read a leased task's payload (checksum verified); its size."""
         p = task["payload"]
         t = time.perf_counter()
-        data = payload.get_blob(self.downloads if self.fast_get else self.http,
+        data = blobhttp.get_blob(self.downloads if self.fast_get else self.http,
                                 p["replicas"][0], p["blob_id"], p["token"])
         self._took("read", t)
         if len(data) != p["size"]:
@@ -249,7 +250,7 @@ class Payloads:
         n = 0
         t0 = time.perf_counter()
         for node, ps in by_node.items():
-            got = payload.get_batch(self.http, node, [p["blob_id"] for p in ps],
+            got = blobhttp.get_batch(self.http, node, [p["blob_id"] for p in ps],
                                     [p["token"] for p in ps])
             for p in ps:
                 f = got[p["blob_id"]]

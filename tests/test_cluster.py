@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from squall.common.errors import Forbidden
-from squall.common.wire.payload import get_blob, put_blob
+from tests.blobhttp import get_blob, put_blob
 from tests.helpers import ADMIN, DataNodeProcess, MasterProcess, wait_for
 
 KEY = "test-cluster-key-0123456789abcdef"

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from squall.common.security.tokens import sign
-from squall.common.wire.payload import get_blob
+from tests.blobhttp import get_blob
 from tests.dn_kit import data_file, flip_bytes_in_file
 from tests.helpers import DataNodeProcess, wait_for
 from tests.test_cluster import KEY, Cluster, enqueue

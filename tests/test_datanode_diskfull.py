@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from squall.common.errors import InsufficientStorage
-from squall.common.wire import payload
+from tests import blobhttp
 from tests.dn_kit import ENV, auth, chunks, tok
 from tests.helpers import DataNodeProcess
 
@@ -66,7 +66,7 @@ def test_full_disk_gives_507_and_loses_nothing_acknowledged(tiny_fs: str, tmp_pa
             # ... and the answer names the node and the reserve
             with pytest.raises(InsufficientStorage, match=rf"data node dn-\S+ \({node.url}\) "
                                r"is full: .* does not fit with its \d+-byte reserve"):
-                payload.put_blob(c, node.url, "too-big", chunks(8 * MIB), tok("write", "too-big"),
+                blobhttp.put_blob(c, node.url, "too-big", chunks(8 * MIB), tok("write", "too-big"),
                                  size=8 * MIB)
             assert c.get(node.url + "/readyz").status_code == 200
             _check(c, node.url, acked)
@@ -75,7 +75,7 @@ def test_full_disk_gives_507_and_loses_nothing_acknowledged(tiny_fs: str, tmp_pa
                               headers=auth("read", blob)).status_code == 404
             # deleting makes room again inside the same file
             for blob in list(acked)[:4]:
-                assert payload.delete_blob(c, node.url, blob, tok("delete", blob))
+                assert blobhttp.delete_blob(c, node.url, blob, tok("delete", blob))
                 del acked[blob]
             for i in range(2):
                 blob, data = f"after-{i}", os.urandom(MIB)
@@ -96,7 +96,7 @@ def test_full_disk_gives_507_and_loses_nothing_acknowledged(tiny_fs: str, tmp_pa
 
 def _check(c: httpx.Client, url: str, acked: dict[str, str]) -> None:
     for blob, digest in acked.items():
-        got = payload.get_blob(c, url, blob, tok("read", blob))
+        got = blobhttp.get_blob(c, url, blob, tok("read", blob))
         assert hashlib.sha256(got).hexdigest() == digest, blob
 
 
@@ -109,8 +109,8 @@ def test_map_bound_gives_507(tmp_path) -> None:  # type: ignore[no-untyped-def]
             r = c.put(f"{node.url}/v1/blobs/big", content=chunks(12 * MIB),
                       headers=auth("write", "big"))
             assert r.status_code == 507 and "bound" in r.json()["error"]["message"]
-            assert payload.put_blob(c, node.url, "small", b"fits", tok("write", "small")).size
-            assert payload.get_blob(c, node.url, "small", tok("read", "small")) == b"fits"
+            assert blobhttp.put_blob(c, node.url, "small", b"fits", tok("write", "small")).size
+            assert blobhttp.get_blob(c, node.url, "small", tok("read", "small")) == b"fits"
             assert c.head(f"{node.url}/v1/blobs/big", headers=auth("read", "big")).status_code \
                 == 404
     finally:

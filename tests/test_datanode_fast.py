@@ -22,6 +22,7 @@ from squall.common.transport.adapters import SyncTransport
 from squall.common.wire import payload
 from squall.datanode.replication.peers import Peers, PeerUnreachable
 from squall.datanode.store.blobstore import BlobStore
+from tests import blobhttp
 from tests.dn_kit import node_processes, tok
 from tests.helpers import ADMIN, DISPATCH_ENV, DataNodeProcess, free_port
 
@@ -94,20 +95,20 @@ def test_blob_reads_through_the_engine_ranges_and_errors(nodes: list[DataNodePro
     with httpx.Client(transport=SyncTransport(ssl.create_default_context()), timeout=30) as d:
         for size in (0, 1, 1000, (1 << 20) + 5):
             data, blob = os.urandom(size), f"dl-{size}"
-            payload.put_blob(client, url, blob, data, tok("write", blob))
-            assert payload.get_blob(d, url, blob, tok("read", blob)) == data
-            assert b"".join(payload.iter_blob(d, url, blob, tok("read", blob),
+            blobhttp.put_blob(client, url, blob, data, tok("write", blob))
+            assert blobhttp.get_blob(d, url, blob, tok("read", blob)) == data
+            assert b"".join(blobhttp.iter_blob(d, url, blob, tok("read", blob),
                                               chunk_bytes=100_000)) == data
             if size > 10:
-                assert payload.get_blob(d, url, blob, tok("read", blob), 3, size - 2) \
+                assert blobhttp.get_blob(d, url, blob, tok("read", blob), 3, size - 2) \
                     == data[3:size - 2]
         with pytest.raises(NotFound):
-            payload.get_blob(d, url, "dl-none", tok("read", "dl-none"))
+            blobhttp.get_blob(d, url, "dl-none", tok("read", "dl-none"))
         with pytest.raises(Unauthorized):
-            payload.get_blob(d, url, "dl-1", "sqt1.forged.token")
+            blobhttp.get_blob(d, url, "dl-1", "sqt1.forged.token")
         with pytest.raises(Forbidden):
-            payload.get_blob(d, url, "dl-1", tok("read", "dl-0"))
-        assert payload.get_blob(d, url, "dl-1", tok("read", "dl-1"))  # after errors: fine
+            blobhttp.get_blob(d, url, "dl-1", tok("read", "dl-0"))
+        assert blobhttp.get_blob(d, url, "dl-1", tok("read", "dl-1"))  # after errors: fine
 
 
 def test_batch_get_with_one_token_per_blob(nodes: list[DataNodeProcess],
@@ -115,13 +116,13 @@ def test_batch_get_with_one_token_per_blob(nodes: list[DataNodeProcess],
     url = nodes[0].url
     items = [(f"bt-{i}", os.urandom(100 + i)) for i in range(30)]
     ids = [b for b, _ in items]
-    payload.put_batch(client, url, items, tok("write", ids))
-    got = payload.get_batch(client, url, [*ids, "bt-missing"],
+    blobhttp.put_batch(client, url, items, tok("write", ids))
+    got = blobhttp.get_batch(client, url, [*ids, "bt-missing"],
                             [tok("read", b) for b in ids] + [tok("read", "bt-missing")])
     assert [got[b].data for b in ids] == [d for _, d in items]
     assert got["bt-missing"].status == payload.MISSING
     with pytest.raises(Forbidden):  # a token for another blob
-        payload.get_batch(client, url, ids[:2], [tok("read", ids[0]), tok("read", ids[0])])
+        blobhttp.get_batch(client, url, ids[:2], [tok("read", ids[0]), tok("read", ids[0])])
     r = client.post(f"{url}/v1/blobs:batch-get", json={"blob_ids": ids[:2],
                                                        "tokens": [tok("read", ids[0])]})
     assert r.status_code == 400
@@ -134,10 +135,10 @@ def test_batch_get_with_one_token_for_every_blob(nodes: list[DataNodeProcess],
     url = nodes[0].url
     items = [(f"b1-{i}", os.urandom(50 + i)) for i in range(40)]
     ids = [b for b, _ in items]
-    payload.put_batch(client, url, items, tok("write", ids))
+    blobhttp.put_batch(client, url, items, tok("write", ids))
     one = tok("read", ids)
     assert payload.batch_get_body(ids, [one] * len(ids)) == {"blob_ids": ids, "token": one}
-    got = payload.get_batch(client, url, ids, [one] * len(ids))
+    got = blobhttp.get_batch(client, url, ids, [one] * len(ids))
     assert [got[b].data for b in ids] == [d for _, d in items]
 
     def post(body: dict[str, Any]) -> httpx.Response:
@@ -162,8 +163,8 @@ def test_batch_get_answers_whole_or_group_by_group(nodes: list[DataNodeProcess],
     url = nodes[0].url
     big = [(f"bg-big-{i}", os.urandom((1 << 20) + i)) for i in range(10)]
     small = [(f"bg-small-{i}", os.urandom(10 + i)) for i in range(3)]
-    payload.put_batch(client, url, big, tok("write", [b for b, _ in big]))
-    payload.put_batch(client, url, small, tok("write", [b for b, _ in small]))
+    blobhttp.put_batch(client, url, big, tok("write", [b for b, _ in big]))
+    blobhttp.put_batch(client, url, small, tok("write", [b for b, _ in small]))
 
     def get(ids: list[str]) -> httpx.Response:
         r = client.post(f"{url}/v1/blobs:batch-get", json={"blob_ids": ids,

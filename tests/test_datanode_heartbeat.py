@@ -16,8 +16,8 @@ import pytest
 from squall.common.checksum import crc32c
 from squall.common.errors import NotFound
 from squall.common.security import tokens
-from squall.common.wire import payload
 from squall.common.wire.cluster import HeartbeatRequest, ReplicationReport
+from tests import blobhttp
 from tests.dn_kit import ENV, KEY, FakeMaster, data_file, flip_bytes_in_file, node_id_of, tok
 from tests.helpers import ADMIN, DataNodeProcess, running_app, start_all, wait_for
 
@@ -51,7 +51,7 @@ def client() -> Iterator[httpx.Client]:
 
 
 def put(client: httpx.Client, url: str, blob: str, data: bytes) -> None:
-    payload.put_blob(client, url, blob, data, tok("write", blob))
+    blobhttp.put_blob(client, url, blob, data, tok("write", blob))
 
 
 def test_heartbeats_reach_the_master(fake: tuple[FakeMaster, str],
@@ -83,7 +83,7 @@ def test_block_reports_follow_puts_and_deletes(fake: tuple[FakeMaster, str],
         b.full for b in beats)
     last = fm.beats_of(nid)[-1]
     assert last.blob_count >= 5 and last.used_bytes >= 5000
-    payload.delete_blob(client, p.url, ids[0], tok("delete", ids[0]))
+    blobhttp.delete_blob(client, p.url, ids[0], tok("delete", ids[0]))
     wait_for(lambda: not fm.holds(nid, ids[0]), what="delete reported")
     assert all(fm.holds(nid, b) for b in ids[1:])
 
@@ -110,7 +110,7 @@ def test_delete_and_replicate_commands_are_executed(
         wait_for(partial(fm.holds, bid, blob), what=f"B reports {blob}")
     wait_for(lambda: not fm.holds(aid, "hb-cmd-2"), what="delete reported")
     with pytest.raises(NotFound):
-        payload.get_blob(client, a.url, "hb-cmd-2", tok("read", "hb-cmd-2"))
+        blobhttp.get_blob(client, a.url, "hb-cmd-2", tok("read", "hb-cmd-2"))
     reports = wait_for(lambda: _reports(fm, aid, n0, 3), what="replication reports")
     assert reports
     ok = {r.blob_id: r for r in reports if r.ok}
@@ -124,7 +124,7 @@ def test_delete_and_replicate_commands_are_executed(
 
 def _try_get(client: httpx.Client, url: str, blob: str) -> bytes | None:
     try:
-        return payload.get_blob(client, url, blob, tok("read", blob))
+        return blobhttp.get_blob(client, url, blob, tok("read", blob))
     except NotFound:
         return None
 
@@ -151,7 +151,7 @@ def test_scrubber_drops_and_reports_a_corrupt_replica(
     wait_for(lambda: fm.reported(bid, "corrupt", "hb-rot"), what="corrupt replica reported")
     assert not fm.holds(bid, "hb-rot")
     with pytest.raises(NotFound):
-        payload.get_blob(client, b.url, "hb-rot", tok("read", "hb-rot"))
+        blobhttp.get_blob(client, b.url, "hb-rot", tok("read", "hb-rot"))
 
 
 def _heartbeat_failures(client: httpx.Client, url: str) -> float:

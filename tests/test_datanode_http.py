@@ -17,6 +17,7 @@ from squall.common.checksum import CRC_HEADER, Crc32c, crc32c
 from squall.common.errors import BadRequest, NotFound
 from squall.common.security import tokens
 from squall.common.wire import payload
+from tests import blobhttp
 from tests.dn_kit import KEY, auth, chunks, node_processes, tok
 from tests.helpers import ADMIN, DISPATCH_ENV, DataNodeProcess
 from tests.test_datanode_tokens import mutations
@@ -41,11 +42,11 @@ def test_put_get_small_sizes(nodes: list[DataNodeProcess], client: httpx.Client,
                              size: int) -> None:
     url, blob = nodes[0].url, f"size-{size}"
     data = os.urandom(size)
-    res = payload.put_blob(client, url, blob, data, tok("write", blob))
+    res = blobhttp.put_blob(client, url, blob, data, tok("write", blob))
     assert (res.size, res.crc32c, res.errors) == (size, crc32c(data), [])
     assert [s.address for s in res.stored] == [url]
     tokens.verify_receipt(KEY, res.stored[0].receipt, blob, size, crc32c(data))
-    assert payload.get_blob(client, url, blob, tok("read", blob)) == data
+    assert blobhttp.get_blob(client, url, blob, tok("read", blob)) == data
     h = client.head(f"{url}/v1/blobs/{blob}", headers=auth("read", blob))
     assert h.status_code == 200 and h.content == b""
     assert (h.headers["content-length"], h.headers[CRC_HEADER]) == (str(size), str(crc32c(data)))
@@ -66,30 +67,30 @@ def test_256_mib_streamed_through_the_pipeline(nodes: list[DataNodeProcess],
             crc.update(part)
             yield part
 
-    res = payload.put_blob(client, urls[0], blob, body(), tok("write", blob, urls),
+    res = blobhttp.put_blob(client, urls[0], blob, body(), tok("write", blob, urls),
                            replicas=urls[1:], size=size)
     assert res.size == size and res.crc32c == crc.value
     assert sorted(s.address for s in res.stored) == sorted(urls)
     for url in urls:
         got = hashlib.sha256()
         n = 0
-        for part in payload.iter_blob(client, url, blob, tok("read", blob)):
+        for part in blobhttp.iter_blob(client, url, blob, tok("read", blob)):
             got.update(part)
             n += len(part)
         assert n == size and got.digest() == sent.digest()
     for url in urls:  # do not keep 512 MiB around for the other tests
-        assert payload.delete_blob(client, url, blob, tok("delete", blob))
+        assert blobhttp.delete_blob(client, url, blob, tok("delete", blob))
 
 
 def test_range_reads(nodes: list[DataNodeProcess], client: httpx.Client) -> None:
     url, blob = nodes[0].url, "ranged"
     data = random.Random(1).randbytes((3 << 20) + 12345)  # several 1 MiB chunks
-    payload.put_blob(client, url, blob, data, tok("write", blob))
+    blobhttp.put_blob(client, url, blob, data, tok("write", blob))
     read = tok("read", blob)
     n = len(data)
     for start, end in ((0, 1), (5, 10), ((1 << 20) - 3, (1 << 20) + 3), (n - 1, n), (0, n),
                        (2 << 20, n)):
-        assert payload.get_blob(client, url, blob, read, start, end) == data[start:end]
+        assert blobhttp.get_blob(client, url, blob, read, start, end) == data[start:end]
     h = {"Authorization": "Bearer " + read}
     r = client.get(f"{url}/v1/blobs/{blob}", headers={**h, "Range": "bytes=100-199"})
     assert r.status_code == 206 and r.content == data[100:200]
@@ -107,14 +108,14 @@ def test_batch_put_and_get(nodes: list[DataNodeProcess], client: httpx.Client) -
     urls = [n.url for n in nodes]
     items = [(f"batch-{i}", os.urandom(random.Random(i).randrange(0, 3000))) for i in range(200)]
     ids = [b for b, _ in items]
-    res = payload.put_batch(client, urls[0], items, tok("write", ids, urls), replicas=urls[1:])
+    res = blobhttp.put_batch(client, urls[0], items, tok("write", ids, urls), replicas=urls[1:])
     assert [b.blob_id for b in res.blobs] == ids
     for b, (_, data) in zip(res.blobs, items, strict=True):
         assert b.crc32c == crc32c(data) and len(b.stored) == 2
         for s in b.stored:
             tokens.verify_receipt(KEY, s.receipt, b.blob_id, len(data), crc32c(data))
     for url in urls:
-        got = payload.get_batch(client, url, [*ids, "batch-missing"],
+        got = blobhttp.get_batch(client, url, [*ids, "batch-missing"],
                                 tok("read", [*ids, "batch-missing"]))
         assert all(got[b].data == d and got[b].status == payload.OK for b, d in items)
         assert got["batch-missing"].status == payload.MISSING
@@ -125,7 +126,7 @@ def test_batch_put_and_get(nodes: list[DataNodeProcess], client: httpx.Client) -
                     headers=auth("write", ["batch-new-1", "batch-new-2"]))
     assert r.status_code == 400 and "batch-new-2" in r.json()["error"]["message"]
     with pytest.raises(NotFound):
-        payload.get_blob(client, urls[0], "batch-new-1", tok("read", "batch-new-1"))
+        blobhttp.get_blob(client, urls[0], "batch-new-1", tok("read", "batch-new-1"))
     # the token must cover every blob of the batch
     r = client.post(f"{urls[0]}/v1/blobs:batch-put", content=frames,
                     headers=auth("write", ["batch-new-1"]))
@@ -139,7 +140,7 @@ def test_declared_checksum_mismatch_is_refused(nodes: list[DataNodeProcess],
                                                client: httpx.Client) -> None:
     url = nodes[0].url
     with pytest.raises(BadRequest, match="declared"):
-        payload.put_blob(client, url, "crc-bad", b"hello", tok("write", "crc-bad"),
+        blobhttp.put_blob(client, url, "crc-bad", b"hello", tok("write", "crc-bad"),
                          crc=crc32c(b"hellp"))
     r = client.head(f"{url}/v1/blobs/crc-bad", headers=auth("read", "crc-bad"))
     assert r.status_code == 404
@@ -147,20 +148,20 @@ def test_declared_checksum_mismatch_is_refused(nodes: list[DataNodeProcess],
 
 def test_delete_and_conflict(nodes: list[DataNodeProcess], client: httpx.Client) -> None:
     url = nodes[0].url
-    payload.put_blob(client, url, "del-1", b"abc", tok("write", "del-1"))
-    again = payload.put_blob(client, url, "del-1", b"abc", tok("write", "del-1"))
+    blobhttp.put_blob(client, url, "del-1", b"abc", tok("write", "del-1"))
+    again = blobhttp.put_blob(client, url, "del-1", b"abc", tok("write", "del-1"))
     assert again.size == 3  # the same bytes again: idempotent
     r = client.put(f"{url}/v1/blobs/del-1", content=b"abd", headers=auth("write", "del-1"))
     assert r.status_code == 409 and r.json()["error"]["code"] == "conflict"
-    assert payload.delete_blob(client, url, "del-1", tok("delete", "del-1")) is True
-    assert payload.delete_blob(client, url, "del-1", tok("delete", "del-1")) is False
+    assert blobhttp.delete_blob(client, url, "del-1", tok("delete", "del-1")) is True
+    assert blobhttp.delete_blob(client, url, "del-1", tok("delete", "del-1")) is False
     with pytest.raises(NotFound):
-        payload.get_blob(client, url, "del-1", tok("read", "del-1"))
+        blobhttp.get_blob(client, url, "del-1", tok("read", "del-1"))
 
 
 def test_bad_tokens_are_refused(nodes: list[DataNodeProcess], client: httpx.Client) -> None:
     url, blob = nodes[0].url, "guarded"
-    payload.put_blob(client, url, blob, b"secret", tok("write", blob))
+    blobhttp.put_blob(client, url, blob, b"secret", tok("write", blob))
     good = tok("read", blob)
     get = f"{url}/v1/blobs/{blob}"
     assert client.get(get, headers={"Authorization": "Bearer " + good}).content == b"secret"
@@ -198,7 +199,7 @@ def test_bad_tokens_are_refused(nodes: list[DataNodeProcess], client: httpx.Clie
                    params={"replicas": "http://127.0.0.1:9"},
                    headers=auth("write", f"{blob}-3", [nodes[1].url]))
     assert r.status_code == 403 and "forwarding" in r.text
-    assert payload.get_blob(client, url, blob, good) == b"secret"
+    assert blobhttp.get_blob(client, url, blob, good) == b"secret"
 
 
 def test_health_metrics_and_openapi(nodes: list[DataNodeProcess], client: httpx.Client) -> None:

@@ -13,6 +13,7 @@ from squall.common.checksum import crc32c
 from squall.common.errors import DataCorrupt, NotFound, TransportError, Unavailable
 from squall.common.security import tokens
 from squall.common.wire import payload
+from tests import blobhttp
 from tests.dn_kit import (
     KEY,
     auth,
@@ -43,7 +44,7 @@ def test_replicated_write_lists_every_replica_with_a_receipt(
     urls = [p.url for p in nodes[:n]]
     blob = f"rep-{n}"
     data = os.urandom((2 << 20) + 333)  # several chunks, streamed through the pipeline
-    res = payload.put_blob(client, urls[0], blob, data, tok("write", blob, urls),
+    res = blobhttp.put_blob(client, urls[0], blob, data, tok("write", blob, urls),
                            replicas=urls[1:])
     assert res.errors == []
     assert res.stored[0].address == urls[0]
@@ -52,10 +53,10 @@ def test_replicated_write_lists_every_replica_with_a_receipt(
         r = tokens.verify_receipt(KEY, s.receipt, blob, len(data), crc32c(data), s.node_id)
         assert r.node_id == node_id_of(s.address)
     for url in urls:
-        assert payload.get_blob(client, url, blob, tok("read", blob)) == data
+        assert blobhttp.get_blob(client, url, blob, tok("read", blob)) == data
     for p in nodes[n:]:
         with pytest.raises(NotFound):
-            payload.get_blob(client, p.url, blob, tok("read", blob))
+            blobhttp.get_blob(client, p.url, blob, tok("read", blob))
 
 
 def test_quorum_not_met_when_a_peer_is_down(nodes: list[DataNodeProcess],
@@ -63,7 +64,7 @@ def test_quorum_not_met_when_a_peer_is_down(nodes: list[DataNodeProcess],
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     urls = [nodes[0].url, nodes[1].url, dead]
     with pytest.raises(Unavailable) as ei:
-        payload.put_blob(client, urls[0], "q-1", os.urandom(50_000),
+        blobhttp.put_blob(client, urls[0], "q-1", os.urandom(50_000),
                          tok("write", "q-1", urls), replicas=urls[1:])
     err = ei.value
     assert "write quorum not met" in err.message and dead in err.message
@@ -71,7 +72,7 @@ def test_quorum_not_met_when_a_peer_is_down(nodes: list[DataNodeProcess],
     assert [e["address"] for e in err.details["errors"]] == [dead]
     assert sorted(s["address"] for s in err.details["stored"]) == sorted(urls[:2])
     # with a quorum of 2 the same write succeeds, and still reports the dead peer
-    res = payload.put_blob(client, urls[0], "q-2", b"x" * 1000, tok("write", "q-2", urls),
+    res = blobhttp.put_blob(client, urls[0], "q-2", b"x" * 1000, tok("write", "q-2", urls),
                            replicas=urls[1:], quorum=2)
     assert len(res.stored) == 2 and [e.address for e in res.errors] == [dead]
     assert res.errors[0].code == "transport"
@@ -87,9 +88,9 @@ def test_peer_refusal_is_reported_not_swallowed(nodes: list[DataNodeProcess],
                                                 client: httpx.Client) -> None:
     urls = [p.url for p in nodes]
     # node 2 already holds other bytes under this id: it refuses the copy (409)
-    payload.put_blob(client, urls[2], "clash", b"other", tok("write", "clash"))
+    blobhttp.put_blob(client, urls[2], "clash", b"other", tok("write", "clash"))
     with pytest.raises(Unavailable) as ei:
-        payload.put_blob(client, urls[0], "clash", b"mine", tok("write", "clash", urls),
+        blobhttp.put_blob(client, urls[0], "clash", b"mine", tok("write", "clash", urls),
                          replicas=urls[1:])
     (e,) = ei.value.details["errors"]
     assert e["address"] == urls[2] and e["status"] == 409 and e["code"] == "conflict"
@@ -100,26 +101,26 @@ def test_corrupt_byte_in_the_lmdb_file_fails_reads_loudly(
     urls = [nodes[0].url, nodes[1].url]
     blobs = {b: os.urandom((2 << 20) + 500_000) for b in ("flip-first", "flip-mid")}
     for blob, data in blobs.items():  # chunks 0, 1, 2 on both nodes
-        payload.put_blob(client, urls[0], blob, data, tok("write", blob, urls),
+        blobhttp.put_blob(client, urls[0], blob, data, tok("write", blob, urls),
                          replicas=urls[1:])
     mdb = data_file(nodes[1].data_dir)
     # chunk 0 damaged: a clean 500 data_corrupt answer before any byte is sent
     assert flip_bytes_in_file(mdb, blobs["flip-first"][1000:1064]) == 1
     with pytest.raises(DataCorrupt, match="CRC32C"):
-        payload.get_blob(client, urls[1], "flip-first", tok("read", "flip-first"))
+        blobhttp.get_blob(client, urls[1], "flip-first", tok("read", "flip-first"))
     # chunk 2 damaged: right bytes until then, then the node cuts the connection
     data = blobs["flip-mid"]
     assert flip_bytes_in_file(mdb, data[(2 << 20) + 1000:(2 << 20) + 1064], 5) == 1
     got = bytearray()
     with pytest.raises(TransportError):
-        for part in payload.iter_blob(client, urls[1], "flip-mid", tok("read", "flip-mid")):
+        for part in blobhttp.iter_blob(client, urls[1], "flip-mid", tok("read", "flip-mid")):
             got += part
     assert bytes(got) == data[:len(got)] and len(got) < len(data)
     # both bad replicas were dropped; the good copies on node 0 still read back whole
     for blob, data in blobs.items():
         with pytest.raises(NotFound):
-            payload.get_blob(client, urls[1], blob, tok("read", blob))
-        assert payload.get_blob(client, urls[0], blob, tok("read", blob)) == data
+            blobhttp.get_blob(client, urls[1], blob, tok("read", blob))
+        assert blobhttp.get_blob(client, urls[0], blob, tok("read", blob)) == data
     metrics = client.get(urls[1] + "/metrics", headers=ADMIN).text
     assert "squall_datanode_corrupt_replicas_total 2.0" in metrics
 
@@ -146,10 +147,10 @@ def test_an_upload_cut_mid_body_is_stored_nowhere(nodes: list[DataNodeProcess],
     assert all(_absent(client, u, blob) for u in urls)
     # every node is still fine, and the same blob id can be written afterwards
     data = os.urandom(3 << 20)
-    res = payload.put_blob(client, urls[0], blob, data, token, replicas=urls[1:])
+    res = blobhttp.put_blob(client, urls[0], blob, data, token, replicas=urls[1:])
     assert len(res.stored) == 3
     for u in urls:
-        assert payload.get_blob(client, u, blob, tok("read", blob)) == data
+        assert blobhttp.get_blob(client, u, blob, tok("read", blob)) == data
 
 
 def _absent(client: httpx.Client, url: str, blob: str) -> bool:

@@ -21,7 +21,8 @@ from squall.client import Client
 from squall.client._tasks import NewTask
 from squall.client.cli import app
 from squall.common.security import tokens
-from squall.common.wire.payload import OK, get_batch
+from squall.common.wire.payload import OK
+from tests.blobhttp import get_batch
 from tests.helpers import DataNodeProcess, MasterProcess, master_auth, start_all, wait_for
 
 KEY = "decommission-test-key-0123456789abcdef"

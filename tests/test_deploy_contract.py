@@ -39,7 +39,8 @@ import pytest
 
 from squall.client import Client
 from squall.common.security import auth, tokens
-from squall.common.wire.payload import OK, get_batch
+from squall.common.wire.payload import OK
+from tests.blobhttp import get_batch
 from tests.deploy_kit import DEPLOY, env_of, find, kubectl, parse_dockerfile, render
 from tests.helpers import free_port_block, wait_for
 

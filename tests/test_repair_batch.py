@@ -21,9 +21,9 @@ import pytest
 from squall.common.checksum import crc32c
 from squall.common.errors import NotFound
 from squall.common.security.tokens import sign, verify_receipt
-from squall.common.wire import payload
 from squall.common.wire.cluster import ReplicationReport
 from squall.common.wire.payload import OK
+from tests import blobhttp
 from tests.dn_kit import ENV as DN_ENV
 from tests.dn_kit import KEY as DN_KEY
 from tests.dn_kit import FakeMaster, data_file, flip_bytes_in_file, node_id_of, tok
@@ -75,7 +75,7 @@ class Cluster:
             part = items[i:i + 1000]
             urls = [n.url for n in nodes]
             t = sign(KEY, "write", [b for b, _ in part], time.time() + 120, replicas=urls)
-            res = payload.put_batch(self.http, urls[0], part, t, replicas=urls[1:])
+            res = blobhttp.put_batch(self.http, urls[0], part, t, replicas=urls[1:])
             tasks = [{"pid": r.blob_id, "payload": {
                 "blob_id": r.blob_id, "size": r.size, "crc32c": r.crc32c,
                 "replicas": [s.address for s in r.stored],
@@ -93,7 +93,7 @@ class Cluster:
             for i in range(0, len(ids), 1000):
                 part = ids[i:i + 1000]
                 t = sign(KEY, "read", part, time.time() + 60)
-                got = payload.get_batch(self.http, n.url, part, t)
+                got = blobhttp.get_batch(self.http, n.url, part, t)
                 for b, f in got.items():
                     if f.status == OK and f.data == blobs[b]:
                         out[b] += 1
@@ -237,8 +237,8 @@ def test_a_batch_with_a_corrupt_and_a_missing_blob_reports_each_blob(
     blobs["cb-big"] = os.urandom(5 << 20)  # over the batch size: streamed on its own
     with httpx.Client(timeout=30) as http:
         items = list(blobs.items())
-        payload.put_batch(http, a.url, items[:50], tok("write", [k for k, _ in items[:50]]))
-        payload.put_blob(http, a.url, "cb-big", blobs["cb-big"], tok("write", "cb-big"))
+        blobhttp.put_batch(http, a.url, items[:50], tok("write", [k for k, _ in items[:50]]))
+        blobhttp.put_blob(http, a.url, "cb-big", blobs["cb-big"], tok("write", "cb-big"))
         bad = "cb-017"
         assert flip_bytes_in_file(data_file(a.data_dir), blobs[bad][1000:1040], 5) == 1
         ids = [*blobs, "cb-not-here"]
@@ -258,8 +258,8 @@ def test_a_batch_with_a_corrupt_and_a_missing_blob_reports_each_blob(
             r = by[blob]
             assert r.ok and r.target == b.url and r.receipt, r
             verify_receipt(DN_KEY, r.receipt, blob, len(data), crc32c(data), bid)
-            assert payload.get_blob(http, b.url, blob, tok("read", blob)) == data
+            assert blobhttp.get_blob(http, b.url, blob, tok("read", blob)) == data
         # the corrupt source replica was dropped and reported; the target never got it
         wait_for(lambda: fm.reported(aid, "corrupt", bad), what="corrupt replica reported")
         with pytest.raises(NotFound):
-            payload.get_blob(http, b.url, bad, tok("read", bad))
+            blobhttp.get_blob(http, b.url, bad, tok("read", bad))

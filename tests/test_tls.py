@@ -17,7 +17,7 @@ import trustme
 from squall.client import Client
 from squall.common.errors import TransportError
 from squall.common.transport.adapters import SyncTransport
-from squall.common.wire import payload as wire
+from tests import blobhttp
 from tests.helpers import ADMIN, DataNodeProcess, MasterProcess, start_all, wait_for
 
 KEY = "tls-test-cluster-key-0123456789abcdef"
@@ -125,12 +125,12 @@ def test_put_lease_done_over_mutual_tls(cluster: tuple[TLSMaster, list[TLSNode],
 
         with engine(certs.context(client_pem)) as d:
             for node in ref.replicas:
-                assert wire.get_blob(d, node, ref.blob_id, ref.token) == payload
+                assert blobhttp.get_blob(d, node, ref.blob_id, ref.token) == payload
         with engine(ssl.create_default_context(cafile=str(certs.ca_file))
                     ) as d, pytest.raises(TransportError):
-            wire.get_blob(d, ref.replicas[0], ref.blob_id, ref.token)  # no client cert
+            blobhttp.get_blob(d, ref.replicas[0], ref.blob_id, ref.token)  # no client cert
         with engine(ssl.create_default_context()) as d, pytest.raises(TransportError):
-            wire.get_blob(d, ref.replicas[0], ref.blob_id, ref.token)  # unknown CA
+            blobhttp.get_blob(d, ref.replicas[0], ref.blob_id, ref.token)  # unknown CA
         t.done()
         assert c.stats("tls#q").completed == 1
     # without a client certificate the master refuses the connection
