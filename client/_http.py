@@ -64,11 +64,8 @@ def tls_verify(tls: TLSConfig | None = None) -> ssl.SSLContext:
     per configuration for every client of this process: httpx builds a new one per client
     otherwise, loading the CA bundle each time (~0.25 s of CPU per ``Client``, 30 s for the
     soak's 128 clients on a loaded machine)."""
-    if tls is not None:
-        return _ssl_context(tls.cert, tls.key, tls.ca)
-    env = os.environ
-    return _ssl_context(env.get("SQUALL_TLS_CERT") or None, env.get("SQUALL_TLS_KEY") or None,
-                        env.get("SQUALL_TLS_CA") or None)
+    tls = tls or TLSConfig.from_env()
+    return _ssl_context(tls.cert, tls.key, tls.ca)
 
 
 @functools.lru_cache(maxsize=8)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +54,8 @@ class TLSConfig:
         return ctx
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> TLSConfig:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TLSConfig:
         """A client's configuration: SQUALL_TLS_CA, SQUALL_TLS_CERT, SQUALL_TLS_KEY."""
-        env = dict(os.environ) if env is None else env
+        env = os.environ if env is None else env
         return cls(env.get("SQUALL_TLS_CERT") or None, env.get("SQUALL_TLS_KEY") or None,
                    env.get("SQUALL_TLS_CA") or None)

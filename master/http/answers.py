@@ -14,7 +14,6 @@ from squall.common.server.http import (
     BodyLimit,
     describe_validation,
     error_response,
-    validation_error,
 )
 from squall.common.server.http import install_error_handlers as _install_error_handlers
 from squall.common.wire.models import ErrorResponse
@@ -50,8 +49,3 @@ def _refine(errors: list[Any], details: list[dict[str, Any]]) -> StatusError | N
 
 def install_error_handlers(app: FastAPI) -> None:
     _install_error_handlers(app, _refine)
-
-
-def invalid(errors: list[Any]) -> StatusError:
-    """What the master answers for these validation errors."""
-    return validation_error(errors, _refine)

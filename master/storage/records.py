@@ -69,10 +69,6 @@ class Task:
         return Task(*self.to_wire())
 
     @classmethod
-    def from_wire(cls, v: list[Any]) -> Task:
-        return cls(*v)
-
-    @classmethod
     def unpack(cls, raw: bytes) -> Task:
         return cls(*msgpack.unpackb(raw))
 
