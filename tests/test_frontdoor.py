@@ -109,7 +109,7 @@ def test_front_door_node_killed(tmp_path: Path, crash: str) -> None:
         cl.kill_node(1)  # node 1 comes back armed to SIGKILL itself mid-request
         cl.env = {**cl.env, "SQUALL_TEST_CRASH": crash}
         cl.start_node(1)
-        cl._wait(nodes[0] + "/readyz", cl.node_procs[1], "node-1", 60)
+        cl.wait_ready(nodes[0], cl.node_procs[1], "node-1", 60)
         cl.wait_alive(3)
         data = os.urandom(5000)
         with Client(cl.master_url) as c:
@@ -201,7 +201,7 @@ def test_a_commit_whose_answer_is_lost_is_not_refused(tmp_path: Path) -> None:
         nodes = [cl.node_url(i) for i in (1, 2, 3)]
         cl.kill_node(1)  # node 1 comes back talking to the master through the proxy
         cl.start_node(1, master=proxy.url)
-        cl._wait(nodes[0] + "/readyz", cl.node_procs[1], "node-1", 60)
+        cl.wait_ready(nodes[0], cl.node_procs[1], "node-1", 60)
         cl.wait_alive(3)
         proxy.armed.set()
         r = httpx.post(nodes[0] + "/v1/groups/fd/queues/lost/tasks", timeout=30,

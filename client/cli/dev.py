@@ -110,11 +110,11 @@ class DevCluster:
             "squall.master", "--data-dir", str(self.data_dir / "master"), "--host",
             "127.0.0.1", "--port", str(self.port), "--replication-factor", str(self.rf),
             "--heartbeat-interval-s", hb])
-        self._wait(self.master_url, self.master_proc, "master", timeout_s)
+        self.wait_ready(self.master_url, self.master_proc, "master", timeout_s)
         for i in range(1, self.n + 1):
             self.start_node(i)
         for i in range(1, self.n + 1):
-            self._wait(self.node_url(i), self.node_procs[i], f"node-{i}", timeout_s)
+            self.wait_ready(self.node_url(i), self.node_procs[i], f"node-{i}", timeout_s)
         self.wait_alive(self.n, timeout_s)
 
     def start_node(self, i: int, master: str | None = None) -> None:
@@ -125,7 +125,7 @@ class DevCluster:
             str(self.port + i), "--advertise", self.node_url(i),
             "--heartbeat-interval-s", str(self.heartbeat_interval_s)])
 
-    def _wait(self, url: str, proc: subprocess.Popen[bytes], name: str, timeout_s: float
+    def wait_ready(self, url: str, proc: subprocess.Popen[bytes], name: str, timeout_s: float
               ) -> None:
         """Until the server at `url` answers ``/readyz`` with 200."""
         deadline = time.monotonic() + timeout_s
