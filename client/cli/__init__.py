@@ -20,11 +20,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from squall.client.cli import admin as _cli_admin
-from squall.client.cli import auth as _cli_auth
-from squall.client.cli import dev as _cli_dev
-from squall.client.cli import nodes as _cli_nodes
-from squall.client.cli import verbs as _cli_verbs
+from squall.client.cli import admin, auth, dev, nodes, verbs
 from squall.client.cli.common import SERVER_EXTRA_HINT, fail, missing_server_deps
 
 app = typer.Typer(help="squall: a distributed, durable, priority task queue.",
@@ -54,11 +50,11 @@ def _root(_v: Annotated[bool, typer.Option(
         os.environ["SQUALL_TOKEN"] = token  # every client this command makes sends it
 
 
-_cli_verbs.register(app)
-_cli_admin.register(app)
-app.add_typer(_cli_nodes.app, name="nodes")
-_cli_dev.register(app)
-_cli_auth.register(app)
+verbs.register(app)
+admin.register(app)
+app.add_typer(nodes.app, name="nodes")
+dev.register(app)
+auth.register(app)
 _plugins_loaded = False
 
 
