@@ -1,0 +1,81 @@
+"""Who may *try* to lead a master set: a pluggable elector.
+
+The elector only decides which member attempts to lead. Safety comes from the epochs the
+journals promise (a deposed leader's next group is refused), never from the elector:
+leader-election leases do not fence (docs/decisions/0024-one-commit-path.md).
+
+A member's role loop calls :meth:`Elector.try_acquire` every ``lease_secs / 3``. Taking
+``t0 = monotonic()`` *before* the call, a ``True`` answer means this member holds the
+lease until ``t0 + lease_secs * (1 - skew margin)`` by its own clock; past that it stops
+acknowledging writes unless a later call renewed it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+
+class Elector(Protocol):
+    kind: str  # "static", "etcd", "kubernetes": shown by `squall status` and the dashboard
+    lease_secs: float
+
+    async def try_acquire(self, me: str) -> bool:
+        """Acquire or renew the leadership lease for member `me` (its advertised URL).
+
+        True when `me` holds it after the call; False when another member holds an
+        unexpired lease or the elector could not be reached (never raises for that)."""
+        ...
+
+    async def holder(self) -> str | None:
+        """The member the elector names now, None when nobody or unknown (cheap)."""
+        ...
+
+    async def release(self, me: str) -> None:
+        """Give the lease up if `me` holds it (step-down); best effort."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class StaticElector:
+    """"This one leads": a fixed member, for a single master or a hand-run set."""
+
+    kind = "static"
+
+    def __init__(self, leader: str, lease_secs: float = 5.0) -> None:
+        self.leader, self.lease_secs = leader, lease_secs
+
+    async def try_acquire(self, me: str) -> bool:
+        return me == self.leader
+
+    async def holder(self) -> str | None:
+        return self.leader
+
+    async def release(self, me: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+# spec prefix -> "module:class" whose `from_spec(rest: str) -> Elector` builds it
+_KINDS = {
+    "etcd": "squall.master.ha.etcd:EtcdElector",
+    "kubernetes": "squall.master.ha.kube:KubeLeaseElector",
+}
+
+
+def make_elector(spec: str) -> Elector:
+    """Build an elector from `static:<member url>`, `etcd:<...>` or `kubernetes:<...>`."""
+    kind, _, rest = spec.partition(":")
+    if kind == "static":
+        if not rest:
+            raise ValueError("static elector: name the leader, e.g. static:http://127.0.0.1:8000")
+        return StaticElector(rest)
+    target = _KINDS.get(kind)
+    if target is None:
+        raise ValueError(f"unknown elector {kind!r}: use static:, etcd: or kubernetes:")
+    module, _, cls = target.partition(":")
+    built: Elector = getattr(importlib.import_module(module), cls).from_spec(rest)
+    return built
