@@ -225,3 +225,15 @@ def test_data_node_heartbeats_and_commits_follow_the_leader(tmp_path) -> None:  
 
 def test_errors_are_squall_errors() -> None:
     assert issubclass(Standby, SquallError)
+
+
+def test_spark_takes_several_masters() -> None:
+    from squall.client.spark._conn import resolve
+
+    assert resolve({"master": ["http://a:1", "http://b:2"]}, env={})[0] == "http://a:1,http://b:2"
+    assert resolve({}, {"spark.squall.master": "http://a:1,http://b:2"}, env={})[0] == \
+        "http://a:1,http://b:2"
+    assert resolve({}, {}, env={"SQUALL_MASTER": "http://a:1,http://b:2"})[0] == \
+        "http://a:1,http://b:2"
+    with Client(resolve({"master": ("http://a:1", "http://b:2")}, env={})[0]) as c:
+        assert c.masters.addresses == ("http://a:1", "http://b:2")
