@@ -197,28 +197,43 @@ def test_the_credential_goes_to_masters_only(master: MasterProcess) -> None:
 
 
 # -- the data node ---------------------------------------------------------------------------
+def forwarded(m: Member, path: str) -> int:
+    """Requests under `path` that `m` forwarded to the master as the leader (answered 200)."""
+    with m.lock:
+        return sum(1 for _m, p, st in m.hits if p.startswith(path) and st == 200)
+
+
 def test_data_node_heartbeats_and_commits_follow_the_leader(tmp_path) -> None:  # type: ignore[no-untyped-def]
     cluster = start_cluster(tmp_path / "c", 2)
     try:
-        with member(leader=cluster.master_url) as s:
+        with member(cluster.master_url, "leader") as a, member(cluster.master_url) as b, \
+                Client(cluster.master_url, token=cluster.admin) as c:
+            b.set("standby", a.url)
             cluster.kill_node(1)
-            # a dead address, a standby naming the leader, then the leader itself
-            cluster.start_node(1, master=f"{dead_address()},{s.url},{cluster.master_url}")
-            wait_for(lambda: s.count("/v1/nodes/heartbeat") >= 1, 30,
-                     what="a heartbeat refused by the standby")
-            with Client(cluster.master_url, token=cluster.admin) as c:
-                def restarted() -> bool:
-                    n = [x for x in c.cluster().nodes if x.address == cluster.node_url(1)]
-                    return bool(n) and n[0].state == "alive"
-                wait_for(restarted, 30, what="node 1 alive again")
-                beats = s.count("/v1/nodes/heartbeat")
-                # front-door puts through both nodes: node 1 commits to the leader
-                for i in range(20):
-                    c.put("dn#q", b"x" * 100, pid=f"p{i:02}")
-                assert c.stats("dn#q").available == 20
-            # the standby saw the first beat only (or a few, while the node started)
-            assert s.count("/v1/nodes/heartbeat") == beats
-            assert s.count("/v1/nodes/commit") + s.count("/v1/nodes/blocks") <= 2
+            # a dead address, a standby naming the leader, then the leader
+            cluster.start_node(1, master=f"{dead_address()},{b.url},{a.url}")
+
+            def beat_through(m: Member, n: int) -> None:
+                wait_for(lambda: forwarded(m, "/v1/nodes/heartbeat") >= n, 60,
+                         what=f"{n} heartbeats through {m.url}")
+
+            beat_through(a, 2)
+            assert b.refused("/v1/nodes/heartbeat") >= 1
+            refused_before = b.refused("/v1/nodes/heartbeat")
+            beat_through(a, forwarded(a, "/v1/nodes/heartbeat") + 2)
+            assert b.refused("/v1/nodes/heartbeat") == refused_before  # it stays with a
+            # failover: a becomes a standby naming b, which leads now
+            a.set("standby", b.url)
+            b.set("leader")
+            beat_through(b, 2)
+            node = [x for x in c.cluster().nodes if x.address == cluster.node_url(1)]
+            assert node and node[0].state == "alive"
+            # front-door puts through both nodes: node 1 takes blocks and commits through b
+            for i in range(20):
+                c.put("dn#q", b"x" * 100, pid=f"p{i:02}")
+            assert c.stats("dn#q").available == 20
+            assert forwarded(b, "/v1/nodes/commit") >= 1
+            assert forwarded(a, "/v1/nodes/commit") == 0
     finally:
         cluster.stop()
 
