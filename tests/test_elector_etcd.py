@@ -69,8 +69,8 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Etcd]:
         e.kill9()
 
 
-def pair(etcd: Etcd, key: str) -> tuple[EtcdElector, EtcdElector]:
-    spec = f"{etcd.url}{key}?ttl={TTL}"
+def pair(etcd: Etcd, key: str, ttl: int = TTL) -> tuple[EtcdElector, EtcdElector]:
+    spec = f"{etcd.url}{key}?ttl={ttl}"
     return EtcdElector.from_spec(spec), EtcdElector.from_spec(spec)
 
 
@@ -95,7 +95,9 @@ def test_spec_forms() -> None:
 
 @needs_etcd
 async def test_two_compete_exactly_one_holds_and_renews(etcd: Etcd) -> None:
-    a, b = pair(etcd, "/t/compete")
+    # renewals every TTL/3 of a long TTL: a busy machine delaying one does not lose it
+    ttl = 6
+    a, b = pair(etcd, "/t/compete", ttl)
     try:
         for _ in range(5):
             got = await asyncio.gather(a.try_acquire(A), b.try_acquire(B))
@@ -104,11 +106,11 @@ async def test_two_compete_exactly_one_holds_and_renews(etcd: Etcd) -> None:
         assert await a.holder() == first == await b.holder()
         # the holder keeps renewing past several TTLs; the other never gets it
         loop = asyncio.get_running_loop()
-        end = loop.time() + 2.5 * TTL
+        end = loop.time() + 1.5 * ttl
         while loop.time() < end:
             got = await asyncio.gather(a.try_acquire(A), b.try_acquire(B))
             assert got == [first == A, first == B]
-            await asyncio.sleep(TTL / 3)
+            await asyncio.sleep(ttl / 3)
     finally:
         await a.close()
         await b.close()
