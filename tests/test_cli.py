@@ -82,6 +82,10 @@ def test_dead_letters_and_redrive(master: str) -> None:
     assert "doomed" in out and "ValueError" in out and "more lines" not in out
     assert "moved 1 task(s) from dl#q.dead back into dl#q" in sq(master, "redrive", "dl#q")
     assert "no dead letters in dl#q.dead" in sq(master, "dead-letters", "dl#q")
+    # a typo: a clear message and a non-zero exit, and no queue created
+    out = sq(master, "redrive", "dl#qq", code=1)
+    assert "dl#qq does not exist" in out and "Traceback" not in out
+    assert "dl#qq" not in sq(master, "queues", "dl#", "--all")
 
 
 def test_nodes_without_data_nodes(master: str) -> None:

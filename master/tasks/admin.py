@@ -64,12 +64,17 @@ def plan_cancel(e: Engine, txn: lmdb.Transaction, group: str, queue: str, pid: s
 
 def plan_redrive(e: Engine, txn: lmdb.Transaction, group: str, queue: str, max_tasks: int
                  ) -> Plan:
-    """Move up to `max_tasks` available dead letters of `queue` back into it, attempts 0."""
+    """Move up to `max_tasks` available dead letters of `queue` back into it, attempts 0.
+    A queue that does not exist and has no dead-letter queue is a 404 (a typo must not
+    create an empty queue and report success)."""
     v = View(e, txn, group)
+    src_name = policies.dead_letter_queue(policies.effective(e.index, group, queue), queue)
+    src = v.queue(src_name)
+    if v.queue(queue) is None and src is None:
+        raise NotFound(f"queue {join_queue(group, queue)} does not exist, nor its dead-letter "
+                       f"queue {join_queue(group, src_name)}: nothing to redrive")
     target = v.queue(queue, create=True)
     assert target is not None
-    src_name = policies.dead_letter_queue(e.policy(target), queue)
-    src = v.queue(src_name)
     moved = 0
     if src is not None:
         pre = qprefix(src.qid, src.gen)
