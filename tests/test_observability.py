@@ -59,6 +59,10 @@ async def test_counters_never_decrease_and_series_are_bounded(api: Api, clock: M
                  "squall_master_http_request_duration_seconds_bucket",
                  "squall_datanodes", "squall_blobs_under_replicated", "squall_copies_in_flight"):
         assert re.search(rf"^{name}", text, re.M), name
+    # the master's view of each node has names of its own: the nodes export
+    # squall_datanode_*, and a sum over every target must count a node once
+    assert "# TYPE squall_cluster_node_used_bytes gauge" in text
+    assert "squall_datanode_" not in text
     assert re.search(r'^squall_master_http_requests_total\{method="POST",'
                      r'route="/v1/groups/\{group\}/queues/\{queue\}/lease",status="2xx"\} 2\.0',
                      text, re.M)
