@@ -351,6 +351,11 @@ class DecommissionProgress(_M):
     blobs_remaining: int | None = Field(
         description="blobs it holds that do not have the replication factor on other nodes "
                     "yet (null until the node's next full block report)")
+    uploads_uncommitted: int = Field(
+        0, description="of blobs_remaining: uploads allocated on it that no task refers to "
+                       "yet; the drain waits for their enqueue or the end of their grace")
+    uncommitted_wait_secs: float | None = Field(
+        None, description="at most this many seconds more for those uploads (null: none)")
 
 
 class NodeStatus(_M):
