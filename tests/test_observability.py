@@ -219,3 +219,53 @@ def test_fast_exposition_matches_prometheus_client() -> None:
     reg = CollectorRegistry()
     reg.register(Source())  # type: ignore[arg-type]
     assert render(fams(text=True)) == generate_latest(reg).decode()
+
+
+async def test_retry_one_task(api: Api, clock: ManualClock) -> None:
+    """The dashboard's retry: a dead letter goes back into its queue (attempts reset), a
+    delayed task becomes available now; anything else is refused with what it is."""
+    c, m = api
+    await ok(await c.put("/v1/groups/g/queues/q/policy", json={"max_attempts": 1}))
+    await put(c, "q", {"pid": "doomed"}, {"pid": "later", "delay_secs": 600})
+    [t] = await lease(c, "q")
+    await ok(await update(c, release=[{"queue": "q", "pid": "doomed", "token": t["token"],
+                                       "error": "ValueError: bad"}]))
+    assert m.queue("g", "q.dead").size == 1  # type: ignore[union-attr]
+    r = await ok(await c.post("/v1/groups/g/queues/q.dead/retry", json={"pid": "doomed"}))
+    assert (r["retried"], r["queue"], r["was"]) == ("doomed", "g#q", "dead letter")
+    assert m.queue("g", "q.dead").size == 0  # type: ignore[union-attr]
+    back = (await ok(await c.get("/v1/groups/g/queues/q/tasks/doomed")))
+    assert back["state"] == "available" and back["attempts"] == 0 and not back["error"]
+    r = await ok(await c.post("/v1/groups/g/queues/q/retry", json={"pid": "later"}))
+    assert r["was"] == "delayed"
+    assert [x["pid"] for x in await lease(c, "q", 5)] == ["doomed", "later"]
+    r = await c.post("/v1/groups/g/queues/q/retry", json={"pid": "later"})  # leased now
+    assert r.status_code == 409 and "leased" in r.json()["error"]["message"]
+    r = await c.post("/v1/groups/g/queues/q/retry", json={"pid": "nope"})
+    assert r.status_code == 404
+
+
+async def test_workers_view(api: Api) -> None:
+    c, _ = api
+    await put(c, "a", *({"pid": str(i)} for i in range(5)))
+    await put(c, "b", {"pid": "1"})
+    await lease(c, "a", 3, worker="w-1")
+    await lease(c, "b", 1, worker="w-1")
+    await lease(c, "a", 1, worker="w\u202e2")
+    w = await ok(await c.get("/v1/overview/workers"))
+    [one, two] = w["workers"]
+    assert (one["worker"], one["tasks"]) == ("w-1", 4)
+    assert one["queues"] == [{"queue": "g#a", "tasks": 3}, {"queue": "g#b", "tasks": 1}]
+    assert one["since"] <= one["last_lease"] and one["oldest"]["queue"] in ("g#a", "g#b")
+    assert (two["worker"], two["tasks"]) == ("w\u202e2", 1)
+
+
+async def test_dashboard_security_headers(api: Api) -> None:
+    c, _ = api
+    for path in ("/", "/static/dashboard/dashboard.js", "/static/dashboard/vendor/uPlot.min.css"):
+        r = await c.get(path)
+        assert r.status_code == 200, path
+        assert "script-src 'self'" in r.headers["content-security-policy"], path
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+        assert r.headers["x-frame-options"] == "DENY", path
+        assert r.headers["x-content-type-options"] == "nosniff", path

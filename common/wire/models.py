@@ -304,6 +304,19 @@ class RedriveResponse(_M):
     source: str
 
 
+class RetryRequest(_M):
+    pid: Pid
+
+
+class RetryResponse(_M):
+    ticket: int
+    retried: str = Field(description="pid of the task")
+    queue: str = Field(description="group#queue it is available in now")
+    was: str = Field(description="what it was: a dead letter (moved back into the queue it "
+                     "failed in, attempts reset) | delayed (its delay or retry backoff ended "
+                     "now)")
+
+
 class DeleteResponse(_M):
     ticket: int
     deleted: int = Field(description="tasks the queue held; they are reaped in the background")

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.staticfiles import StaticFiles
 
 from squall.common.clock import Clock
 from squall.common.security.access import RuleTable
@@ -70,7 +69,8 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     install_error_handlers(app)
     ROUTES.install(app)
     install_docs(app)
-    app.mount("/static/dashboard", StaticFiles(directory=status.STATIC), name="dashboard")
+    app.mount("/static/dashboard", status.DashboardFiles(directory=status.STATIC),
+              name="dashboard")
     ROUTES.check(app)
     # the hot routes go through the layers below straight into their handlers
     # (common/server/layered.py); inside BodyLimit: the last added is outermost

@@ -9,6 +9,7 @@ from fastapi import Query
 from squall.common.errors import BadRequest, NotFound
 from squall.common.wire.models import (
     RedriveRequest,
+    RetryRequest,
 )
 from squall.common.wire.names import join_queue, split_queue
 from squall.master.http.answers import JSON
@@ -62,6 +63,13 @@ async def reset_leases(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
     """Make every leased task of the queue available now; every token issued so far
     becomes stale."""
     return JSON(await m.reset_leases(group, queue))
+
+
+async def retry(group: GroupP, queue: QueueP, body: RetryRequest, m: MasterDep) -> JSON:
+    """Retry one task now: a dead letter of this (dead-letter) queue goes back into the
+    queue it failed in, attempts reset; a delayed task becomes available now. 409 for a
+    leased or available task, 404 for none."""
+    return JSON(await m.retry(group, queue, body.pid))
 
 
 async def redrive(group: GroupP, queue: QueueP, body: RedriveRequest, m: MasterDep) -> JSON:
