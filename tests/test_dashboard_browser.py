@@ -216,6 +216,12 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     facts = page.locator("#dfacts").inner_text()
     assert "a dead letter of shots#thumbs" in facts and "attempts\t1" in facts, facts
     assert "UnidentifiedImageError" in page.locator("#derror").inner_text()
+    # its payload's first bytes, read by the master from a replica (admins only)
+    try:
+        wait_for(lambda: page.locator("#dpreview").inner_text() == "x", 20,
+                 what="the payload preview")
+    except TimeoutError as e:
+        raise AssertionError(page.locator("#dpreview").inner_text()) from e
     page.screenshot(path=str(img / "dashboard-task.png"), full_page=True)
     page.click("#dretry")
     page.wait_for_selector("#result:not([hidden])")

@@ -74,7 +74,7 @@ async def test_counters_never_decrease_and_series_are_bounded(api: Api, clock: M
 
 
 async def test_dead_letters_counted_and_shown(api: Api) -> None:
-    c, _ = api
+    c, m = api
     await ok(await c.put("/v1/groups/g/queues/q/policy", json={"max_attempts": 1}))
     await put(c, "q", {"pid": "doomed"})
     [t] = await lease(c, "q")
@@ -85,6 +85,7 @@ async def test_dead_letters_counted_and_shown(api: Api) -> None:
     assert metric(text, "squall_tasks_dead_lettered_total") == 1
     assert metric(text, "squall_dead_letters") == 1
     assert metric(text, "squall_queue_dead_letters", group="g", queue="q.dead") == 0
+    await m.commit.settled()  # the reasons are read from the index: once the release is in
     o = await ok(await c.get("/v1/overview"))
     [d] = o["dead_letter_queues"]
     assert d["queue"] == "g#q.dead" and d["total"] == 1
@@ -246,12 +247,13 @@ async def test_retry_one_task(api: Api, clock: ManualClock) -> None:
 
 
 async def test_workers_view(api: Api) -> None:
-    c, _ = api
+    c, m = api
     await put(c, "a", *({"pid": str(i)} for i in range(5)))
     await put(c, "b", {"pid": "1"})
     await lease(c, "a", 3, worker="w-1")
     await lease(c, "b", 1, worker="w-1")
     await lease(c, "a", 1, worker="w\u202e2")
+    await m.commit.settled()  # the view reads the index: once the last lease is in it
     w = await ok(await c.get("/v1/overview/workers"))
     [one, two] = w["workers"]
     assert (one["worker"], one["tasks"]) == ("w-1", 4)
@@ -269,3 +271,20 @@ async def test_dashboard_security_headers(api: Api) -> None:
         assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
         assert r.headers["x-frame-options"] == "DENY", path
         assert r.headers["x-content-type-options"] == "nosniff", path
+
+
+async def test_payload_preview_says_why_it_has_none(api: Api) -> None:
+    """The drawer's preview (a real replica's bytes: tests/test_dashboard_browser.py): a
+    task without a payload, a payload no live node holds, an unknown task, a bad size."""
+    c, _ = api
+    await put(c, "q", {"pid": "bare"},
+              {"pid": "held", "payload": {"blob_id": "b1", "size": 3, "crc32c": 0}})
+    base = "/v1/overview/queues/g/q/payload"
+    r = await ok(await c.get(base, params={"pid": "bare"}))
+    assert (r["size"], r["shown"], r["error"]) == (0, 0, None)
+    r = await ok(await c.get(base, params={"pid": "held"}))
+    assert r["size"] == 3 and r["shown"] == 0 and "no live replica" in r["error"]
+    assert (await c.get(base, params={"pid": "nope"})).status_code == 404
+    assert (await c.get(base, params={"pid": "held", "bytes": 0})).status_code in (400, 422)
+    assert (await c.get(base, params={"pid": "held", "bytes": 1 << 20})).status_code in (400,
+                                                                                          422)

@@ -132,7 +132,10 @@ ROUTES = RouteTable([
         R("GET", "/v1/overview", status.overview, None, ADMIN_READ),
         R("GET", "/v1/overview/queues/{group}/{queue}", status.queue_overview, None,
           rule("admin", "path", "none")),
-        R("GET", "/v1/overview/workers", status.workers, None, ADMIN_READ)),
+        R("GET", "/v1/overview/workers", status.workers, None, ADMIN_READ),
+        # payloads: admins only, never made public with the rest of the dashboard's data
+        R("GET", "/v1/overview/queues/{group}/{queue}/payload", status.payload_preview, None,
+          rule("admin", "path", "none"))),
     *section(
         "auth",
         R("POST", A, security.mint_credential, security.MintResponse, ADMIN,

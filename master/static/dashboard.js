@@ -388,7 +388,28 @@ async function openTask(queue, pid) {
   st.task = { queue, pid };
   $("#drawer").hidden = false;
   $("#dtitle").textContent = clean(queue) + "  " + clean(pid);
+  $("#dpreview").hidden = true;
   await refreshTask();
+  await previewTask(queue, pid);
+}
+// the payload's first bytes, read by the master from a replica (admins only)
+async function previewTask(queue, pid) {
+  const pre = $("#dpreview");
+  let p;
+  try {
+    const [g, q] = qsplit(queue);
+    p = await api("GET", "/v1/overview/queues/" + encodeURIComponent(g) + "/" +
+                  encodeURIComponent(q) + "/payload?bytes=512&pid=" + encodeURIComponent(pid));
+  } catch (e) {
+    p = { error: e.status === 401 || e.status === 403 ? "the preview needs an admin credential"
+                                                     : e.message };
+  }
+  if (!st.task || st.task.queue !== queue || st.task.pid !== pid) return;
+  if (p.size === 0 && !p.error) { pre.hidden = true; return; }
+  pre.hidden = false;
+  pre.textContent = p.error ? "(no preview: " + clean(p.error) + ")" :
+    (p.utf8 ? cleanLines(p.text) : "binary, first bytes: " + p.hex) +
+    (p.shown < p.size ? "\n… (the first " + p.shown + " of " + p.size + " bytes)" : "");
 }
 function closeTask() {
   st.task = null;

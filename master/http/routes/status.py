@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 
 from squall.common.errors import NotFound
 from squall.common.wire.names import join_queue
+from squall.master.cluster.peek import PREVIEW_MAX, Peek
 from squall.master.http.answers import JSON
 from squall.master.http.deps import MasterDep, ReadMasterDep
 from squall.master.http.metrics import wal_error
@@ -107,15 +108,47 @@ async def overview(request: Request, m: MasterDep,
     })
 
 
-async def workers(request: Request, m: ReadMasterDep) -> JSON:
+async def workers(request: Request, m: MasterDep) -> JSON:
     """Who holds what, since when: the workers holding leases in the largest queues (a
     sample: each queue's recent leases that are still live), with their address, tasks
     held per queue, their oldest lease and their latest. Recomputed at most every second
-    in the background, with the dashboard's rows."""
+    in the background, with the dashboard's rows (so it may miss the last second's
+    leases); served while the index is behind the log, like the rest of the overview."""
     t = _tele(request)
     t.current()
     now = time.time()
     return JSON({"now": now, "age_secs": round(now - t.rows_at, 3), "workers": t.workers})
+
+
+async def payload_preview(
+        group: GroupP, queue: QueueP, request: Request, m: ReadMasterDep,
+        pid: Annotated[str, Query(min_length=1, max_length=4096, description="the task's pid")],
+        n: Annotated[int, Query(alias="bytes", ge=1, le=PREVIEW_MAX)] = 512) -> JSON:
+    """The first `bytes` bytes of a task's payload (admins: the task drawer), read by the
+    master from a live replica: as text (UTF-8, undecodable bytes replaced), whether that
+    decoding was clean, and the first 256 bytes in hex. `error` says why no replica
+    answered."""
+    t = m.task_info(group, queue, pid)
+    p = t["payload"]
+    out: dict[str, Any] = {"pid": t["pid"], "size": p["size"] if p else 0, "shown": 0,
+                           "text": "", "utf8": True, "hex": "", "replica": None, "error": None}
+    if p is None:
+        return JSON(out)
+    peek: Peek = request.app.state.peek
+    data, source = await peek.first_bytes(p, n)
+    if data is None:
+        out["error"] = f"no replica gave the payload: {source}"
+        return JSON(out)
+    try:
+        text, clean = data.decode("utf-8"), True
+    except UnicodeDecodeError as e:
+        # a character cut by the preview's end is still text; anything else is not
+        cut = e.reason == "unexpected end of data" and len(data) < out["size"]
+        text = data[:e.start].decode("utf-8") if cut else data.decode("utf-8", "replace")
+        clean = cut
+    out.update(shown=len(data), text=text, utf8=clean, hex=data[:256].hex(" "),
+               replica=source)
+    return JSON(out)
 
 
 async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: ReadMasterDep,
