@@ -235,10 +235,15 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     page.remove_listener("dialog", accept_all)
     # the spoofing worker's task, in the drawer: its name escaped
     page.goto(url + "/?refresh=300#/queue/shots/spoof")
-    page.wait_for_selector("#qleased tbody a.pid")
-    page.locator("#qleased tbody a.pid").first.click()
+    page.wait_for_function("document.querySelector('#qtitle').textContent === 'shots#spoof'"
+                           " && document.querySelector('#qleased tbody a.pid') !== null")
+    link = page.locator("#qleased tbody a.pid").first
+    which = (link.get_attribute("data-queue"), link.get_attribute("data-pid"))
+    link.click()
     page.wait_for_selector("#drawer:not([hidden]) #dfacts tbody tr")
-    assert "evil\\u202egnp.exe\\x1b[2J" in page.locator("#dfacts").inner_text()
+    facts = page.locator("#dfacts").inner_text()
+    assert "evil\\u202egnp.exe\\x1b[2J" in facts, (which, facts, httpx.get(
+        f"{url}/v1/groups/shots/queues/spoof/tasks/{which[1]}", headers=ADMIN).text)
     assert page.locator("#dretry").is_disabled() and page.locator("#dcancel").is_disabled()
     page.click("#dclose")
     page.goto(url + "/?refresh=300#/queue/shots/resize")
