@@ -65,3 +65,25 @@ def test_a_payload_of_the_wrong_type_is_a_clear_error() -> None:
             c.put("g#q", {"a": 1})  # type: ignore[arg-type]
         with pytest.raises(BadRequest, match="an iterable yields bytes, not int"):
             c.put("g#q", [b"a", 2])  # type: ignore[list-item]
+
+
+def test_the_documented_client_signature_is_the_code() -> None:
+    """docs/client.md's `Client(...)` line lists every argument with its real default."""
+    import inspect
+    import re
+
+    from squall.client import AsyncClient
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "client.md").read_text()
+    block = re.search(r"^Client\((.*?)\)\n", doc, re.S | re.M)
+    assert block, "no Client(...) signature in docs/client.md"
+    documented = {}
+    for part in (p.strip() for p in block.group(1).replace("\n", " ").split(",")):
+        if part and part != "*":
+            name, _, default = part.partition("=")
+            documented[name.strip()] = default.strip()
+    for cls in (Client, AsyncClient):
+        params = inspect.signature(cls.__init__).parameters
+        actual = {n: repr(p.default) for n, p in params.items() if n != "self"}
+        assert list(documented) == list(actual), (cls.__name__, list(documented))
+        assert documented == actual, cls.__name__
