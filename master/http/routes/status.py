@@ -88,6 +88,7 @@ async def overview(request: Request, m: MasterDep,
     their first task), and the history points after `since` (one every 5 s, one hour)."""
     t = _tele(request)
     s = t.current()
+    tot = m.index.totals
     now = time.time()
     w = m.wal
     return JSON({
@@ -96,8 +97,9 @@ async def overview(request: Request, m: MasterDep,
         "wal": {"ticket": w.last_ticket, "durable_ticket": w.durable_ticket,
                 "syncs": w.syncs, "records": w.records, "error": wal_error(m),
                 "checkpoints": m.checkpoints, "recovery_secs": round(m.recovery_secs, 3)},
-        "totals": {"queues": s.queues, "holding": s.holding, "available": s.available,
-                   "leased": s.leased, "delayed": s.delayed, "completed": s.completed,
+        # exact now (kept as queues change), but dead letters: as of the last scan
+        "totals": {"queues": tot.queues, "holding": tot.holding, "available": tot.available,
+                   "leased": tot.leased, "delayed": tot.delayed, "completed": tot.completed,
                    "dead_letters": s.dead_letters, "scan_age_secs": round(now - s.at, 3),
                    "scan_secs": round(s.scan_secs, 3),
                    "rates": m.meters.total.snapshot(now), "counters": dict(m.meters.counts)},
