@@ -78,6 +78,13 @@ def card(page: Any, key: str) -> str:
     return str(page.locator(f'#health .card[data-k="{key}"] .v').inner_text())
 
 
+def until_page(page: Any, expr: str, timeout: float, what: str) -> None:
+    """Wait until `expr` is true in the page. Polled from here (page.evaluate goes through
+    the DevTools protocol): Playwright's wait_for_function polls with eval inside the page,
+    which the dashboard's Content-Security-Policy forbids, as it should."""
+    wait_for(lambda: bool(page.evaluate(expr)), timeout, interval=0.05, what=what)
+
+
 def num(text: str) -> int:
     return int(text.replace(",", ""))
 
@@ -189,7 +196,7 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     page.mouse.down()
     page.wait_for_timeout(700)  # the input under test: a press held across refreshes
     page.mouse.up()
-    page.wait_for_function("location.hash === '#/queue/shots/thumbs'", timeout=10_000)
+    until_page(page, "location.hash === '#/queue/shots/thumbs'", 10, "the queue's page")
     try:
         page.wait_for_selector("#queue:not([hidden]) #qdlq tbody tr.dlq", timeout=60_000)
     except Exception as e:  # say what the page showed instead
@@ -235,8 +242,9 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     page.remove_listener("dialog", accept_all)
     # the spoofing worker's task, in the drawer: its name escaped
     page.goto(url + "/?refresh=300#/queue/shots/spoof")
-    page.wait_for_function("document.querySelector('#qtitle').textContent === 'shots#spoof'"
-                           " && document.querySelector('#qleased tbody a.pid') !== null")
+    until_page(page, "document.querySelector('#qtitle').textContent === 'shots#spoof'"
+               " && document.querySelector('#qleased tbody a.pid') !== null", 20,
+               "the spoof queue's page")
     link = page.locator("#qleased tbody a.pid").first
     which = (link.get_attribute("data-queue"), link.get_attribute("data-pid"))
     link.click()
@@ -247,8 +255,9 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     assert page.locator("#dretry").is_disabled() and page.locator("#dcancel").is_disabled()
     page.click("#dclose")
     page.goto(url + "/?refresh=300#/queue/shots/resize")
-    page.wait_for_function("document.querySelector('#qtitle').textContent === 'shots#resize'"
-                           " && document.querySelectorAll('#qleased tbody tr td').length >= 5")
+    until_page(page, "document.querySelector('#qtitle').textContent === 'shots#resize'"
+               " && document.querySelectorAll('#qleased tbody tr td').length >= 5", 20,
+               "the resize queue's leased sample")
     assert page.locator("#qleased tbody tr").count() == 3
 
     # an action: asked first (declined: nothing happens), then confirmed
