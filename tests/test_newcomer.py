@@ -87,3 +87,19 @@ def test_the_documented_client_signature_is_the_code() -> None:
         actual = {n: repr(p.default) for n, p in params.items() if n != "self"}
         assert list(documented) == list(actual), (cls.__name__, list(documented))
         assert documented == actual, cls.__name__
+
+
+def test_the_dashboard_escapes_what_the_cli_escapes() -> None:
+    """dashboard.js's UNSAFE class is the CLI's (client/cli/common.py): one set of
+    characters shown escaped, everywhere (the browser test checks the page applies it)."""
+    import codecs
+    import re
+
+    from squall.client.cli import common
+
+    js = (Path(__file__).resolve().parent.parent / "master" / "static" / "dashboard.js"
+          ).read_text()
+    m = re.search(r"^const UNSAFE = /(\[.*?\])/g;$", js, re.M)
+    assert m, "no UNSAFE class in dashboard.js"
+    assert codecs.decode(m.group(1), "unicode_escape") == common._UNSAFE.pattern
+    assert common.clean("a\u202eb\x1bc\n") == "a\\u202eb\\x1bc\\n"
