@@ -23,6 +23,7 @@ and the same ``Call`` again, so both clients retry identically.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from squall.common.errors import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("squall.client")
 
 
 @dataclass(slots=True)
@@ -160,6 +162,7 @@ class Retry:
     retry_after_max_s: float = 10.0
     budget_s: float = 30.0  # seconds of waiting between attempts, in all
     rng: random.Random = field(default_factory=random.Random)
+    waiting: bool = False  # said (once) that a server cannot be reached; reset by an answer
 
     def delay(self, err: SquallError, attempt: int, idempotent: bool,
               attempts: int | None = None) -> float | None:
@@ -182,7 +185,9 @@ def call(c: Call, retry: Retry) -> Proto[Any]:
     earlier: str | None = None  # an attempt that may have been applied
     while True:
         try:
-            return (yield c)
+            answer = yield c
+            retry.waiting = False
+            return answer
         except SquallError as e:
             if c.content is not None and not isinstance(c.content, bytes | bytearray):
                 raise  # a streamed body is consumed: it cannot be sent again
@@ -193,6 +198,13 @@ def call(c: Call, retry: Retry) -> Proto[Any]:
                 raise lost_answer(e, earlier) from e
             if may_have_applied(e):
                 earlier = earlier or f"{type(e).__name__}: {e}"
+            if isinstance(e, ConnectError) and not retry.waiting:
+                # never silent: one line per outage on the squall.client logger (printed
+                # on stderr where logging is not configured)
+                retry.waiting = True
+                log.warning("%s; retrying: at most %d times, %.0f s of waiting in all "
+                            "(Client(retries=, retry_budget_s=))", e,
+                            retry.attempts if c.retries is None else c.retries, retry.budget_s)
             c.attempt += 1
             c.slept += d
             yield Sleep(d)

@@ -8,7 +8,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeAlias
@@ -94,10 +94,35 @@ def as_source(payload: Payload) -> bytes | Stream | None:
         if left is not None and left <= SMALL_FILE_BYTES:
             return f.read()
         return Stream(_read_file(f), left)
-    if isinstance(payload, Iterable):
+    return _iterable(payload)
+
+
+def _iterable(payload: object) -> Stream:
+    """An iterable of bytes as a Stream; anything else is a clear error."""
+    if isinstance(payload, Mapping):  # iterable (of its keys), but surely not meant so
+        raise BadRequest(f"a payload is bytes, str, a path, a binary file or an iterable of "
+                         f"bytes, not {type(payload).__name__}: encode it first, e.g. "
+                         "json.dumps(obj) (and json.loads(task.payload()) in the worker)")
+    if isinstance(payload, list | tuple):
+        for part in payload:
+            _check_part(part)
         return Stream(iter(payload))
+    if isinstance(payload, Iterable):
+        return Stream(_checked(payload))
     raise BadRequest(f"a payload is bytes, str, a path, a binary file or an iterable of "
                      f"bytes, not {type(payload).__name__}")
+
+
+def _check_part(part: object) -> None:
+    if not isinstance(part, bytes | bytearray | memoryview):
+        raise BadRequest("a payload given as an iterable yields bytes, not "
+                         f"{type(part).__name__}: encode what it yields first")
+
+
+def _checked(parts: Iterable[bytes]) -> Iterator[bytes]:
+    for part in parts:
+        _check_part(part)
+        yield part
 
 
 def held_bytes(payload: Payload) -> int:

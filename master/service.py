@@ -308,6 +308,12 @@ class Master(Housekeeping):
         return await self._execute(
             lambda txn: admin.plan_cancel(self.engine, txn, group, queue, pid))
 
+    async def retry(self, group: str, queue: str, pid: str) -> dict[str, Any]:
+        res = await self._execute(
+            lambda txn: admin.plan_retry(self.engine, txn, group, queue, pid))
+        self._woke(group, (str(res["queue"]).rpartition("#")[2],))
+        return res
+
     async def redrive(self, group: str, queue: str, max_tasks: int) -> dict[str, Any]:
         res = await self._execute(
             lambda txn: admin.plan_redrive(self.engine, txn, group, queue, max_tasks))

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from squall.common.wire.names import join_queue
+from squall.common.wire.names import join_queue, split_queue
+from squall.master.storage.records import LEASED, Task, task_key
 from squall.master.tasks import policies
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ SCAN_PAUSE_S = 0.05
 HISTORY_INTERVAL_S = 5.0
 HISTORY_POINTS = 720  # one hour at 5 s
 HISTORY_QUEUES = 20
+WORKER_READS = 1000  # task records read per refresh for the workers view, at most
+WORKERS = 200  # workers listed, most tasks first
 
 
 @dataclass
@@ -133,6 +136,7 @@ class Telemetry:
         self.rows: list[dict[str, Any]] = []
         self.dead_rows: list[dict[str, Any]] = []
         self.rows_at = 0.0
+        self.workers: list[dict[str, Any]] = []  # who holds what (refresh_rows)
         self.paced = False  # start() ran: reads use the snapshot, never scan
 
     # -- the paced scan ------------------------------------------------------------------
@@ -257,7 +261,48 @@ class Telemetry:
                                    for t in m.index.iter_tasks(txn, q, b"", 1)]
                                   if i < REASONS else [])
                 dead.append(row)
+            workers = self._workers(txn, rows)
         self.rows, self.dead_rows, self.rows_at = rows, dead, now
+        self.workers = workers
+
+    def _workers(self, txn: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Who holds what, since when: the live leases among each listed queue's recent
+        leases (its meter keeps the last 32 pids), grouped by worker and address. A sample:
+        at most ``WORKER_READS`` task reads, from the largest queues down."""
+        m = self.m
+        by: dict[tuple[str, str], dict[str, Any]] = {}
+        reads = 0
+        now_ms = m.clock.now() * 1000  # the clock leases are stamped with
+        for row in rows:
+            if not row["leased"] or reads >= WORKER_READS:
+                continue
+            key = split_queue(row["queue"])
+            q, meter = m.index.queues.get(key), m.meters.queues.get(key)
+            if q is None or meter is None:
+                continue
+            for pid in set(list(meter.recent_leases)[-(WORKER_READS - reads):]):
+                reads += 1
+                # read past Index.get_task: it leaves hints for the open write batch
+                raw = txn.get(task_key(q.qid, q.gen, pid.encode()), None, m.index.tasks)
+                t = Task.unpack(raw) if raw is not None else None
+                if t is None or t.pid != pid or t.state != LEASED or t.expiry_ms <= now_ms:
+                    continue
+                at = t.leased_ms / 1000
+                w = by.setdefault((t.worker, t.worker_addr), {
+                    "worker": t.worker, "address": t.worker_addr, "tasks": 0, "queues": {},
+                    "since": at, "last_lease": at, "oldest": None})
+                w["tasks"] += 1
+                w["queues"][row["queue"]] = w["queues"].get(row["queue"], 0) + 1
+                w["last_lease"] = max(w["last_lease"], at)
+                if w["oldest"] is None or at < w["since"]:
+                    w["since"] = at
+                    w["oldest"] = {"queue": row["queue"], "pid": t.pid,
+                                   "expires_at": t.expiry_ms / 1000}
+        out = sorted(by.values(), key=lambda w: (-w["tasks"], w["worker"]))[:WORKERS]
+        for w in out:
+            w["queues"] = [{"queue": k, "tasks": n} for k, n in
+                           sorted(w["queues"].items(), key=lambda kv: -kv[1])]
+        return out
 
     def add_point(self, now: float) -> None:
         m, s = self.m, self.snapshot

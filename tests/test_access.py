@@ -297,14 +297,17 @@ async def test_dashboard_page_is_public_its_data_is_admin(tmp_path) -> None:  # 
             assert (await c.get("/")).status_code == 200
             css = await c.get("/static/dashboard/dashboard.css")
             assert css.status_code == 200 and css.text
-            for path in ("/v1/overview", "/v1/overview/queues/g/q"):
+            for path in ("/v1/overview", "/v1/overview/queues/g/q", "/v1/overview/workers"):
                 r = await c.get(path)
                 assert (r.status_code == 401) == (not public), (public, path, r.text)
                 r = await c.get(path, headers={"Authorization": f"Bearer {mint('consumer')}"})
                 assert (r.status_code == 403) == (not public), (public, path, r.text)
+            # payloads are never public, --public-status or not
             for method, path in (("POST", "/v1/nodes/n1/decommission"),
                                  ("DELETE", "/v1/nodes/n1"),
-                                 ("DELETE", "/v1/groups/g/queues/q/tasks/p")):
+                                 ("DELETE", "/v1/groups/g/queues/q/tasks/p"),
+                                 ("POST", "/v1/groups/g/queues/q/retry"),
+                                 ("GET", "/v1/overview/queues/g/q/payload?pid=p")):
                 assert (await c.request(method, path)).status_code == 401
                 r = await c.request(method, path,
                                     headers={"Authorization": f"Bearer {mint('producer')}"})

@@ -107,6 +107,19 @@ async def test_max_attempts_dead_letters_then_redrive(api: Api, clock: ManualClo
     assert m.queue("g", "work.dead").size == 0  # type: ignore[union-attr]
 
 
+async def test_redrive_of_an_unknown_queue_is_a_404(api: Api) -> None:
+    """A typo names no queue and no dead-letter queue: 404, and no queue is created."""
+    c, m = api
+    r = await c.post("/v1/groups/g/queues/wrok/redrive", json={"max_tasks": 10})
+    assert r.status_code == 404, r.text
+    assert "g#wrok does not exist" in r.json()["error"]["message"]
+    assert m.queue("g", "wrok") is None
+    # a queue that exists with no dead letters moves nothing (200)
+    await put(c, "known", {"pid": "a"})
+    res = await ok(await c.post("/v1/groups/g/queues/known/redrive", json={"max_tasks": 10}))
+    assert res["moved"] == 0
+
+
 async def test_a_release_of_an_unseen_task_is_not_an_attempt(api: Api) -> None:
     """``unseen`` (a batch read ahead, given back unread) takes the lease back out of
     `attempts`; a plain release keeps it counted, so at max_attempts the next lease

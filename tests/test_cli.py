@@ -72,6 +72,39 @@ def test_queues_stats_delete(master: str) -> None:
     assert "deleted" not in sq(master, "delete", "lst#x", input="n\n", code=1)
 
 
+def test_stats_keeps_its_numbers_beside_a_long_pid(master: str) -> None:
+    """A leased task with a 300-character pid, at 80 columns: every count is printed, and
+    the pid is cut short (…) in the sample table; where the output is not a terminal and
+    COLUMNS is unset, lines are not wrapped at all."""
+    pid = "p" * 300
+    with Client(master) as c:
+        c.put("long#q", pid=pid)
+        c.put("long#q", pid="short")
+        assert len(c.lease("long#q", 2, lease_secs=300)) == 2
+    r = runner.invoke(app, ["stats", "long#q", "--master", master], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, r.output
+    for label, value in (("leased", "2"), ("total", "2"), ("available", "0")):
+        assert any(line.split()[:1] == [label] and line.split()[-1] == value
+                   for line in lines), (label, r.output)
+    assert "leased now (sample)" in r.output and "short" in r.output
+    assert "p" * 20 + "…" in r.output and pid not in r.output
+
+
+def test_output_that_is_not_a_terminal_is_not_wrapped(master: str) -> None:
+    """Piped (no terminal, COLUMNS unset), a wide table stays a table of one line per row;
+    with COLUMNS=80 it is printed one block per row instead of being broken in cells."""
+    name = "wide#" + "q" * 100
+    sq(master, "put", name, "--count", "2")
+    r = runner.invoke(app, ["queues", "wide#", "--master", master], env={"COLUMNS": ""})
+    assert r.exit_code == 0, r.output
+    [row] = [line for line in r.output.splitlines() if name in line]
+    assert row.split()[1:] == ["2", "0", "0", "2", "0"], r.output
+    r = runner.invoke(app, ["queues", "wide#", "--master", master], env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and "available 2" in r.output, r.output
+
+
 def test_dead_letters_and_redrive(master: str) -> None:
     with Client(master) as c:
         c.set_policy("dl#q", max_attempts=1)
@@ -82,6 +115,10 @@ def test_dead_letters_and_redrive(master: str) -> None:
     assert "doomed" in out and "ValueError" in out and "more lines" not in out
     assert "moved 1 task(s) from dl#q.dead back into dl#q" in sq(master, "redrive", "dl#q")
     assert "no dead letters in dl#q.dead" in sq(master, "dead-letters", "dl#q")
+    # a typo: a clear message and a non-zero exit, and no queue created
+    out = sq(master, "redrive", "dl#qq", code=1)
+    assert "dl#qq does not exist" in out and "Traceback" not in out
+    assert "dl#qq" not in sq(master, "queues", "dl#", "--all")
 
 
 def test_nodes_without_data_nodes(master: str) -> None:

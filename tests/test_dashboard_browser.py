@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]
 TASKS = 60
+SPOOF_WORKER = "evil\u202egnp.exe\x1b[2J"
+SPOOF_ERROR = "ValueError: \u202etxt.exe\x07 bad\nTraceback (most recent call last):\n  boom"
 
 
 def chromium() -> str:
@@ -76,6 +78,13 @@ def card(page: Any, key: str) -> str:
     return str(page.locator(f'#health .card[data-k="{key}"] .v').inner_text())
 
 
+def until_page(page: Any, expr: str, timeout: float, what: str) -> None:
+    """Wait until `expr` is true in the page. Polled from here (page.evaluate goes through
+    the DevTools protocol): Playwright's wait_for_function polls with eval inside the page,
+    which the dashboard's Content-Security-Policy forbids, as it should."""
+    wait_for(lambda: bool(page.evaluate(expr)), timeout, interval=0.05, what=what)
+
+
 def num(text: str) -> int:
     return int(text.replace(",", ""))
 
@@ -92,6 +101,14 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
         [t] = c.lease("shots#thumbs", lease_secs=300)
         t.release(error="PIL.UnidentifiedImageError: cannot identify image file")
         c.lease("shots#resize", 3, lease_secs=600)
+    # what a stranger controls: a worker name and an error with a right-to-left override
+    # and control characters; the page must show them escaped, as the CLI does
+    with Client(url, worker=SPOOF_WORKER) as c:
+        c.put_many("shots#spoof", [b"s"] * 2)
+        c.set_policy("shots#spoof", max_attempts=1)
+        [t] = c.lease("shots#spoof", lease_secs=300)
+        t.release(error=SPOOF_ERROR)
+        c.lease("shots#spoof", lease_secs=600)
 
     def resize_row() -> dict[str, Any]:
         rows = httpx.get(url + "/v1/overview?limit=100", headers=ADMIN).json()["queues"]
@@ -101,7 +118,16 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     # refreshing every 300 s here, must not load the rows of before the lease
     wait_for(lambda: resize_row().get("leased") == 3, 10, what="the listed rows caught up")
     page = browser.new_page(viewport={"width": 1400, "height": 1300})
-    page.goto(url + "/?refresh=300")
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: dialogs.append(d.type))
+    resp = page.goto(url + "/?refresh=300")
+    # the page's security headers (its files send them too: tests/test_observability.py)
+    assert resp is not None
+    h = resp.headers
+    assert "script-src 'self'" in h["content-security-policy"]
+    assert h["x-frame-options"] == "DENY" and h["x-content-type-options"] == "nosniff"
     # the page holds no data: without a credential its polls are refused, and it says so
     page.wait_for_selector("#errbanner:not([hidden])")
     assert page.locator("#queues tbody tr").count() == 0
@@ -114,7 +140,7 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     api = httpx.get(url + "/v1/cluster/stats", headers=ADMIN).json()
     wait_for(lambda: num(card(page, "available")) == api["available"], 10,
              what="available as in the API")
-    assert num(card(page, "leased")) == api["leased"] == 3
+    assert num(card(page, "leased")) == api["leased"] == 3 + 1  # resize's and spoof's
     assert num(card(page, "nodes alive")) == 3
     assert page.locator("#nodes tbody tr").count() == 3
     row = page.locator("#queues tbody tr", has_text="shots#resize")
@@ -125,6 +151,15 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     assert "dlq" in (page.locator("#queues tbody tr", has_text="shots#thumbs.dead")
                      .get_attribute("class") or "")
     assert page.locator("#walbanner").is_hidden()
+    # a right-to-left override or a control character from a stranger is shown escaped,
+    # never raw: in the workers view, the dead-letter reasons and the queue rows
+    page.wait_for_selector("#workers tbody tr[data-worker]")
+    workers = page.locator("#workers tbody").inner_text()
+    assert "evil\\u202egnp.exe\\x1b[2J" in workers, workers
+    dead_spoof = page.locator("#dead tbody tr", has_text="shots#spoof.dead").inner_text()
+    assert "ValueError: \\u202etxt.exe\\x07 bad" in dead_spoof, dead_spoof
+    shown = page.evaluate("document.body.innerText")
+    assert not any(ch in shown for ch in "\u202e\x1b\x07"), "raw control characters shown"
     img.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(img / "dashboard.png"), full_page=True)
 
@@ -161,7 +196,7 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     page.mouse.down()
     page.wait_for_timeout(700)  # the input under test: a press held across refreshes
     page.mouse.up()
-    page.wait_for_function("location.hash === '#/queue/shots/thumbs'", timeout=10_000)
+    until_page(page, "location.hash === '#/queue/shots/thumbs'", 10, "the queue's page")
     try:
         page.wait_for_selector("#queue:not([hidden]) #qdlq tbody tr.dlq", timeout=60_000)
     except Exception as e:  # say what the page showed instead
@@ -170,10 +205,59 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
                               " document.querySelector('#qdlq').textContent]")
         raise AssertionError(f"the queue page shows no dead letters: {shown}") from e
     assert "UnidentifiedImageError" in page.locator("#qdlq").inner_text()
-    assert '"max_attempts": 1' in page.locator("#qpolicy").inner_text()
+    # the effective policy, readably (not raw JSON)
+    policy = page.locator("#qpolicy").inner_text()
+    assert "max attempts\t1" in policy and "shots#thumbs.dead" not in policy, policy
+    assert "thumbs.dead (default)" in policy and "{" not in policy, policy
     page.screenshot(path=str(img / "dashboard-queue.png"), full_page=True)
+
+    # the task drawer: a dead letter's state, attempts and error; retried from the page
+    # after a confirmation, the result shown in the page (no alert)
+    def accept_all(d: Any) -> None:
+        d.accept()
+
+    page.on("dialog", accept_all)
+    dead_pid = page.locator("#qdlq tbody a.pid").first.get_attribute("data-pid")
+    page.locator("#qdlq tbody a.pid").first.click()
+    page.wait_for_selector("#drawer:not([hidden]) #dfacts tbody tr")
+    facts = page.locator("#dfacts").inner_text()
+    assert "a dead letter of shots#thumbs" in facts and "attempts\t1" in facts, facts
+    assert "UnidentifiedImageError" in page.locator("#derror").inner_text()
+    # its payload's first bytes, read by the master from a replica (admins only)
+    try:
+        wait_for(lambda: page.locator("#dpreview").inner_text() == "x", 20,
+                 what="the payload preview")
+    except TimeoutError as e:
+        raise AssertionError(page.locator("#dpreview").inner_text()) from e
+    page.screenshot(path=str(img / "dashboard-task.png"), full_page=True)
+    page.click("#dretry")
+    page.wait_for_selector("#result:not([hidden])")
+    wait_for(lambda: "is available in shots#thumbs" in page.locator("#result").inner_text(),
+             20, what="the retry's result in the page")
+    assert page.locator("#result").get_attribute("data-ok") == "1"
+    back = httpx.get(f"{url}/v1/groups/shots/queues/thumbs/tasks/{dead_pid}", headers=ADMIN)
+    assert back.status_code == 200 and back.json()["attempts"] == 0
+    page.click("#dclose")
+    assert page.locator("#drawer").is_hidden()
+    page.remove_listener("dialog", accept_all)
+    # the spoofing worker's task, in the drawer: its name escaped
+    page.goto(url + "/?refresh=300#/queue/shots/spoof")
+    until_page(page, "document.querySelector('#qtitle').textContent === 'shots#spoof'"
+               " && document.querySelector('#qleased tbody a.pid') !== null", 20,
+               "the spoof queue's page")
+    link = page.locator("#qleased tbody a.pid").first
+    which = (link.get_attribute("data-queue"), link.get_attribute("data-pid"))
+    link.click()
+    page.wait_for_selector("#drawer:not([hidden]) #dfacts tbody tr")
+    facts = page.locator("#dfacts").inner_text()
+    assert "evil\\u202egnp.exe\\x1b[2J" in facts, (which, facts, httpx.get(
+        f"{url}/v1/groups/shots/queues/spoof/tasks/{which[1]}", headers=ADMIN).text)
+    assert page.locator("#dretry").is_disabled() and page.locator("#dcancel").is_disabled()
+    page.click("#dclose")
     page.goto(url + "/?refresh=300#/queue/shots/resize")
-    page.wait_for_function("document.querySelectorAll('#qleased tbody tr td').length >= 5")
+    until_page(page, "document.querySelector('#qtitle').textContent === 'shots#resize'"
+               " && document.querySelectorAll('#qleased tbody tr td').length >= 5", 20,
+               "the resize queue's leased sample")
     assert page.locator("#qleased tbody tr").count() == 3
 
     # an action: asked first (declined: nothing happens), then confirmed
@@ -202,4 +286,9 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     page.on("dialog", answer(True))
     page.click('button[data-act="reset"]')
     wait_for(lambda: leased() == 0, 20, what="leases reset from the page")
+    wait_for(lambda: "made 3 leased task(s) available" in page.locator("#result").inner_text(),
+             20, what="the action's result in the page")
+    assert "alert" not in dialogs, dialogs  # results show in the page, never in a dialog
+    # the Content-Security-Policy broke nothing on the page
+    assert not [m for m in console if "Content Security Policy" in m], console
     page.close()

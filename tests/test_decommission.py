@@ -272,3 +272,52 @@ async def test_a_pending_delete_is_neither_recounted_nor_copied_to(env) -> None:
               if isinstance(cmd, ReplicateCommand | ReplicateBatchCommand)]
     ids = copy.blob_ids if isinstance(copy, ReplicateBatchCommand) else [copy.blob_id]
     assert copy.target != addr(pending) and ids == ["b"]
+
+
+async def test_a_drain_says_what_uncommitted_uploads_it_waits_for(env) -> None:  # type: ignore[no-untyped-def]
+    """An upload allocated on the draining node and not (yet) enqueued has nothing to copy:
+    the drain waits for its enqueue or the end of its orphan grace, and says so (count and
+    how long at most) instead of "1 blob(s) to move" with no copy in flight."""
+    c, m, clock = env
+    fleet = Fleet(m)
+    fleet.beat_all()
+    a = (await c.post("/v1/blobs/allocate", json={"count": 1})).json()["blobs"][0]
+    holder = next(n for n in NODES if addr(n) in a["replicas"])
+    fleet.held[holder].add(a["blob_id"])  # written, never enqueued
+    fleet.beat(holder)
+    r = await c.post(f"/v1/nodes/{holder}/decommission")
+    assert r.status_code == 200, r.text
+    clock.advance(m.cluster.s.heartbeat_interval_s + 1)
+    fleet.beat_all()
+    await m.tick()
+    d = (await c.get(f"/v1/nodes/{holder}")).json()["decommission"]
+    grace = m.cluster.s.orphan_grace_s
+    assert d["blobs_remaining"] == 1 and d["uploads_uncommitted"] == 1, d
+    assert 0 < d["uncommitted_wait_secs"] <= grace
+    assert fleet.run_copies() == 0  # nothing to copy: no task refers to it
+    # its grace ends: no longer waited for, the node is decommissioned
+    clock.advance(grace + 1)
+    fleet.beat_all()  # the nodes stay alive meanwhile
+    await m.tick()
+    clock.advance(m.cluster.s.heartbeat_interval_s + 1)  # the next recount of the drain
+    fleet.beat_all()
+    await m.tick()
+    state = (await c.get(f"/v1/nodes/{holder}")).json()
+    assert state["state"] == "decommissioned", state
+    assert state["decommission"]["uploads_uncommitted"] == 0
+
+
+def test_the_cli_says_what_a_drain_waits_for() -> None:
+    from squall.client.cli.nodes import _uncommitted
+    from squall.common.wire.models import NodeStatus
+
+    base = {"node_id": "n1", "address": addr("n1"), "state": "draining",
+            "last_beat_secs_ago": 0.5, "capacity_bytes": 1, "used_bytes": 0, "free_bytes": 1,
+            "blob_count": 1}
+    n = NodeStatus.model_validate({**base, "decommission": {
+        "requested_at": 1.0, "blobs_remaining": 3, "uploads_uncommitted": 2,
+        "uncommitted_wait_secs": 412.4}})
+    assert _uncommitted(n) == "; 2 upload(s) not yet committed, waiting up to 412s"
+    n = NodeStatus.model_validate({**base, "decommission": {"requested_at": 1.0,
+                                                            "blobs_remaining": 3}})
+    assert _uncommitted(n) == ""

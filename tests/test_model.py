@@ -83,6 +83,14 @@ def wire_ms(secs: float) -> int:
     return round(secs * 1000)
 
 
+def reason(why: str, error: str | None) -> str:
+    """A dead letter's reason: the last error's first line, why, the error's other lines."""
+    if not error:
+        return why
+    lines = error.split("\n")
+    return "\n".join([lines[0], why, *lines[1:]])
+
+
 def key(pid: str) -> bytes:
     return pidkey(pid.encode())
 
@@ -167,8 +175,8 @@ class Model:
             t.error = error
             if queue == "a" and t.attempts >= MAX_ATTEMPTS:
                 t.state, t.due = AVAILABLE, 0
-                self.dead_letter(queue, t, f"failed {t.attempts} times (max_attempts "
-                                           f"{MAX_ATTEMPTS}); last error: {error}")
+                self.dead_letter(queue, t, reason(f"dead-lettered: failed {t.attempts} times "
+                                                  f"(max_attempts {MAX_ATTEMPTS})", error))
                 return
         if delay is not None and ms(delay) > 0:
             t.state, t.due = DELAYED, now + ms(delay)
@@ -225,9 +233,9 @@ class Model:
             if len(out) >= req.max_tasks:
                 break
             if queue == "a" and t.attempts >= MAX_ATTEMPTS:
-                self.dead_letter(queue, t, f"leased {t.attempts} times without being dequeued "
-                                           f"(max_attempts {MAX_ATTEMPTS}); last error: "
-                                           f"{t.error or 'none'}")
+                self.dead_letter(queue, t, reason(f"dead-lettered: leased {t.attempts} times "
+                                                  "without being dequeued (max_attempts "
+                                                  f"{MAX_ATTEMPTS})", t.error))
                 continue
             self.lease_seq += 1
             t.state, t.token, t.live = LEASED, self.lease_seq, True

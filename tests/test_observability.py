@@ -59,6 +59,10 @@ async def test_counters_never_decrease_and_series_are_bounded(api: Api, clock: M
                  "squall_master_http_request_duration_seconds_bucket",
                  "squall_datanodes", "squall_blobs_under_replicated", "squall_copies_in_flight"):
         assert re.search(rf"^{name}", text, re.M), name
+    # the master's view of each node has names of its own: the nodes export
+    # squall_datanode_*, and a sum over every target must count a node once
+    assert "# TYPE squall_cluster_node_used_bytes gauge" in text
+    assert "squall_datanode_" not in text
     assert re.search(r'^squall_master_http_requests_total\{method="POST",'
                      r'route="/v1/groups/\{group\}/queues/\{queue\}/lease",status="2xx"\} 2\.0',
                      text, re.M)
@@ -70,7 +74,7 @@ async def test_counters_never_decrease_and_series_are_bounded(api: Api, clock: M
 
 
 async def test_dead_letters_counted_and_shown(api: Api) -> None:
-    c, _ = api
+    c, m = api
     await ok(await c.put("/v1/groups/g/queues/q/policy", json={"max_attempts": 1}))
     await put(c, "q", {"pid": "doomed"})
     [t] = await lease(c, "q")
@@ -81,6 +85,7 @@ async def test_dead_letters_counted_and_shown(api: Api) -> None:
     assert metric(text, "squall_tasks_dead_lettered_total") == 1
     assert metric(text, "squall_dead_letters") == 1
     assert metric(text, "squall_queue_dead_letters", group="g", queue="q.dead") == 0
+    await m.commit.settled()  # the reasons are read from the index: once the release is in
     o = await ok(await c.get("/v1/overview"))
     [d] = o["dead_letter_queues"]
     assert d["queue"] == "g#q.dead" and d["total"] == 1
@@ -215,3 +220,71 @@ def test_fast_exposition_matches_prometheus_client() -> None:
     reg = CollectorRegistry()
     reg.register(Source())  # type: ignore[arg-type]
     assert render(fams(text=True)) == generate_latest(reg).decode()
+
+
+async def test_retry_one_task(api: Api, clock: ManualClock) -> None:
+    """The dashboard's retry: a dead letter goes back into its queue (attempts reset), a
+    delayed task becomes available now; anything else is refused with what it is."""
+    c, m = api
+    await ok(await c.put("/v1/groups/g/queues/q/policy", json={"max_attempts": 1}))
+    await put(c, "q", {"pid": "doomed"}, {"pid": "later", "delay_secs": 600})
+    [t] = await lease(c, "q")
+    await ok(await update(c, release=[{"queue": "q", "pid": "doomed", "token": t["token"],
+                                       "error": "ValueError: bad"}]))
+    assert m.queue("g", "q.dead").size == 1  # type: ignore[union-attr]
+    r = await ok(await c.post("/v1/groups/g/queues/q.dead/retry", json={"pid": "doomed"}))
+    assert (r["retried"], r["queue"], r["was"]) == ("doomed", "g#q", "dead letter")
+    assert m.queue("g", "q.dead").size == 0  # type: ignore[union-attr]
+    back = (await ok(await c.get("/v1/groups/g/queues/q/tasks/doomed")))
+    assert back["state"] == "available" and back["attempts"] == 0 and not back["error"]
+    r = await ok(await c.post("/v1/groups/g/queues/q/retry", json={"pid": "later"}))
+    assert r["was"] == "delayed"
+    assert [x["pid"] for x in await lease(c, "q", 5)] == ["doomed", "later"]
+    r = await c.post("/v1/groups/g/queues/q/retry", json={"pid": "later"})  # leased now
+    assert r.status_code == 409 and "leased" in r.json()["error"]["message"]
+    r = await c.post("/v1/groups/g/queues/q/retry", json={"pid": "nope"})
+    assert r.status_code == 404
+
+
+async def test_workers_view(api: Api) -> None:
+    c, m = api
+    await put(c, "a", *({"pid": str(i)} for i in range(5)))
+    await put(c, "b", {"pid": "1"})
+    await lease(c, "a", 3, worker="w-1")
+    await lease(c, "b", 1, worker="w-1")
+    await lease(c, "a", 1, worker="w\u202e2")
+    await m.commit.settled()  # the view reads the index: once the last lease is in it
+    w = await ok(await c.get("/v1/overview/workers"))
+    [one, two] = w["workers"]
+    assert (one["worker"], one["tasks"]) == ("w-1", 4)
+    assert one["queues"] == [{"queue": "g#a", "tasks": 3}, {"queue": "g#b", "tasks": 1}]
+    assert one["since"] <= one["last_lease"] and one["oldest"]["queue"] in ("g#a", "g#b")
+    assert (two["worker"], two["tasks"]) == ("w\u202e2", 1)
+
+
+async def test_dashboard_security_headers(api: Api) -> None:
+    c, _ = api
+    for path in ("/", "/static/dashboard/dashboard.js", "/static/dashboard/vendor/uPlot.min.css"):
+        r = await c.get(path)
+        assert r.status_code == 200, path
+        assert "script-src 'self'" in r.headers["content-security-policy"], path
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+        assert r.headers["x-frame-options"] == "DENY", path
+        assert r.headers["x-content-type-options"] == "nosniff", path
+
+
+async def test_payload_preview_says_why_it_has_none(api: Api) -> None:
+    """The drawer's preview (a real replica's bytes: tests/test_dashboard_browser.py): a
+    task without a payload, a payload no live node holds, an unknown task, a bad size."""
+    c, _ = api
+    await put(c, "q", {"pid": "bare"},
+              {"pid": "held", "payload": {"blob_id": "b1", "size": 3, "crc32c": 0}})
+    base = "/v1/overview/queues/g/q/payload"
+    r = await ok(await c.get(base, params={"pid": "bare"}))
+    assert (r["size"], r["shown"], r["error"]) == (0, 0, None)
+    r = await ok(await c.get(base, params={"pid": "held"}))
+    assert r["size"] == 3 and r["shown"] == 0 and "no live replica" in r["error"]
+    assert (await c.get(base, params={"pid": "nope"})).status_code == 404
+    assert (await c.get(base, params={"pid": "held", "bytes": 0})).status_code in (400, 422)
+    assert (await c.get(base, params={"pid": "held", "bytes": 1 << 20})).status_code in (400,
+                                                                                          422)

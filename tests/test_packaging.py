@@ -47,10 +47,20 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
         ".venv", "build", "*.egg-info", ".git", "__pycache__", ".squall", "bench", "tests",
         ".*_cache", ".hypothesis"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(tmp), str(src)],
-                   check=True, capture_output=True, cwd=tmp)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps",
+                            "--no-build-isolation", "-w", str(tmp), str(src)],
+                           check=True, capture_output=True, text=True, cwd=tmp)
+    BUILD_LOG.append(build.stdout + build.stderr)
     return next(tmp.glob("squall-*.whl"))
+
+
+BUILD_LOG: list[str] = []
+
+
+def test_the_build_warns_of_no_ignored_package(wheel: Path) -> None:
+    """setuptools warns (~40 lines each, on every install) about data folders it sees as
+    importable packages that pyproject.toml does not list; there are none."""
+    assert "would be ignored" not in BUILD_LOG[0], BUILD_LOG[0][-3000:]
 
 
 def test_wheel_ships_every_package(wheel: Path, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 import squall.client as sc
 from squall.client import AsyncClient, NewTask, Worker
+from squall.client.worker.handlers import describe_error
 from squall.master.http.app import create_master_app
 from squall.master.service import MasterSettings
 from tests.helpers import until
@@ -87,8 +88,28 @@ async def test_failures_retry_then_dead_letter(client: AsyncClient) -> None:
     assert stats.done == 2 and stats.failed == 4
     [dead] = await client.dead_letters("w#f")
     assert dead.pid == "bad" and dead.attempts == 3
-    assert "RuntimeError: cannot do bad" in (dead.error or "")
+    # the reason leads with `Type: message` (what one-line views show); the traceback below
+    assert (dead.error or "").splitlines()[0] == "RuntimeError: cannot do bad"
     assert "Traceback" in (dead.error or "")
+
+
+def test_a_reason_leads_with_type_and_message_and_stays_bounded() -> None:
+    class Custom(Exception):
+        pass
+
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        raise Custom("first line\nsecond line")
+
+    try:
+        deep(200)
+    except Custom as e:
+        text = describe_error(e, limit=500)
+    head, _, rest = text.partition("\n")
+    assert head.endswith("Custom: first line") and len(text) <= 500
+    assert rest.startswith("…") and rest.rstrip().endswith("second line")
+    assert describe_error(ValueError()).splitlines()[0] == "ValueError"
 
 
 async def test_follow_ups_are_atomic_with_the_dequeue(client: AsyncClient) -> None:

@@ -7,8 +7,11 @@ import time
 from typing import Annotated, Any, Literal
 
 import typer
+from rich.box import SIMPLE_HEAD
 from rich.console import Group, RenderableType
 from rich.live import Live
+from rich.table import Table
+from rich.text import Text
 
 from squall.client._sync import Client
 from squall.client.cli.common import (
@@ -19,6 +22,7 @@ from squall.client.cli.common import (
     clean,
     connect,
     fail,
+    invalid,
     out,
     print_json,
     say,
@@ -75,9 +79,20 @@ def _stats_view(c: Client, queue: str | None) -> RenderableType:
             ["dequeue/s 1m / 5m", f"{r.dequeue_1m:.1f} / {r.dequeue_5m:.1f}"],
             ["mean lease (s)", f"{s.mean_lease_secs:.2f}" if s.mean_lease_secs else "-"],
             ["oldest available (s)", s.oldest_available_age_secs or "-"]]
+    counts = table(f"{s.group}#{s.queue}", ["", "value"], rows)
+    if not s.leased_sample:
+        return counts
+    # the sample in a table of its own: a long pid or worker name is cut short with "…"
+    # there, and can never push the counts off the screen
+    sample = Table(title="leased now (sample)", title_justify="left", header_style="bold",
+                   box=SIMPLE_HEAD)
+    for name, widest in (("pid", 32), ("worker", 20), ("address", 22)):
+        sample.add_column(name, no_wrap=True, overflow="ellipsis", max_width=widest)
+    sample.add_column("since", justify="right", no_wrap=True)
     for x in s.leased_sample[:5]:
-        rows.append([f"leased {x.pid}", f"{x.worker} {x.worker_addr} {x.lease_age_secs:.1f}s"])
-    return table(f"{s.group}#{s.queue}", ["", "value"], rows)
+        sample.add_row(Text(clean(x.pid)), Text(clean(x.worker or "")),
+                       Text(clean(x.worker_addr or "")), f"{x.lease_age_secs:.1f}s")
+    return Group(counts, sample)
 
 
 def stats(queue: Annotated[str | None, typer.Argument(help="a queue (default: the cluster)")
@@ -202,13 +217,17 @@ def policy_set(target: TargetArg,
                backoff_cap: Annotated[float, typer.Option()] = 300.0,
                as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
     """Replace the policy of a queue (or a group's default) with the given fields."""
-    backoff = (Backoff(base_secs=backoff_base, factor=backoff_factor, cap_secs=backoff_cap)
-               if backoff_base is not None else None)
     try:
+        backoff = (Backoff(base_secs=backoff_base, factor=backoff_factor, cap_secs=backoff_cap)
+                   if backoff_base is not None else None)
         pol = Policy(max_attempts=max_attempts, dead_letter_queue=dead_letter_queue,
                      lease_secs=lease_secs, backoff=backoff)
     except ValueError as e:
-        fail(f"invalid policy: {e}", 2)
+        fail(invalid("policy", e, {"max_attempts": "--max-attempts", "lease_secs": "--lease-secs",
+                                   "dead_letter_queue": "--dead-letter-queue",
+                                   "base_secs": "--backoff-base",
+                                   "factor": "--backoff-factor",
+                                   "cap_secs": "--backoff-cap"}), 2)
     with connect(master) as c:
         p = c.set_policy(_check_target(target), pol)
     _show_policy(target, p, as_json)
@@ -267,7 +286,8 @@ def schedule_set(name: NameArg,
     try:
         sched = Schedule(queue=queue, interval_secs=every, cron=cron, catch_up=mode)
     except ValueError as e:
-        fail(f"invalid schedule: {e}", 2)
+        fail(invalid("schedule", e, {"interval_secs": "--every", "cron": "--cron",
+                                     "queue": "--queue", "catch_up": "--catch-up"}), 2)
     with connect(master) as c:
         s = c.set_schedule(name, sched)
     say(f"schedule {name} -> {s.queue}, next slot {ago(s.next_slot, time.time())}")

@@ -74,6 +74,10 @@ def list_(master: MasterOpt = "",
     if as_json:
         sys.stdout.write(orjson.dumps(creds, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
+    if not creds:
+        sys.stdout.write("no credentials minted through this master (credentials made from "
+                         "the auth key directly are not listed)\n")
+        return
     for x in creds:
         state = "revoked" if x["revoked"] else "expired" if x["expired"] else "valid"
         groups = ",".join(x["groups"]) if x["groups"] is not None else "*"

@@ -13,6 +13,7 @@ print goes through :func:`say`, :func:`table` or :func:`fail`, which clean what 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.box import SIMPLE_HEAD
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -39,8 +40,26 @@ from squall.common.errors import (
 )
 from squall.common.wire.names import split_queue
 
-out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
+UNBOUNDED = 10_000  # the width of output that is not a terminal: lines are never wrapped
+
+
+class _Console(Console):
+    """A console as wide as the terminal; when the output is not a terminal (a pipe, a file,
+    a CI log) as wide as ``COLUMNS`` if that is set, else unbounded: a table's rows stay
+    one line each for grep and cut, instead of wrapping at an assumed 80 columns."""
+
+    def _size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)  # type: ignore[attr-defined]
+        if (self._width is None and not self.is_terminal
+                and not (self._environ.get("COLUMNS") or "").isdigit()):
+            return ConsoleDimensions(UNBOUNDED, size.height)
+        return size  # type: ignore[no-any-return]
+
+    size = property(_size, Console.size.fset)  # type: ignore[attr-defined,assignment]
+
+
+out = _Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+err = _Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 _UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -96,6 +115,21 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def invalid(what: str, e: ValueError, options: dict[str, str] | None = None) -> str:
+    """One line for a model's validation error: each field (as the command-line option
+    `options` names it) with what is wrong, without pydantic's multi-line layout."""
+    errors = getattr(e, "errors", None)
+    if not callable(errors):
+        return f"invalid {what}: {e}"
+    parts = []
+    for x in errors():
+        loc = ".".join(str(p) for p in x.get("loc", ()))
+        msg = str(x.get("msg", "")).removeprefix("Value error, ")
+        name = (options or {}).get(loc, loc)
+        parts.append(f"{name}: {msg}" if name else msg)
+    return f"invalid {what}: " + "; ".join(parts)
+
+
 def check_queue(queue: str) -> str:
     try:
         split_queue(queue)
@@ -138,6 +172,11 @@ def connect(master: str | None) -> Iterator[Client]:
     url = (master or DEFAULT_MASTER).rstrip("/")
     if "://" not in url:
         fail(f"--master {url!r} has no scheme: write http://{url} (or https://{url})", 2)
+    # the verbs say themselves what went wrong, in one line: the client's "retrying"
+    # warning (for programs that would otherwise wait silently) is not needed here
+    quiet = logging.getLogger("squall.client")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         with Client(url, retries=1, timeout=15.0) as c:
             yield c
@@ -145,6 +184,8 @@ def connect(master: str | None) -> Iterator[Client]:
         fail(_data_node_hint(url) or explain(e, url))
     except SquallError as e:
         fail(explain(e, url), 2 if isinstance(e, BadRequest) else 1)
+    finally:
+        quiet.setLevel(level)
 
 
 def _data_node_hint(url: str) -> str | None:

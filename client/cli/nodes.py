@@ -83,8 +83,8 @@ def decommission(
         say(f"{node} is decommissioned: every blob it held has its replication factor "
                   f"on other nodes. Stop it, then `squall nodes forget {node}`.")
     else:
-        say(f"{node} is {n.state}: {_remaining(n) or 'counting'} blob(s) to move. "
-                  f"Follow with `squall nodes decommission {node} --wait`.")
+        say(f"{node} is {n.state}: {_remaining(n) or 'counting'} blob(s) to move"
+            f"{_uncommitted(n)}. Follow with `squall nodes decommission {node} --wait`.")
 
 
 def _wait(c: Client, node: str, n: NodeStatus, timeout: float, interval: float) -> NodeStatus:
@@ -110,11 +110,13 @@ def _wait(c: Client, node: str, n: NodeStatus, timeout: float, interval: float) 
             now = time.monotonic()
             if now >= deadline:
                 fail(f"{node} is still {n.state} after {timeout:g}s "
-                     f"({'?' if left is None else left} blob(s) to move)")
+                     f"({'?' if left is None else left} blob(s) to move{_uncommitted(n)})")
+            waiting = _uncommitted(n)
+            bar.update(tid, description=f"decommission {node}{waiting}")
             if not err.is_terminal and now - last_line >= 10:
                 last_line = now
                 err.print(clean(f"{node}: {n.state}, {'?' if left is None else left} "
-                                "blob(s) to move"), markup=False)
+                                f"blob(s) to move{waiting}"), markup=False)
             time.sleep(min(interval, max(0.0, deadline - now)))
             try:
                 n = c.node(node)
@@ -140,6 +142,16 @@ def _remaining(n: NodeStatus) -> str:
         return ""
     left = n.decommission.blobs_remaining
     return "?" if left is None else str(left)
+
+
+def _uncommitted(n: NodeStatus) -> str:
+    """"; N uploads not yet committed, waiting up to Xs" when the drain waits for them."""
+    d = n.decommission
+    if d is None or not d.uploads_uncommitted:
+        return ""
+    secs = d.uncommitted_wait_secs
+    wait = "" if secs is None else f", waiting up to {secs:.0f}s"
+    return f"; {d.uploads_uncommitted} upload(s) not yet committed{wait}"
 
 
 def _ago(secs: float | None) -> str:

@@ -19,10 +19,20 @@ def is_async(handler: Handler) -> bool:
         getattr(handler, "__call__", None))  # noqa: B004 - callable objects
 
 
+HEAD_MAX = 1000  # characters of the first line (`Type: message`)
+
+
 def describe_error(e: BaseException, limit: int = 4000) -> str:
-    text = "".join(traceback.format_exception(e))
-    head = f"{type(e).__name__}: {e}"
-    return (head + "\n" + text[-(limit - len(head) - 1):]) if len(text) > limit else text
+    """The reason kept with a failed task: `Type: message` first (what a listing of dead
+    letters, the CLI and the dashboard show as one line), then the traceback below it,
+    cut from the top to fit `limit` characters (its last frames are the useful ones)."""
+    only = "".join(traceback.format_exception_only(type(e), e)).strip() or type(e).__name__
+    head = " ".join(only.split("\n")[0].split())[:HEAD_MAX]
+    text = "".join(traceback.format_exception(e)).rstrip("\n")
+    room = limit - len(head) - 1
+    if len(text) > room:
+        text = "…" + text[-(room - 1):] if room > 1 else ""
+    return head + "\n" + text if text else head
 
 
 def followups(task: TaskBase, result: Any) -> list[NewTask]:

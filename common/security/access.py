@@ -55,7 +55,8 @@ READ = rule("producer consumer", "path", "none")  # group-scoped reads: stats, p
 PAYLOAD = rule("payload", body="binary")
 PUBLIC_WHEN_ASKED = {"metrics": (("GET", "/metrics"),),
                      "status": (("GET", "/v1/overview"),
-                                ("GET", "/v1/overview/queues/{group}/{queue}"))}
+                                ("GET", "/v1/overview/queues/{group}/{queue}"),
+                                ("GET", "/v1/overview/workers"))}
 DEFAULT_RULE = ADMIN  # a request no rule matches (e.g. a 404) needs an admin credential
 
 

@@ -304,6 +304,19 @@ class RedriveResponse(_M):
     source: str
 
 
+class RetryRequest(_M):
+    pid: Pid
+
+
+class RetryResponse(_M):
+    ticket: int
+    retried: str = Field(description="pid of the task")
+    queue: str = Field(description="group#queue it is available in now")
+    was: str = Field(description="what it was: a dead letter (moved back into the queue it "
+                     "failed in, attempts reset) | delayed (its delay or retry backoff ended "
+                     "now)")
+
+
 class DeleteResponse(_M):
     ticket: int
     deleted: int = Field(description="tasks the queue held; they are reaped in the background")
@@ -351,6 +364,11 @@ class DecommissionProgress(_M):
     blobs_remaining: int | None = Field(
         description="blobs it holds that do not have the replication factor on other nodes "
                     "yet (null until the node's next full block report)")
+    uploads_uncommitted: int = Field(
+        0, description="of blobs_remaining: uploads allocated on it that no task refers to "
+                       "yet; the drain waits for their enqueue or the end of their grace")
+    uncommitted_wait_secs: float | None = Field(
+        None, description="at most this many seconds more for those uploads (null: none)")
 
 
 class NodeStatus(_M):

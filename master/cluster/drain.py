@@ -9,7 +9,10 @@ operator asked to decommission it:
   (node to node, fewest copies first, within the per-node repair budgets of
   ``master/cluster/repair.py``). It keeps serving reads meanwhile. ``decommission.blobs_remaining``
   counts its blobs that tasks still reference (or that were allocated recently and may still be
-  committed) and that do not yet have RF live copies on other, non-draining nodes.
+  committed) and that do not yet have RF live copies on other, non-draining nodes; of those,
+  ``uploads_uncommitted`` are allocated uploads no task refers to yet: nothing to copy, so
+  the drain waits for their enqueue or for the end of their orphan grace, at most
+  ``uncommitted_wait_secs`` more.
 - ``decommissioned``: that count reached zero after a full block report from the node
   (a master that just restarted knows nothing about a node until its full report, so it
   can never declare a node empty by ignorance). Stopping it loses no replica.
@@ -51,8 +54,12 @@ def progress(c: Cluster, n: Node | None, node_id: str = "") -> dict[str, Any] | 
     if since is None:
         return None
     known = n is not None and n.reported_full and n.drain_remaining >= 0
+    waiting = n.drain_uncommitted if known and n else 0
     return {"requested_at": since,
-            "blobs_remaining": n.drain_remaining if known and n else None}
+            "blobs_remaining": n.drain_remaining if known and n else None,
+            "uploads_uncommitted": waiting,
+            "uncommitted_wait_secs": round(max(0.0, n.drain_uncommitted_until
+                                               - c.clock.now()), 1) if waiting and n else None}
 
 
 def update(c: Cluster, now: float) -> None:
@@ -72,15 +79,22 @@ def update(c: Cluster, now: float) -> None:
                          and h in c.nodes and c.state(c.nodes[h], now) != "dead")
             if others < rf:
                 short.append(b)
-        remaining = 0
+        remaining = uncommitted = 0
+        until = 0.0
         for i in range(0, len(short), REFERENCED_BATCH):
             batch = short[i:i + REFERENCED_BATCH]
             for b, ref in zip(batch, c.referenced(batch), strict=True):
-                if ref or b in c.allocated:  # an allocated blob may still be committed
+                if ref:
                     remaining += 1
-                    if ref:
-                        c.check.add(b)
+                    c.check.add(b)
+                elif b in c.allocated:
+                    # uploaded and not (yet) enqueued: nothing to copy until a task refers
+                    # to it; waited for until its orphan grace ends, and said so
+                    remaining += 1
+                    uncommitted += 1
+                    until = max(until, c.allocated[b] + c.s.orphan_grace_s)
         n.drain_remaining = remaining
+        n.drain_uncommitted, n.drain_uncommitted_until = uncommitted, until
 
 
 def describe(c: Cluster, node_id: str) -> dict[str, Any]:

@@ -50,4 +50,8 @@ class Node:
     # may have been made before they landed, so a full one that lacks them drops nothing
     vouched: set[str] = field(default_factory=set)
     drain_remaining: int = -1  # draining: blobs still short of RF elsewhere (-1: not known)
+    # of those, blobs allocated but not (yet) committed by an enqueue: the drain waits for
+    # their commit or the end of their orphan grace (at `drain_uncommitted_until`)
+    drain_uncommitted: int = 0
+    drain_uncommitted_until: float = 0.0
     block_grants: list[float] = field(default_factory=list)  # front-door block expiries

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.staticfiles import StaticFiles
 
 from squall.common.clock import Clock
 from squall.common.security.access import RuleTable
@@ -14,6 +13,7 @@ from squall.common.server.docs import install_docs
 from squall.common.server.guard import Access, Guard, default_hosts
 from squall.common.server.layered import LayeredApp
 from squall.common.server.metrics import Exposition, HttpMetrics, HttpStats
+from squall.master.cluster.peek import Peek
 from squall.master.http.answers import BodyLimit, install_error_handlers
 from squall.master.http.deps import RESOLVERS
 from squall.master.http.metrics import MasterMetrics, WalTimes
@@ -44,6 +44,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
         app.state.telemetry = telemetry
         app.state.metrics = Exposition(MasterMetrics(master, telemetry, http, wal_times).collect)
         app.state.credentials = CredentialStore.open(settings.data_dir)
+        app.state.peek = Peek()  # the task drawer's payload preview
         access.cluster_key, access.now = master.key, master.clock.now
         access.revoked = app.state.credentials.is_revoked
         if background:
@@ -54,6 +55,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
         try:
             yield
         finally:
+            app.state.peek.close()
             await telemetry.stop()
             await master.stop()
             master.close()
@@ -70,7 +72,8 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     install_error_handlers(app)
     ROUTES.install(app)
     install_docs(app)
-    app.mount("/static/dashboard", StaticFiles(directory=status.STATIC), name="dashboard")
+    app.mount("/static/dashboard", status.DashboardFiles(directory=status.STATIC),
+              name="dashboard")
     ROUTES.check(app)
     # the hot routes go through the layers below straight into their handlers
     # (common/server/layered.py); inside BodyLimit: the last added is outermost

@@ -177,9 +177,12 @@ class MasterMetrics:
         yield CounterMetricFamily("squall_blob_scan_passes", "passes of the scan for "
                                   "referenced blobs no live node reports",
                                   value=self.m.cluster.scan.passes)
-        cap = GaugeMetricFamily("squall_datanode_capacity_bytes", "per data node",
-                                labels=["node"])
-        used = GaugeMetricFamily("squall_datanode_used_bytes", "per data node", labels=["node"])
+        # the master's view of each node, named apart from what each node exports itself
+        # (squall_datanode_used_bytes): a sum over both must not count a node twice
+        cap = GaugeMetricFamily("squall_cluster_node_capacity_bytes", "capacity of each data "
+                                "node as its last heartbeat reported it", labels=["node"])
+        used = GaugeMetricFamily("squall_cluster_node_used_bytes", "bytes stored on each data "
+                                 "node as its last heartbeat reported it", labels=["node"])
         for n in info["nodes"]:
             cap.add_metric([n["node_id"]], n["capacity_bytes"])
             used.add_metric([n["node_id"]], n["used_bytes"])

@@ -34,6 +34,7 @@ from squall.common.wire.models import (
     QueueStats,
     RedriveResponse,
     ResetResponse,
+    RetryResponse,
     ScheduleInfo,
     ScheduleList,
     TaskInfo,
@@ -82,6 +83,7 @@ ROUTES = RouteTable([
         R("POST", Q + "/reset-leases", queues.reset_leases, ResetResponse,
           rule("admin", "path")),
         R("POST", Q + "/redrive", queues.redrive, RedriveResponse, rule("admin", "path")),
+        R("POST", Q + "/retry", queues.retry, RetryResponse, rule("admin", "path")),
         R("GET", "/v1/queues", queues.list_queues, QueueList, rule(WORKER, "query", "none")),
         R("GET", "/v1/cluster/stats", queues.cluster_stats, ClusterStats,
           rule(WORKER, "all", "none"))),
@@ -129,6 +131,10 @@ ROUTES = RouteTable([
         R("GET", "/", status.dashboard, None, PUBLIC, options={"include_in_schema": False}),
         R("GET", "/v1/overview", status.overview, None, ADMIN_READ),
         R("GET", "/v1/overview/queues/{group}/{queue}", status.queue_overview, None,
+          rule("admin", "path", "none")),
+        R("GET", "/v1/overview/workers", status.workers, None, ADMIN_READ),
+        # payloads: admins only, never made public with the rest of the dashboard's data
+        R("GET", "/v1/overview/queues/{group}/{queue}/payload", status.payload_preview, None,
           rule("admin", "path", "none"))),
     *section(
         "auth",

@@ -1,14 +1,30 @@
 // squall dashboard: polls /v1/overview (and a queue's /v1/overview/queues/...) every few
 // seconds, updates tables and uPlot charts in place. Server data is only ever set as
-// textContent (never HTML). Actions call the ordinary REST routes with the credential typed
-// into the header field, sent as a bearer header (kept in this tab's sessionStorage).
+// textContent (never HTML), with control and invisible or direction-changing characters
+// escaped as the CLI escapes them (clean()). Actions call the ordinary REST routes with the
+// credential typed into the header field, sent as a bearer header (kept in this tab's
+// sessionStorage); their results show in the page (#result), never in a dialog.
 "use strict";
+// C0, DEL, C1, and the invisible or direction-changing format characters (U+202E reverses
+// the text after it): the set client/cli/common.py escapes, written the same way (\x1b,
+// \u202e, \n), so a worker name or an error cannot spoof what the page shows
+const UNSAFE = /[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]/g;
+const NAMED = { "\n": "\\n", "\r": "\\r", "\t": "\\t" };
+function clean(v) {
+  return String(v).replace(UNSAFE, (c) => NAMED[c] || (c.charCodeAt(0) < 0x100
+    ? "\\x" + c.charCodeAt(0).toString(16).padStart(2, "0")
+    : "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0")));
+}
+// a multi-line text (a traceback): its line breaks kept, everything else escaped
+function cleanLines(v) {
+  return String(v).split("\n").map(clean).join("\n");
+}
 // ?refresh=MS overrides the poll period (at least 250 ms; the browser test uses it)
 const REFRESH_MS = Math.max(250, Number(new URLSearchParams(location.search).get("refresh"))
                                  || 3000);
 const $ = (s) => document.querySelector(s);
 const st = { since: 0, hist: [], qhist: [], qsince: 0, qname: null, sort: "total",
-             asc: false, rows: [], charts: {}, timer: null };
+             asc: false, rows: [], charts: {}, timer: null, task: null };
 
 const tokenInput = $("#token");
 tokenInput.value = sessionStorage.getItem("squall.token") || "";
@@ -35,9 +51,32 @@ async function api(method, path, body) {
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
-  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (text !== undefined && text !== null) e.textContent = clean(text);
   if (cls) e.className = cls;
   return e;
+}
+function kv(tbody, rows) {
+  tbody.replaceChildren(...rows.map(([k, v]) => {
+    const tr = el("tr"); tr.append(el("td", k), el("td", v === null || v === undefined ? "-" : v));
+    return tr;
+  }));
+}
+function qsplit(name) {
+  const i = name.indexOf("#");
+  return [name.slice(0, i), name.slice(i + 1)];
+}
+function qpath(name) {
+  const [g, q] = qsplit(name);
+  return "/v1/groups/" + encodeURIComponent(g) + "/queues/" + encodeURIComponent(q);
+}
+// a pid that opens the task drawer
+function pidLink(queue, pid) {
+  const a = el("a", pid, "pid");
+  a.href = "#";
+  a.dataset.queue = queue; a.dataset.pid = pid;
+  a.addEventListener("click", (ev) => { ev.preventDefault(); openTask(queue, pid); });
+  const td = el("td"); td.append(a);
+  return td;
 }
 function fmt(v, digits) {
   if (v === null || v === undefined) return "";
@@ -76,7 +115,7 @@ function card(k, v, cls) {
 function banner(sel, text) {
   const b = $(sel);
   b.hidden = !text;
-  b.textContent = text || "";
+  b.textContent = clean(text || "");
 }
 
 // -- charts ----------------------------------------------------------------------------
@@ -134,8 +173,9 @@ function renderHealth(o) {
     const td = el("td");
     if (x.state !== "dead") {
       const b = el("button", "decommission");
-      b.onclick = () => act("decommission data node " + x.node_id + "?", "POST",
-                            "/v1/nodes/" + encodeURIComponent(x.node_id) + "/decommission");
+      b.onclick = () => act("decommission data node " + clean(x.node_id) + "?", "POST",
+                            "/v1/nodes/" + encodeURIComponent(x.node_id) + "/decommission",
+                            undefined, "decommission " + x.node_id);
       td.append(b);
     }
     tr.append(td);
@@ -145,7 +185,7 @@ function renderHealth(o) {
 
 function qlink(name) {
   const a = el("a", name);
-  const [g, q] = name.split("#");
+  const [g, q] = qsplit(name);
   a.href = "#/queue/" + encodeURIComponent(g) + "/" + encodeURIComponent(q);
   return a;
 }
@@ -185,12 +225,26 @@ function renderDead(o) {
     const tr = el("tr", null, "dlq");
     const td = el("td"); td.append(qlink(r.queue)); tr.append(td);
     tr.append(el("td", fmt(r.total)));
-    const reason = r.reasons.length ? r.reasons[0].error : "";
+    const reason = r.reasons.length ? firstLine(r.reasons[0].error) : "";
     tr.append(el("td", reason, "text"));
     tr.append(el("td"));
     return tr;
   });
   fill($("#dead tbody"), rows.length ? rows : [trMsg("no dead letters", 4)]);
+}
+function renderWorkers(w) {
+  const now = w.now;
+  fill($("#workers tbody"), w.workers.length ? w.workers.map((x) => {
+    const tr = el("tr");
+    tr.dataset.worker = x.worker;
+    const qs = x.queues.slice(0, 3).map((q) => q.queue + " (" + q.tasks + ")").join(", ") +
+      (x.queues.length > 3 ? ", +" + (x.queues.length - 3) + " more" : "");
+    tr.append(el("td", x.worker || "(unnamed)"), el("td", x.address), el("td", fmt(x.tasks)),
+              el("td", qs, "text"), el("td", ago(x.since, now)));
+    tr.append(x.oldest ? pidLink(x.oldest.queue, x.oldest.pid) : el("td"));
+    tr.append(el("td", ago(x.last_lease, now)));
+    return tr;
+  }) : [trMsg("no lease held in the largest queues", 7)]);
 }
 function trMsg(text, span) {
   const tr = el("tr"); const td = el("td", text, "muted"); td.colSpan = span; tr.append(td);
@@ -207,6 +261,11 @@ async function refreshHome() {
     o.totals.holding.toLocaleString("en-US") + " holding tasks)";
   renderQueues();
   renderDead(o);
+  try {
+    renderWorkers(await api("GET", "/v1/overview/workers"));
+  } catch (e) {
+    fill($("#workers tbody"), [trMsg("cannot list workers: " + e.message, 7)]);
+  }
   plot("c-rates", ["enqueue", "lease", "dequeue"], ["#1d5fd1", "#a86200", "#1a7f37"],
        st.hist, ["t", "enqueue", "lease", "dequeue"]);
   plot("c-depth", ["available", "leased", "delayed", "dead letters"],
@@ -230,7 +289,8 @@ async function refreshQueue(g, q) {
       o.rates.lease_1m, o.rates.dequeue_1m]];
   st.qhist = st.qhist.concat(pts).filter((p) => p[0] > now - 3600);
   if (o.history.length) st.qsince = o.history[o.history.length - 1][0];
-  $("#qtitle").textContent = name + (o.is_dead_letter_queue ? "  (a dead-letter queue)" : "");
+  $("#qtitle").textContent = clean(name) + (o.is_dead_letter_queue ? "  (a dead-letter queue)"
+                                                                     : "");
   $("#qfacts").replaceChildren(
     card("total", fmt(o.total)), card("available", fmt(o.available)),
     card("leased", fmt(o.leased)), card("delayed", fmt(o.delayed)),
@@ -241,27 +301,28 @@ async function refreshQueue(g, q) {
     card("dead letters", fmt(o.dead_letters), o.dead_letters ? "bad" : ""));
   fill($("#qleased tbody"), o.leased_sample.length ? o.leased_sample.map((x) => {
     const tr = el("tr");
-    tr.append(el("td", x.pid), el("td", x.worker), el("td", x.worker_addr),
+    tr.append(pidLink(name, x.pid), el("td", x.worker), el("td", x.worker_addr),
               el("td", fmt(x.lease_age_secs) + "s"), el("td", ago(x.expires_at, now)));
     return tr;
   }) : [trMsg("no task leased recently", 5)]);
   fill($("#qhead tbody"), o.head.length ? o.head.map((x) => {
     const tr = el("tr");
-    tr.append(el("td", x.pid), el("td", x.state), el("td", x.attempts), el("td", x.worker),
-              el("td", x.error, "text"));
+    tr.append(pidLink(name, x.pid), el("td", x.state), el("td", x.attempts),
+              el("td", x.worker), el("td", firstLine(x.error), "text"));
     return tr;
   }) : [trMsg("empty", 5)]);
-  $("#qpolicy").textContent = JSON.stringify(o.policy, null, 2);
+  renderPolicy(o.policy, q);
   fill($("#qsched tbody"), o.schedules.length ? o.schedules.map((s) => {
     const tr = el("tr");
     tr.append(el("td", s.name), el("td", s.interval_secs ? s.interval_secs + "s" : s.cron),
               el("td", ago(s.last_slot, now)), el("td", ago(s.next_slot, now)));
     return tr;
   }) : [trMsg("no schedule feeds this queue", 4)]);
-  $("#qdlqtitle").textContent = "Dead letters (in " + o.dead_letter_queue + ")";
+  $("#qdlqtitle").textContent = "Dead letters (in " + clean(o.dead_letter_queue) + ")";
   fill($("#qdlq tbody"), o.dead_letter_sample.length ? o.dead_letter_sample.map((x) => {
     const tr = el("tr", null, "dlq");
-    tr.append(el("td", x.pid), el("td", x.attempts), el("td", x.error, "text"));
+    tr.append(pidLink(o.dead_letter_queue, x.pid), el("td", x.attempts),
+              el("td", firstLine(x.error), "text"));
     return tr;
   }) : [trMsg("none", 3)]);
   const f = (i) => st.qhist.map((p) => p[i]);
@@ -275,28 +336,152 @@ async function refreshQueue(g, q) {
 }
 
 // -- actions -----------------------------------------------------------------------------
-async function act(question, method, path, body) {
-  if (!confirm(question)) return;
+// what an action's answer says, in words
+function said(r) {
+  if (!r || typeof r !== "object") return "";
+  if ("moved" in r) return "moved " + r.moved + " task(s) from " + r.source + " back";
+  if ("reset" in r) return "made " + r.reset + " leased task(s) available";
+  if ("deleted" in r) return "deleted " + r.deleted + " task(s)";
+  if ("retried" in r) return r.retried + " is available in " + r.queue + " (it was " +
+    (r.was === "dead letter" ? "a dead letter" : r.was) + ")";
+  if ("cancelled" in r) return "removed " + r.cancelled + " (it was " + r.state + ")";
+  if ("node_id" in r) return "data node " + r.node_id + " is " + r.state;
+  return Object.entries(r).filter(([k]) => k !== "ticket")
+    .map(([k, v]) => k + " " + (typeof v === "object" ? JSON.stringify(v) : v)).join(", ");
+}
+function result(ok, text) {
+  const b = $("#result");
+  b.className = "banner " + (ok ? "ok" : "warn");
+  b.dataset.ok = ok ? "1" : "0";
+  banner("#result", text + "  (" + new Date().toLocaleTimeString() + ")");
+}
+async function act(question, method, path, body, what) {
+  if (!confirm(question)) return null;
+  let r = null;
   try {
-    const r = await api(method, path, body);
-    banner("#errbanner", "");
-    alert("done: " + JSON.stringify(r));
+    r = await api(method, path, body);
+    result(true, (what ? what + ": " : "done: ") + said(r));
   } catch (e) {
-    banner("#errbanner", (e.status === 401 || e.status === 403 ?
+    result(false, (what ? what + " " : "") + (e.status === 401 || e.status === 403 ?
       "not allowed (paste an admin credential at the top right): " : "failed: ") + e.message);
   }
   refresh();
+  return r;
 }
-document.querySelectorAll(".actions button").forEach((b) => b.addEventListener("click", () => {
-  const [g, q] = st.qname.split("#");
-  const base = "/v1/groups/" + encodeURIComponent(g) + "/queues/" + encodeURIComponent(q);
-  const what = b.dataset.act;
-  if (what === "redrive") act("move the dead letters of " + st.qname + " back into it?",
-                              "POST", base + "/redrive", { max_tasks: 1000 });
-  if (what === "reset") act("make every leased task of " + st.qname + " available now?",
-                            "POST", base + "/reset-leases");
-  if (what === "delete") act("DELETE " + st.qname + " and all its tasks?", "DELETE", base);
-}));
+document.querySelectorAll(".actions button[data-act]").forEach((b) => b.addEventListener(
+  "click", () => {
+    const base = qpath(st.qname), name = clean(st.qname);
+    const what = b.dataset.act;
+    if (what === "redrive") act("move the dead letters of " + name + " back into it?",
+                                "POST", base + "/redrive", { max_tasks: 1000 }, "redrive");
+    if (what === "reset") act("make every leased task of " + name + " available now?",
+                              "POST", base + "/reset-leases", undefined, "reset leases");
+    if (what === "delete") act("DELETE " + name + " and all its tasks?", "DELETE", base,
+                               undefined, "delete " + st.qname);
+  }));
+
+// -- the task drawer ---------------------------------------------------------------------
+function firstLine(text) {
+  return text ? String(text).split("\n")[0] : "";
+}
+async function openTask(queue, pid) {
+  st.task = { queue, pid };
+  $("#drawer").hidden = false;
+  $("#dtitle").textContent = clean(queue) + "  " + clean(pid);
+  $("#dpreview").hidden = true;
+  await refreshTask();
+  await previewTask(queue, pid);
+}
+// the payload's first bytes, read by the master from a replica (admins only)
+async function previewTask(queue, pid) {
+  const pre = $("#dpreview");
+  let p;
+  try {
+    const [g, q] = qsplit(queue);
+    p = await api("GET", "/v1/overview/queues/" + encodeURIComponent(g) + "/" +
+                  encodeURIComponent(q) + "/payload?bytes=512&pid=" + encodeURIComponent(pid));
+  } catch (e) {
+    p = { error: e.status === 401 || e.status === 403 ? "the preview needs an admin credential"
+                                                     : e.message };
+  }
+  if (!st.task || st.task.queue !== queue || st.task.pid !== pid) return;
+  if (p.size === 0 && !p.error) { pre.hidden = true; return; }
+  pre.hidden = false;
+  pre.textContent = p.error ? "(no preview: " + clean(p.error) + ")" :
+    (p.utf8 ? cleanLines(p.text) : "binary, first bytes: " + p.hex) +
+    (p.shown < p.size ? "\n… (the first " + p.shown + " of " + p.size + " bytes)" : "");
+}
+function closeTask() {
+  st.task = null;
+  $("#drawer").hidden = true;
+}
+$("#dclose").addEventListener("click", closeTask);
+addEventListener("keydown", (ev) => { if (ev.key === "Escape" && st.task) closeTask(); });
+async function refreshTask() {
+  if (!st.task) return;
+  const { queue, pid } = st.task;
+  let t;
+  try {
+    t = await api("GET", qpath(queue) + "/tasks/" + encodeURIComponent(pid));
+  } catch (e) {
+    kv($("#dfacts tbody"), [["state", e.status === 404 ?
+      "gone (done, cancelled, deleted or moved)" : "cannot read it: " + e.message]]);
+    $("#derror").textContent = ""; $("#dpayload tbody").replaceChildren();
+    $("#dretry").disabled = $("#dcancel").disabled = true;
+    $("#dhint").textContent = "";
+    return;
+  }
+  if (!st.task || st.task.queue !== queue || st.task.pid !== pid) return;  // another opened
+  const now = Date.now() / 1000;
+  const dead = !!t.origin && t.origin !== qsplit(queue)[1];
+  kv($("#dfacts tbody"), [
+    ["state", t.state + (dead ? " (a dead letter of " + qsplit(queue)[0] + "#" + t.origin + ")"
+                          : "")],
+    ["attempts", t.attempts],
+    ["worker", t.worker ? t.worker + (t.worker_addr ? " at " + t.worker_addr : "") : null],
+    ["lease expires", t.expires_at ? ago(t.expires_at, now) : null],
+    ["available from", t.not_before ? ago(t.not_before, now) : null],
+    ["enqueued", t.enqueued_at ? new Date(t.enqueued_at * 1000).toLocaleString() : null]]);
+  $("#derror").textContent = t.error ? cleanLines(t.error) : "(none)";
+  const p = t.payload;
+  kv($("#dpayload tbody"), p ? [["size", bytes(p.size)], ["blob", p.blob_id],
+                                ["replicas", (p.replicas || []).join(", ") || "none live"]]
+                             : [["size", "no payload"]]);
+  const leased = t.state === "leased";
+  $("#dretry").disabled = !(dead || t.state === "delayed");
+  $("#dcancel").disabled = leased;
+  $("#dcancel").textContent = dead ? "delete dead letter" : "cancel task";
+  $("#dhint").textContent = leased ? "leased: its worker holds it until the lease ends " +
+    "(reset the queue's leases to take it back)" :
+    dead ? "retry moves it back into " + t.origin + " with its attempts reset" :
+    t.state === "delayed" ? "retry makes it available now" : "";
+}
+$("#dretry").addEventListener("click", async () => {
+  const { queue, pid } = st.task;
+  await act("retry " + clean(pid) + " of " + clean(queue) + " now?", "POST",
+            qpath(queue) + "/retry", { pid }, "retry " + pid);
+  await refreshTask();
+});
+$("#dcancel").addEventListener("click", async () => {
+  const { queue, pid } = st.task;
+  const r = await act("remove " + clean(pid) + " from " + clean(queue) +
+                      " for good (its payload too)?", "DELETE",
+                      qpath(queue) + "/tasks/" + encodeURIComponent(pid), undefined,
+                      "remove " + pid);
+  if (r) closeTask();
+});
+
+// -- a queue's policy, readably -----------------------------------------------------------
+function renderPolicy(p, queue) {
+  const b = p.backoff;
+  kv($("#qpolicy tbody"), [
+    ["max attempts", p.max_attempts || "unlimited (default)"],
+    ["dead-letter queue", p.dead_letter_queue || queue + ".dead (default)"],
+    ["lease", p.lease_secs ? p.lease_secs + " s" : "60 s (default)"],
+    ["retry backoff", b ? b.base_secs + " s, x" + b.factor + " per attempt, at most " +
+      b.cap_secs + " s, jitter " + b.jitter : "none: a released task is available again at once"],
+  ]);
+}
 
 // -- routing and the refresh loop --------------------------------------------------------
 function route() {
@@ -310,6 +495,7 @@ async function refresh() {
   try {
     const q = route();
     if (q) await refreshQueue(q[0], q[1]); else await refreshHome();
+    await refreshTask();
     banner("#errbanner", "");
   } catch (e) {
     banner("#errbanner", e.status === 401 || e.status === 403 ?

@@ -52,7 +52,8 @@ what the environment already holds.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, cast
 
 import lmdb
@@ -92,6 +93,36 @@ _put = lmdb.Transaction.put
 _delete = lmdb.Transaction.delete
 
 
+@dataclass(slots=True)
+class Totals:
+    """Sums over every queue record, kept as the records change (O(1) per change), so the
+    cluster totals never walk the queue table: `queues` (records), `holding` (records
+    holding tasks), tasks by state, and completions of the current generations."""
+
+    queues: int = 0
+    holding: int = 0
+    available: int = 0
+    leased: int = 0
+    delayed: int = 0
+    completed: int = 0
+
+    def add(self, q: QueueRec, sign: int = 1) -> None:
+        """Count (sign 1) or uncount (sign -1) a whole queue record."""
+        self.queues += sign
+        self.holding += sign if q.size else 0
+        self.available += sign * q.available
+        self.leased += sign * q.leased
+        self.delayed += sign * q.delayed
+        self.completed += sign * q.completed
+
+    @classmethod
+    def of(cls, queues: Iterable[QueueRec]) -> Totals:
+        t = cls()
+        for q in queues:
+            t.add(q)
+        return t
+
+
 class Index:
     """The LMDB environment and its databases. One per data directory per process."""
 
@@ -114,6 +145,7 @@ class Index:
         self.freed_pending: list[str] = []
         self.queues: SortedDict[tuple[str, str], QueueRec] = SortedDict()
         self.by_qid: dict[int, QueueRec] = {}
+        self.totals = Totals()  # sums over `queues`, kept with every counter change
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.schedules: dict[tuple[str, str], dict[str, Any]] = {}
         self.node_marks: dict[tuple[str, str], dict[str, Any]] = {}  # ("", node_id) -> mark
@@ -146,6 +178,7 @@ class Index:
                 self._conf(bytes(k[:1]))[(group, name)] = msgpack.unpackb(v)
         self.queues = queues
         self.by_qid = {q.qid: q for q in queues.values()}
+        self.totals = Totals.of(queues.values())
 
     # -- reads ---------------------------------------------------------------------------
     def _meta_int(self, txn: lmdb.Transaction, key: bytes) -> int:
@@ -258,6 +291,30 @@ class Index:
         else:
             _delete(txn, _U64(old[1]) + key, b"", self.timers)
 
+    def count(self, q: QueueRec, state: int, delta: int) -> None:
+        """`delta` tasks of `q` entered (or left, negative) `state`: the queue's counters
+        and :attr:`totals` change together."""
+        held = q.available + q.leased + q.delayed
+        q.count(state, delta)
+        t = self.totals
+        if state == AVAILABLE:
+            t.available += delta
+        elif state == LEASED:
+            t.leased += delta
+        else:
+            t.delayed += delta
+        if not held:
+            t.holding += 1
+        elif held + delta == 0:
+            t.holding -= 1
+
+    def clear_queue(self, q: QueueRec, gen: int, now_ms: int) -> None:
+        """A new generation of `q`, empty (its old tasks are reaped later)."""
+        self.totals.add(q, -1)
+        q.gen, q.available, q.leased, q.delayed = gen, 0, 0, 0
+        q.completed, q.enqueued_total, q.created_ms = 0, 0, now_ms
+        self.totals.add(q)
+
     def put_task(self, txn: lmdb.Transaction, q: QueueRec, t: Task, *, enqueue: bool) -> None:
         """Insert or replace a task, keeping the indexes and counters exact."""
         self.put_wire(txn, q, t.to_wire(), enqueue=enqueue)
@@ -271,7 +328,7 @@ class Index:
         old = self._old(txn, key)
         if old is not None:
             self._unindex(txn, key, old)
-            q.count(old[0], -1)
+            self.count(q, old[0], -1)
         elif enqueue:
             q.enqueued_total += 1
             self.enqueued_total += 1
@@ -287,7 +344,7 @@ class Index:
         else:
             due = w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE]
             _put(txn, _U64(due) + key, b"", True, True, False, self.timers)
-        q.count(state, +1)
+        self.count(q, state, +1)
         return raw
 
     def delete_task(self, txn: lmdb.Transaction, q: QueueRec, pid: bytes, *,
@@ -297,11 +354,12 @@ class Index:
         if old is None or not _delete(txn, key, b"", self.tasks):
             return False
         self._unindex(txn, key, old)
-        q.count(old[0], -1)
+        self.count(q, old[0], -1)
         if old[3] is not None:
             self.ref_blob(txn, old[3], -1)
         if completed:
             q.completed += 1
+            self.totals.completed += 1
             self.completed_total += 1
         return True
 
@@ -312,6 +370,7 @@ class Index:
             q = QueueRec(group, name, qid, created_ms=created_ms)
             self.queues[(group, name)] = q
             self.by_qid[qid] = q
+            self.totals.queues += 1
             txn.put(U32.pack(qid), msgpack.packb([group, name]), db=self.qids_db)
         self.next_qid = max(self.next_qid, qid + 1)
         return q

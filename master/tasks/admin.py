@@ -14,7 +14,16 @@ import lmdb
 from squall.common.errors import BadRequest, Conflict, NotFound
 from squall.common.wire.models import Policy, Schedule, TaskSpec
 from squall.common.wire.names import check_name, check_pid, join_queue
-from squall.master.storage.records import LEASED, STATE_NAMES, QueueRec, Task, pidkey, qprefix
+from squall.master.storage.records import (
+    AVAILABLE,
+    DELAYED,
+    LEASED,
+    STATE_NAMES,
+    QueueRec,
+    Task,
+    pidkey,
+    qprefix,
+)
 from squall.master.tasks import policies, schedules
 from squall.master.tasks.engine import Engine
 from squall.master.tasks.view import Plan, View
@@ -62,14 +71,49 @@ def plan_cancel(e: Engine, txn: lmdb.Transaction, group: str, queue: str, pid: s
     return v.finish({"cancelled": t.pid, "state": state})
 
 
+def plan_retry(e: Engine, txn: lmdb.Transaction, group: str, queue: str, pid: str) -> Plan:
+    """Retry one task now: a dead letter (a task of a dead-letter queue with its origin)
+    goes back into the queue it failed in, attempts reset; a delayed task (a delay or a
+    retry backoff) becomes available now. A leased or available task is refused (409)."""
+    v = View(e, txn, group)
+    q = v.queue(check_name("queue", queue))
+    raw = check_pid(pid)
+    t = v.task(q, raw) if q is not None else None
+    where = f"task {pid!r} in queue {join_queue(group, queue)}"
+    if q is None or t is None:
+        raise NotFound(f"{where} does not exist (done, deleted, or never enqueued)")
+    if t.origin and t.origin != q.name:  # a dead letter
+        target = v.queue(t.origin, create=True)
+        assert target is not None
+        v.delete(q, t.pid, completed=False)
+        if v.task(target, raw) is None:  # else a task of that pid is queued there already
+            v.put(target, Task(t.pid, enqueued_ms=t.enqueued_ms, payload=t.payload,
+                               token=t.token), enqueue=True)
+        return v.finish({"retried": t.pid, "queue": join_queue(group, t.origin),
+                         "was": "dead letter"})
+    if t.state == DELAYED:
+        d = t.copy()
+        d.state, d.not_before_ms = AVAILABLE, 0
+        v.put(q, d, enqueue=False)
+        return v.finish({"retried": t.pid, "queue": join_queue(group, queue), "was": "delayed"})
+    what = f"leased (by {t.worker or 'a worker'})" if t.state == LEASED else "available"
+    raise Conflict(f"{where} is {what}: there is nothing to retry (a dead letter or a "
+                   "delayed task can be retried)")
+
+
 def plan_redrive(e: Engine, txn: lmdb.Transaction, group: str, queue: str, max_tasks: int
                  ) -> Plan:
-    """Move up to `max_tasks` available dead letters of `queue` back into it, attempts 0."""
+    """Move up to `max_tasks` available dead letters of `queue` back into it, attempts 0.
+    A queue that does not exist and has no dead-letter queue is a 404 (a typo must not
+    create an empty queue and report success)."""
     v = View(e, txn, group)
+    src_name = policies.dead_letter_queue(policies.effective(e.index, group, queue), queue)
+    src = v.queue(src_name)
+    if v.queue(queue) is None and src is None:
+        raise NotFound(f"queue {join_queue(group, queue)} does not exist, nor its dead-letter "
+                       f"queue {join_queue(group, src_name)}: nothing to redrive")
     target = v.queue(queue, create=True)
     assert target is not None
-    src_name = policies.dead_letter_queue(e.policy(target), queue)
-    src = v.queue(src_name)
     moved = 0
     if src is not None:
         pre = qprefix(src.qid, src.gen)

@@ -199,8 +199,9 @@ class Engine:
             pol = self.policy(q)
             t.error = r.error
             if policies.exhausted(pol, t.attempts):
-                v.dead_letter(q, t, f"failed {t.attempts} times (max_attempts "
-                                    f"{pol['max_attempts']}); last error: {r.error}")
+                v.dead_letter(q, t, policies.dead_letter_reason(
+                    f"dead-lettered: failed {t.attempts} times (max_attempts "
+                    f"{pol['max_attempts']})", r.error))
                 return
             if r.delay_secs is None:
                 delay = policies.backoff_ms(pol, t.attempts, t.pid)
@@ -242,9 +243,9 @@ class Engine:
             if tkey in seen:  # changed earlier in this request
                 continue
             if max_attempts is not None and policies.exhausted(pol, attempts):
-                v.dead_letter(q, Task(*w), f"leased {attempts} times without being "
-                              f"dequeued (max_attempts {max_attempts}); last error: "
-                              f"{w[12] or 'none'}")
+                v.dead_letter(q, Task(*w), policies.dead_letter_reason(
+                    f"dead-lettered: leased {attempts} times without being dequeued "
+                    f"(max_attempts {max_attempts})", w[12]))
                 continue
             token = v.lease_seq = v.lease_seq + 1
             attempts += 1

@@ -37,6 +37,16 @@ def dead_letter_queue(policy: dict[str, Any], name: str) -> str:
     return str(dlq) if dlq else name + DEAD_SUFFIX
 
 
+def dead_letter_reason(why: str, error: str | None) -> str:
+    """The reason kept with a dead letter: the task's last error's first line (a worker
+    writes `Type: message` there) stays first, so one-line views show it; then `why` the
+    master dead-lettered it; then the rest of the error (the traceback)."""
+    if not error:
+        return why
+    first, _, rest = error.partition("\n")
+    return f"{first}\n{why}" + (f"\n{rest}" if rest else "")
+
+
 def exhausted(policy: dict[str, Any], attempts: int) -> bool:
     """True when a task that has been leased `attempts` times may not be leased again."""
     m = policy.get("max_attempts")

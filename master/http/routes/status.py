@@ -21,9 +21,11 @@ from typing import Annotated, Any
 
 from fastapi import Query, Request
 from starlette.responses import Response
+from starlette.staticfiles import StaticFiles
 
 from squall.common.errors import NotFound
 from squall.common.wire.names import join_queue
+from squall.master.cluster.peek import PREVIEW_MAX, Peek
 from squall.master.http.answers import JSON
 from squall.master.http.deps import MasterDep, ReadMasterDep
 from squall.master.http.metrics import wal_error
@@ -35,6 +37,21 @@ from squall.master.telemetry import TOP_QUEUES, Telemetry, is_dead_letter_queue
 
 STATIC = Path(__file__).resolve().parents[2] / "static"
 SAMPLE = 10
+# the page and its files: scripts, styles and data from this origin only (no inline code,
+# no other site), never framed (clickjacking), content types taken as sent
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY",
+                    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+
+
+class DashboardFiles(StaticFiles):
+    """The dashboard's static files, with the page's security headers."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        r = super().file_response(*args, **kwargs)
+        r.headers.update(SECURITY_HEADERS)
+        return r
 
 
 @functools.cache
@@ -44,7 +61,8 @@ def _page() -> bytes:
 
 async def dashboard() -> Response:
     """The dashboard page (static: read once, served from memory)."""
-    return Response(_page(), media_type="text/html", headers={"Cache-Control": "no-cache"})
+    return Response(_page(), media_type="text/html",
+                    headers={"Cache-Control": "no-cache", **SECURITY_HEADERS})
 
 
 def _tele(request: Request) -> Telemetry:
@@ -70,6 +88,7 @@ async def overview(request: Request, m: MasterDep,
     their first task), and the history points after `since` (one every 5 s, one hour)."""
     t = _tele(request)
     s = t.current()
+    tot = m.index.totals
     now = time.time()
     w = m.wal
     return JSON({
@@ -78,8 +97,9 @@ async def overview(request: Request, m: MasterDep,
         "wal": {"ticket": w.last_ticket, "durable_ticket": w.durable_ticket,
                 "syncs": w.syncs, "records": w.records, "error": wal_error(m),
                 "checkpoints": m.checkpoints, "recovery_secs": round(m.recovery_secs, 3)},
-        "totals": {"queues": s.queues, "holding": s.holding, "available": s.available,
-                   "leased": s.leased, "delayed": s.delayed, "completed": s.completed,
+        # exact now (kept as queues change), but dead letters: as of the last scan
+        "totals": {"queues": tot.queues, "holding": tot.holding, "available": tot.available,
+                   "leased": tot.leased, "delayed": tot.delayed, "completed": tot.completed,
                    "dead_letters": s.dead_letters, "scan_age_secs": round(now - s.at, 3),
                    "scan_secs": round(s.scan_secs, 3),
                    "rates": m.meters.total.snapshot(now), "counters": dict(m.meters.counts)},
@@ -88,6 +108,49 @@ async def overview(request: Request, m: MasterDep,
         "dead_letter_queues": t.dead_rows,
         "history": [p for p in t.history if p["t"] > since],
     })
+
+
+async def workers(request: Request, m: MasterDep) -> JSON:
+    """Who holds what, since when: the workers holding leases in the largest queues (a
+    sample: each queue's recent leases that are still live), with their address, tasks
+    held per queue, their oldest lease and their latest. Recomputed at most every second
+    in the background, with the dashboard's rows (so it may miss the last second's
+    leases); served while the index is behind the log, like the rest of the overview."""
+    t = _tele(request)
+    t.current()
+    now = time.time()
+    return JSON({"now": now, "age_secs": round(now - t.rows_at, 3), "workers": t.workers})
+
+
+async def payload_preview(
+        group: GroupP, queue: QueueP, request: Request, m: ReadMasterDep,
+        pid: Annotated[str, Query(min_length=1, max_length=4096, description="the task's pid")],
+        n: Annotated[int, Query(alias="bytes", ge=1, le=PREVIEW_MAX)] = 512) -> JSON:
+    """The first `bytes` bytes of a task's payload (admins: the task drawer), read by the
+    master from a live replica: as text (UTF-8, undecodable bytes replaced), whether that
+    decoding was clean, and the first 256 bytes in hex. `error` says why no replica
+    answered."""
+    t = m.task_info(group, queue, pid)
+    p = t["payload"]
+    out: dict[str, Any] = {"pid": t["pid"], "size": p["size"] if p else 0, "shown": 0,
+                           "text": "", "utf8": True, "hex": "", "replica": None, "error": None}
+    if p is None:
+        return JSON(out)
+    peek: Peek = request.app.state.peek
+    data, source = await peek.first_bytes(p, n)
+    if data is None:
+        out["error"] = f"no replica gave the payload: {source}"
+        return JSON(out)
+    try:
+        text, clean = data.decode("utf-8"), True
+    except UnicodeDecodeError as e:
+        # a character cut by the preview's end is still text; anything else is not
+        cut = e.reason == "unexpected end of data" and len(data) < out["size"]
+        text = data[:e.start].decode("utf-8") if cut else data.decode("utf-8", "replace")
+        clean = cut
+    out.update(shown=len(data), text=text, utf8=clean, hex=data[:256].hex(" "),
+               replica=source)
+    return JSON(out)
 
 
 async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: ReadMasterDep,
