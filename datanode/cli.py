@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import typer
 
+from squall.common.security import auth
 from squall.common.security.auth import (
     AUTH_KEY_ENV,
     AUTH_KEY_FILE_ENV,
@@ -17,6 +19,8 @@ from squall.common.security.auth import (
 from squall.common.security.files import ALLOW_SHARED_ENV, check_data_dir, private_umask
 from squall.common.security.tls import TLSConfig
 from squall.datanode.config import DataNodeSettings
+
+NODE_CREDENTIAL_WARN_S = 30 * 86400.0  # log a warning at start when it expires sooner
 
 
 def serve(settings: DataNodeSettings, host: str, port: int) -> None:
@@ -139,6 +143,13 @@ def register(app: typer.Typer) -> None:
             except OSError as e:  # e.g. no key for this pod in the Secret
                 raise SystemExit(f"--node-credential-file: cannot read {node_credential_file}: "
                                  f"{e.strerror}") from None
+            exp = auth.credential_expiry(node_cred)
+            if exp is not None and exp - time.time() < NODE_CREDENTIAL_WARN_S:
+                logging.getLogger("squall.datanode").warning(
+                    "the node credential (%s) expires in %.1f days: mint a new one (squall "
+                    "auth mint --role node --node ID) before then, or heartbeats and the "
+                    "lifecycle hooks get 401", node_credential_file,
+                    (exp - time.time()) / 86400)
         settings = DataNodeSettings(
             data_dir=str(data_dir), advertise_url=advertise or f"{scheme}://{host}:{port}",
             master_url=master or None, node_id=node_id or None,

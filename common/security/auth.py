@@ -345,6 +345,17 @@ def credential_id(cred: str) -> str | None:
         return None
 
 
+def credential_expiry(cred: str) -> float | None:
+    """The expiry inside a credential, without checking it (a data node reports its own
+    node credential's, ``squall_datanode_credential_expiry_seconds``)."""
+    try:
+        c = orjson.loads(_unb64(cred.split(".", 1)[1].split(".")[0]))
+        exp = c.get("exp") if isinstance(c, dict) else None
+        return float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
+    except (ValueError, IndexError, orjson.JSONDecodeError):
+        return None
+
+
 def is_credential(text: str) -> bool:
     return text.startswith((CRED_PREFIX, LEGACY_PREFIX))
 
