@@ -2,9 +2,10 @@
 folder (``master/``, ``node-1/``, …, logs in ``logs/``). Ports: the master on ``--port``,
 node i on ``--port`` + i, the same on every start so the data nodes keep their addresses
 and a restart keeps the data. Keys: unless the environment names them
-(``SQUALL_CLUSTER_KEY[_FILE]``, ``SQUALL_AUTH_KEY[_FILE]``), a cluster key and an auth key
-are made once under ``keys/``, with an admin credential (``keys/admin.credential``) that
-the banner tells how to use. Ctrl-C (or SIGTERM) stops the nodes, then the master.
+(``SQUALL_CLUSTER_KEY[_FILE]``, ``SQUALL_AUTH_KEY[_FILE]``), a random cluster key and an
+Ed25519 auth key are made once under ``keys/`` (the data nodes get only its public half,
+``keys/auth.pub``), with an admin credential (``keys/admin.credential``) that the banner
+tells how to use. No key is built in. Ctrl-C (or SIGTERM) stops the nodes, then the master.
 A data node that exits does not stop the cluster: it is reported, the master marks it dead
 and re-replicates its blobs, and ``restart N`` typed on stdin (or SIGHUP, for every dead
 node) starts it again on the same port and folder (with the same keys).

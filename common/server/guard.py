@@ -59,8 +59,8 @@ class Access:
         remembered (their claims are fixed by their text), so a client's every request
         costs a lookup, plus the expiry and revocation checks."""
         if self.keys is None:
-            raise Unauthorized("this server has no auth key (--auth-key-file); it cannot "
-                               "check credentials")
+            raise Unauthorized("this server has no auth key (a data node: "
+                               "--auth-public-key-file); it cannot check credentials")
         tok = tokens.bearer(header)
         now = self.now()
         c = self._verified.get(tok)
