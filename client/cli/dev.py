@@ -118,6 +118,11 @@ class DevCluster:
             raise RuntimeError(f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use "
                                "(another squall dev?); stop it or pick another --port")
         hb = str(self.heartbeat_interval_s)
+        # the servers refuse a data folder other users can reach; folders an older squall
+        # dev made 0755 under this dev folder are ours: make them private
+        for d in (self.data_dir, *(p for p in self.data_dir.iterdir() if p.is_dir())):
+            if d.stat().st_mode & 0o077:
+                d.chmod(0o700)
         self.master_proc = self._spawn("master", [
             "squall.master", "--data-dir", str(self.data_dir / "master"), "--host",
             "127.0.0.1", "--port", str(self.port), "--replication-factor", str(self.rf),
