@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-server-spark
 
-.PHONY: run test lint typecheck bench profile soak clean chromium etcd
+.PHONY: run test lint typecheck bench profile soak clean chromium etcd k8s-dev-keys
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -95,6 +95,11 @@ soak: $(STAMP)
 	    echo "FAILED: SQUALL_MODEL_EXAMPLES=10 $(BIN)/pytest tests/test_model.py --hypothesis-seed=$$seed replays it"; exit 1; }; \
 	done; rm -f .model-seed.log
 	$(BIN)/python -m bench.soak --minutes 10
+
+## k8s-dev-keys: the dev overlay's keys and credentials, made for this install (never
+##      committed) into deploy/k8s/overlays/dev/keys/ (kubectl apply -k needs them)
+k8s-dev-keys: $(STAMP)
+	SQUALL=$(BIN)/squall sh deploy/k8s/make-keys.sh
 
 clean:
 	rm -rf $(VENV) .squall build *.egg-info

@@ -30,13 +30,20 @@ import httpx
 
 # every server a benchmark starts checks credentials under this auth key; clients send an
 # admin credential (SQUALL_TOKEN), raw HTTP calls the AUTH headers
-os.environ.setdefault("SQUALL_AUTH_KEY", "squall-bench-auth-key-0123456789abcdef")
+# (an Ed25519 private key for the master; data nodes get its public half)
+os.environ.setdefault("SQUALL_AUTH_KEY",
+                      "ed25519-private:YmVuY2gtYXV0aC1rZXktMDEyMzQ1Njc4OWFiY2RlZmc")
+if not os.environ.get("SQUALL_AUTH_PUBLIC_KEY"):
+    from squall.common.security.auth import parse_keys
+
+    os.environ["SQUALL_AUTH_PUBLIC_KEY"] = parse_keys(
+        os.environ["SQUALL_AUTH_KEY"].encode()).public_text().decode().strip()
 if not os.environ.get("SQUALL_TOKEN"):
     from squall.common.security.auth import load_auth_keys, mint
 
     _keys = load_auth_keys()
     assert _keys is not None
-    os.environ["SQUALL_TOKEN"] = mint(_keys[0], ["admin"], 30 * 86400.0, time.time())
+    os.environ["SQUALL_TOKEN"] = mint(_keys, ["admin"], 30 * 86400.0, time.time())
 AUTH = {"Authorization": f"Bearer {os.environ['SQUALL_TOKEN']}"}
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results"

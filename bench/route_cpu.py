@@ -26,7 +26,8 @@ import orjson
 
 from squall.common.security import auth, tokens
 
-AUTH_KEY = b"bench-route-cpu-auth-key-0123456789"
+AUTH_KEY = b"ed25519-private:YmVuY2gtcm91dGUtY3B1LWF1dGgta2V5LTAxMjM0NTY"
+AUTH_KEYS = auth.parse_keys(AUTH_KEY)
 CLUSTER_KEY = b"bench-route-cpu-cluster-key-0123456"
 App = Callable[..., Awaitable[None]]
 
@@ -79,7 +80,7 @@ async def master_round(n: int, base: Path) -> dict[str, float]:
 
     app = create_master_app(MasterSettings(data_dir=str(base / "m"), require_receipts=False),
                             background=False)
-    cred = auth.mint(AUTH_KEY, ["admin"], 3600, time.time())
+    cred = auth.mint(AUTH_KEYS, ["admin"], 3600, time.time())
     h = {"authorization": f"Bearer {cred}", "content-type": "application/json"}
     res: dict[str, float] = {}
     async with app.router.lifespan_context(app):
@@ -109,7 +110,7 @@ async def datanode_round(n: int, base: Path) -> dict[str, float]:
     app = create_datanode_app(DataNodeSettings(data_dir=str(base / "d"),
                                                advertise_url="http://127.0.0.1:1",
                                                cluster_key=CLUSTER_KEY,
-                                               auth_keys=[AUTH_KEY]), background=False)
+                                               auth_keys=AUTH_KEYS.verifier()), background=False)
     res: dict[str, float] = {}
     data = os.urandom(1024)
     exp = time.time() + 3600

@@ -42,6 +42,7 @@ from squall.common.wire.models import PayloadRef
 from squall.common.wire.payload import (
     OK,
     batch_get_body,
+    batch_get_headers,
     batch_groups,
     decode_frames,
     encode_frame,
@@ -251,9 +252,10 @@ class Blobs:
         the batch did not deliver whole. An entry is the error if no replica had it."""
         out: list[bytes | SquallError | None] = [None] * len(refs)
         for node, idx in self._read_groups(refs):
+            toks = [refs[i].token or "" for i in idx]
             c = Call("POST", f"{node}/v1/blobs:batch-get", raw=True, timeout=self.timeout_s,
-                     retries=0, json=batch_get_body([refs[i].blob_id for i in idx],
-                                                    [refs[i].token or "" for i in idx]))
+                     retries=0, json=batch_get_body([refs[i].blob_id for i in idx], toks),
+                     headers=batch_get_headers(toks))
             try:
                 reply: Reply = yield from call(c, self.retry)
                 frames = {f.blob_id: f for f in decode_frames(reply.content, verify=False)}

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 from pathlib import Path
 
 import typer
 
-from squall.common.security.auth import check_bind, cluster_key_configured, load_auth_keys
+from squall.common.security import auth
+from squall.common.security.auth import (
+    AUTH_KEY_ENV,
+    AUTH_KEY_FILE_ENV,
+    check_bind,
+    load_public_keys,
+)
+from squall.common.security.files import ALLOW_SHARED_ENV, check_data_dir, private_umask
 from squall.common.security.tls import TLSConfig
 from squall.datanode.config import DataNodeSettings
+
+NODE_CREDENTIAL_WARN_S = 30 * 86400.0  # log a warning at start when it expires sooner
 
 
 def serve(settings: DataNodeSettings, host: str, port: int) -> None:
@@ -41,8 +52,8 @@ def register(app: typer.Typer) -> None:
                                     help="node id (default: made once, kept in --data-dir)"),
         cluster_key_file: str = typer.Option("", "--cluster-key-file",
                                              envvar="SQUALL_CLUSTER_KEY_FILE",
-                                             help="file holding the cluster key (else "
-                                                  "SQUALL_CLUSTER_KEY, else a dev key)"),
+                                             help="file holding the master's cluster key "
+                                                  "(else SQUALL_CLUSTER_KEY; required)"),
         heartbeat_interval_s: float = typer.Option(3.0, envvar="SQUALL_HEARTBEAT_INTERVAL_S",
                                                   min=0.001),
         full_report_every: int = typer.Option(20, envvar="SQUALL_FULL_REPORT_EVERY",
@@ -63,10 +74,11 @@ def register(app: typer.Typer) -> None:
             64e6, envvar="SQUALL_REPAIR_BUSY_BYTES_PER_S", min=0.0,
             help="pace of those copies while clients use this node, so that their requests "
                  "keep their latency (bytes/s, each blob counting 32 KiB more; 0: unpaced)"),
-        auth_key_file: str = typer.Option(
-            "", "--auth-key-file", envvar="SQUALL_AUTH_KEY_FILE",
-            help="key(s) of client credentials, one per line (else SQUALL_AUTH_KEY; "
-                 "without one, routes for client credentials answer 401)"),
+        auth_public_key_file: str = typer.Option(
+            "", "--auth-public-key-file", envvar="SQUALL_AUTH_PUBLIC_KEY_FILE",
+            help="public key(s) of credentials, one per line (squall auth pubkey; else "
+                 "SQUALL_AUTH_PUBLIC_KEY; without one, routes for client credentials answer "
+                 "401). A data node verifies credentials, it never holds the private key"),
         node_credential_file: str = typer.Option(
             "", "--node-credential-file", envvar="SQUALL_NODE_CREDENTIAL_FILE",
             help="this node's credential (squall auth mint --role node --node ID) for "
@@ -77,6 +89,10 @@ def register(app: typer.Typer) -> None:
         public_metrics: bool = typer.Option(False, "--public-metrics",
                                             envvar="SQUALL_PUBLIC_METRICS",
                                             help="serve /metrics without a credential"),
+        allow_shared_data_dir: bool = typer.Option(
+            False, "--allow-shared-data-dir", envvar=ALLOW_SHARED_ENV,
+            help="start even if other users can read the data folder (e.g. a volume with a "
+                 "trusted fsGroup)"),
         insecure: bool = typer.Option(False, "--insecure",
                                       help="start beyond loopback without keys (DANGEROUS)"),
         tls_cert: str = typer.Option("", "--tls-cert", envvar="SQUALL_TLS_CERT",
@@ -96,8 +112,26 @@ def register(app: typer.Typer) -> None:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per peer request
-        check_bind(host, cluster_key_configured(cluster_key_file or None),
-                   load_auth_keys(auth_key_file or None) is not None, insecure, "datanode")
+        private_umask()
+        try:
+            cluster_key = load_cluster_key(cluster_key_file or None)
+            auth_keys = load_public_keys(auth_public_key_file or None)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"refusing to start: {e}") from None
+        if cluster_key is None:
+            raise SystemExit(
+                "refusing to start: a data node needs the master's cluster key. A master "
+                "without --cluster-key-file makes one in its data folder (cluster.key); copy "
+                "it here (mode 0600) and pass --cluster-key-file FILE or "
+                "SQUALL_CLUSTER_KEY_FILE (docs/security.md, keys)")
+        if auth_keys is None and (os.environ.get(AUTH_KEY_FILE_ENV)
+                                  or os.environ.get(AUTH_KEY_ENV)):
+            raise SystemExit(
+                "refusing to start: SQUALL_AUTH_KEY(_FILE) is the master's private auth key; "
+                "a data node takes only the public one: squall auth pubkey AUTH_KEY_FILE > "
+                "auth.pub, then --auth-public-key-file auth.pub (SQUALL_AUTH_PUBLIC_KEY_FILE)")
+        check_bind(host, True, auth_keys is not None, insecure, "datanode")
+        check_data_dir(str(data_dir), allow_shared_data_dir, "data node")
         tls = TLSConfig(tls_cert or None, tls_key or None, tls_ca or None,
                         tls_require_client_cert)
         tls.check()
@@ -110,16 +144,23 @@ def register(app: typer.Typer) -> None:
             except OSError as e:  # e.g. no key for this pod in the Secret
                 raise SystemExit(f"--node-credential-file: cannot read {node_credential_file}: "
                                  f"{e.strerror}") from None
+            exp = auth.credential_expiry(node_cred)
+            if exp is not None and exp - time.time() < NODE_CREDENTIAL_WARN_S:
+                logging.getLogger("squall.datanode").warning(
+                    "the node credential (%s) expires in %.1f days: mint a new one (squall "
+                    "auth mint --role node --node ID) before then, or heartbeats and the "
+                    "lifecycle hooks get 401", node_credential_file,
+                    (exp - time.time()) / 86400)
         settings = DataNodeSettings(
             data_dir=str(data_dir), advertise_url=advertise or f"{scheme}://{host}:{port}",
             master_url=master or None, node_id=node_id or None,
-            cluster_key=load_cluster_key(cluster_key_file or None),
+            cluster_key=cluster_key,
             heartbeat_interval_s=heartbeat_interval_s, full_report_every=full_report_every,
             map_size=min(1 << 30, map_size_max), map_size_max=map_size_max,
             scrub_bytes_per_s=scrub_bytes_per_s, scrub_interval_s=scrub_interval_s,
             copies_max=copies_max, repair_bytes_per_s=repair_bytes_per_s,
             repair_busy_bytes_per_s=repair_busy_bytes_per_s,
-            auth_keys=load_auth_keys(auth_key_file or None),
+            auth_keys=auth_keys,
             node_credential=node_cred, tls=tls, public=("metrics",) if public_metrics else (),
             allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
         serve(settings, host, port)

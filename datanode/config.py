@@ -6,8 +6,9 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
+from squall.common.security.auth import AuthKeys
+from squall.common.security.files import private_dir
 from squall.common.security.tls import TLSConfig
-from squall.common.security.tokens import DEV_CLUSTER_KEY
 
 
 @dataclass
@@ -16,10 +17,10 @@ class DataNodeSettings:
     advertise_url: str  # base URL other nodes and clients reach this node at
     master_url: str | None = None  # None: no heartbeats (a standalone node, or tests)
     node_id: str | None = None  # None: the id persisted in data_dir (made on first start)
-    cluster_key: bytes = DEV_CLUSTER_KEY
+    cluster_key: bytes | None = None  # required: the master's cluster key (no default key)
     node_credential: str | None = None  # for heartbeats; else a token signed with cluster_key
     tls: TLSConfig = field(default_factory=TLSConfig)  # serving, and outgoing connections
-    auth_keys: list[bytes] | None = None  # client credentials' keys (None: from SQUALL_AUTH_KEY*)
+    auth_keys: AuthKeys | None = None  # public keys of credentials (None: SQUALL_AUTH_PUBLIC_KEY*)
     allowed_hosts: tuple[str, ...] = ()  # Host names besides loopback and the advertised one
     public: tuple[str, ...] = ()  # "metrics": served without a credential
     body_timeout_s: float = 30.0  # longest wait for the next chunk of a request body
@@ -46,7 +47,7 @@ class DataNodeSettings:
         """The configured id, else the one stored in ``data_dir/node_id`` (created once)."""
         if self.node_id:
             return self.node_id
-        os.makedirs(self.data_dir, exist_ok=True)
+        private_dir(self.data_dir)
         path = os.path.join(self.data_dir, "node_id")
         try:
             with open(path) as f:
@@ -57,7 +58,7 @@ class DataNodeSettings:
             pass
         nid = "dn-" + uuid.uuid4().hex[:12]
         tmp = path + ".tmp"
-        with open(tmp, "w") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(nid + "\n")
             f.flush()
             os.fsync(f.fileno())

@@ -41,7 +41,9 @@ class DataNode:
         self.revoked: frozenset[str] = frozenset()  # credential ids, from heartbeat answers
         self.node_id = settings.resolve_node_id()
         self.address = settings.advertise_url.rstrip("/")
-        self.key = settings.cluster_key
+        if not settings.cluster_key:
+            raise ValueError("a data node needs the master's cluster key (--cluster-key-file)")
+        self.key: bytes = settings.cluster_key
         self.started_at = time.time()
         self.store = BlobStore(os.path.join(settings.data_dir, "blobs"),
                                chunk_bytes=settings.chunk_bytes, txn_bytes=settings.txn_bytes,

@@ -8,8 +8,10 @@ from types import FrameType
 
 import typer
 
-from squall.common.security.auth import check_bind, cluster_key_configured, load_auth_keys
+from squall.common.security.auth import load_auth_keys
+from squall.common.security.files import ALLOW_SHARED_ENV, check_data_dir, private_umask
 from squall.common.security.tls import TLSConfig
+from squall.common.security.tokens import load_cluster_key
 from squall.master.cluster.nodes import ClusterSettings
 from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
@@ -89,11 +91,13 @@ def register(app: typer.Typer) -> None:
             help="longest a lease's wait_secs may hold a request (long polling)"),
         cluster_key_file: Path | None = typer.Option(
             None, "--cluster-key-file", envvar="SQUALL_CLUSTER_KEY_FILE",
-            help="file with the cluster's HMAC key (else SQUALL_CLUSTER_KEY, else a dev key)"),
+            help="file with the cluster's HMAC key (else SQUALL_CLUSTER_KEY, else one made in "
+                 "--data-dir: cluster.key, which the data nodes need a copy of)"),
         auth_key_file: Path | None = typer.Option(
             None, "--auth-key-file", envvar="SQUALL_AUTH_KEY_FILE",
-            help="file with the key(s) of client credentials, one per line, the first signs "
-                 "(else SQUALL_AUTH_KEY, else one made in --data-dir with an admin credential)"),
+            help="file with the Ed25519 private key(s) of credentials, one per line, the first "
+                 "signs (else SQUALL_AUTH_KEY, else one made in --data-dir with its public key "
+                 "auth.pub and an admin credential)"),
         allowed_hosts: str = typer.Option(
             "", "--allowed-hosts", envvar="SQUALL_ALLOWED_HOSTS",
             help="comma-separated Host names clients use besides loopback ('*': any)"),
@@ -104,8 +108,10 @@ def register(app: typer.Typer) -> None:
                                            envvar="SQUALL_PUBLIC_STATUS",
                                            help="serve the dashboard's data (/v1/overview) "
                                                 "without a credential"),
-        insecure: bool = typer.Option(False, "--insecure",
-                                      help="start beyond loopback without keys (DANGEROUS)"),
+        allow_shared_data_dir: bool = typer.Option(
+            False, "--allow-shared-data-dir", envvar=ALLOW_SHARED_ENV,
+            help="start even if other users can read the data folder (e.g. a volume with a "
+                 "trusted fsGroup)"),
         tls_cert: Path | None = typer.Option(None, "--tls-cert", envvar="SQUALL_TLS_CERT",
                                              help="serve HTTPS with this PEM certificate"),
         tls_key: Path | None = typer.Option(None, "--tls-key", envvar="SQUALL_TLS_KEY",
@@ -130,9 +136,18 @@ def register(app: typer.Typer) -> None:
             data_dir=str(data_dir), fsync=fsync, checkpoint_interval_s=checkpoint_interval_s,
             index_sync=index_sync, lease_wait_max_s=lease_wait_max_s,
             cluster=cluster, cluster_key_file=str(cluster_key_file) if cluster_key_file else None)
-        check_bind(host, cluster_key_configured(settings.cluster_key_file),
-                   load_auth_keys(str(auth_key_file) if auth_key_file else None) is not None,
-                   insecure, "master")
+        # a master always has its keys (configured, or made in its data folder), on any
+        # address; published key material is refused
+        private_umask()
+        try:
+            load_cluster_key(settings.cluster_key_file)
+            keys = load_auth_keys(str(auth_key_file) if auth_key_file else None)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"refusing to start: {e}") from None
+        if keys is not None and not keys.can_sign:
+            raise SystemExit("refusing to start: the master's auth key holds no private key "
+                             "(ed25519-private:...); only the master mints credentials")
+        check_data_dir(str(data_dir), allow_shared_data_dir, "master")
         tls = TLSConfig(str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None,
                         str(tls_ca) if tls_ca else None, tls_require_client_cert)
         tls.check()

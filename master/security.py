@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from squall.common.errors import NotFound
 from squall.common.security import auth
+from squall.common.security.files import private_dir
 from squall.common.wire.models import ErrorResponse, Name
 from squall.master.http.answers import ERROR_RESPONSES, JSON
 
@@ -31,36 +32,70 @@ MAX_LOG = 10_000  # credentials remembered (the oldest expired ones go first)
 MAX_TTL_S = 10 * 366 * 86400.0
 ADMIN_FILE = "admin.credential"
 KEY_FILE = "auth.key"
+PUBLIC_FILE = "auth.pub"
 
 
 @dataclass
 class SecuritySettings:
-    auth_keys: list[bytes] | None = None  # None: from the environment, else made in data_dir
+    auth_keys: auth.AuthKeys | None = None  # None: from the environment, else made in data_dir
     auth_key_file: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # names besides loopback ("*": any)
     public: tuple[str, ...] = ()  # "metrics", "status": routes made public
     body_timeout_s: float = 30.0
 
-    def resolve_keys(self, data_dir: str) -> list[bytes]:
+    def resolve_keys(self, data_dir: str) -> auth.AuthKeys:
         """The configured keys; without any, a key kept in ``data_dir`` (made on first start,
-        with an admin credential next to it), so a master is never open."""
-        if self.auth_keys:
-            return self.auth_keys
-        keys = auth.load_auth_keys(self.auth_key_file)
-        if keys:
-            return keys
-        os.makedirs(data_dir, exist_ok=True)
-        path = os.path.join(data_dir, KEY_FILE)
-        if not os.path.exists(path):
-            key = auth.new_key()
-            auth.write_secret(path, key + b"\n")
-            cred = auth.mint(key, ["admin"], MAX_TTL_S, time.time())
-            auth.write_secret(os.path.join(data_dir, ADMIN_FILE), cred.encode() + b"\n")
-            log.warning("no auth key configured: made one in %s and an admin credential in %s "
-                        "(export SQUALL_TOKEN=$(cat %s))", path,
-                        os.path.join(data_dir, ADMIN_FILE), os.path.join(data_dir, ADMIN_FILE))
+        with an admin credential and the public key next to it), so a master is never open.
+        The master mints, so it needs a private key."""
+        keys = self.auth_keys or auth.load_auth_keys(self.auth_key_file)
+        if keys is None:
+            keys = _data_dir_keys(data_dir)
+        if not keys.can_sign:
+            raise ValueError("the master's auth key file holds no private key "
+                             "(ed25519-private:...): only the master mints credentials")
+        return keys
+
+
+def _data_dir_keys(data_dir: str) -> auth.AuthKeys:
+    private_dir(data_dir)
+    path = os.path.join(data_dir, KEY_FILE)
+    if os.path.exists(path):
         with open(path, "rb") as f:
-            return auth.parse_keys(f.read())
+            text = f.read()
+        try:
+            keys = auth.parse_keys(text)
+        except ValueError:  # an HMAC key from before asymmetric credentials: retire it
+            os.replace(path, path + ".retired")
+            log.warning("%s held an HMAC auth key from before asymmetric credentials: moved "
+                        "to %s.retired; credentials minted under it are refused from now on "
+                        "(re-mint them; the new admin credential is in %s)", path, path,
+                        os.path.join(data_dir, ADMIN_FILE))
+        else:
+            _write_public(data_dir, keys)
+            return keys
+    line = auth.new_private_key() + b"\n"
+    keys = auth.parse_keys(line)
+    auth.write_secret(path, line)
+    cred = auth.mint(keys, ["admin"], MAX_TTL_S, time.time())
+    auth.write_secret(os.path.join(data_dir, ADMIN_FILE), cred.encode() + b"\n")
+    _write_public(data_dir, keys)
+    log.warning("no auth key configured: made one in %s, its public key in %s (for the data "
+                "nodes: --auth-public-key-file) and an admin credential in %s "
+                "(export SQUALL_TOKEN=$(cat %s))", path, os.path.join(data_dir, PUBLIC_FILE),
+                os.path.join(data_dir, ADMIN_FILE), os.path.join(data_dir, ADMIN_FILE))
+    return keys
+
+
+def _write_public(data_dir: str, keys: auth.AuthKeys) -> None:
+    path = os.path.join(data_dir, PUBLIC_FILE)
+    text = keys.public_text()
+    try:
+        with open(path, "rb") as f:
+            if f.read() == text:
+                return
+    except FileNotFoundError:
+        pass
+    auth.write_secret(path, text)
 
 
 @dataclass
@@ -119,7 +154,7 @@ class CredentialStore:
 class MintRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     roles: Annotated[list[str], Field(min_length=1, max_length=4,
-                                      description="producer, consumer, admin, node")]
+                                      description="producer, consumer, admin, monitor, node")]
     groups: Annotated[list[Name], Field(max_length=auth.MAX_GROUPS)] | None = Field(
         None, description="limit to these groups (default: every group)")
     node: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
@@ -163,7 +198,7 @@ async def mint_credential(body: MintRequest, request: Request) -> JSON:
     store: CredentialStore = request.app.state.credentials
     now = access.now()
     try:
-        cred = auth.mint(access.keys[0], body.roles, body.ttl_secs, now, groups=body.groups,
+        cred = auth.mint(access.keys, body.roles, body.ttl_secs, now, groups=body.groups,
                          node=body.node)
     except ValueError as e:
         raise BadRequest(str(e)) from None

@@ -34,6 +34,8 @@ import msgpack
 
 from squall.common.clock import Clock, SystemClock
 from squall.common.errors import StatusError
+from squall.common.security.auth import new_key, write_secret
+from squall.common.security.files import private_dir
 from squall.common.security.tokens import load_cluster_key
 from squall.common.wire.models import (
     LeaseRequest,
@@ -81,7 +83,7 @@ class MasterSettings:
     map_size: int = 1 << 38
     max_body_bytes: int = 16 << 20
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
-    cluster_key: bytes | None = None  # else --cluster-key-file / SQUALL_CLUSTER_KEY / dev key
+    cluster_key: bytes | None = None  # else --cluster-key-file / SQUALL_CLUSTER_KEY / made
     cluster_key_file: str | None = None
     require_receipts: bool = True  # payload refs need a write quorum of data-node receipts
     # fdatasync each index commit (one per WAL group): a power loss cannot corrupt the
@@ -94,17 +96,35 @@ class MasterSettings:
     lease_key: bytes | None = None  # seals lease tokens; None: <data_dir>/lease.key
 
 
+CLUSTER_KEY_FILE = "cluster.key"
+
+
+def cluster_key(settings: MasterSettings) -> bytes:
+    """The configured cluster key, else the one kept in the data folder (``cluster.key``,
+    mode 0600, made on first start): there is no built-in key. Data nodes need a copy."""
+    key = load_cluster_key(settings.cluster_key_file)
+    if key is not None:
+        return key
+    path = os.path.join(settings.data_dir, CLUSTER_KEY_FILE)
+    if not os.path.exists(path):
+        write_secret(path, new_key() + b"\n")
+        log.warning("no cluster key configured: made one in %s; give the data nodes a copy "
+                    "(squall datanode --cluster-key-file)", path)
+    found = load_cluster_key(path)
+    assert found is not None
+    return found
+
+
 class Master(Housekeeping):
     def __init__(self, settings: MasterSettings, clock: Clock | None = None) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
-        os.makedirs(settings.data_dir, exist_ok=True)
-        self.wal_dir = os.path.join(settings.data_dir, "wal")
-        os.makedirs(self.wal_dir, exist_ok=True)
+        private_dir(settings.data_dir)
+        self.wal_dir = private_dir(os.path.join(settings.data_dir, "wal"))
         t0 = time.monotonic()
         self.index = Index(os.path.join(settings.data_dir, "index"), settings.map_size,
                            sync=settings.index_sync)
-        self.key = settings.cluster_key or load_cluster_key(settings.cluster_key_file)
+        self.key = settings.cluster_key or cluster_key(settings)
         self.cluster = Cluster(self.clock, settings.cluster, self.key, self.referenced,
                                lambda after, n: blob_ids_after(self.index.env,
                                                                self.index.blobs, after, n))

@@ -14,7 +14,13 @@ import orjson
 from squall.common.checksum import CRC_HEADER, Crc32c, crc32c
 from squall.common.errors import DataCorrupt, TransportError, from_response
 from squall.common.wire.cluster import BatchPutResult, PutResult
-from squall.common.wire.payload import Frame, batch_get_body, decode_frames, encode_frames
+from squall.common.wire.payload import (
+    Frame,
+    batch_get_body,
+    batch_get_headers,
+    decode_frames,
+    encode_frames,
+)
 
 
 def _auth(token: str) -> dict[str, str]:
@@ -134,6 +140,7 @@ def get_batch(client: httpx.Client, node: str, blob_ids: list[str], token: str |
         headers.update(_auth(token))
     else:
         body = batch_get_body(blob_ids, token)
+        headers.update(batch_get_headers(token))
     try:
         r = client.post(f"{node.rstrip('/')}/v1/blobs:batch-get", content=orjson.dumps(body),
                         headers=headers)

@@ -3,6 +3,7 @@ the code defines them, and rendering a kustomize overlay."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -108,11 +109,29 @@ def kubectl() -> str | None:
 
 
 @cache
+def k8s_with_keys() -> Path:
+    """A copy of deploy/k8s with the dev overlay's keys made as docs/kubernetes.md says
+    (deploy/k8s/make-keys.sh), in a temporary folder (nothing is written to the sources)."""
+    import sys
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="squall-k8s-")) / "k8s"
+    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("keys"))
+    squall = str(Path(sys.executable).parent / "squall")
+    r = subprocess.run(["sh", str(root / "make-keys.sh")], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "SQUALL": squall})
+    assert r.returncode == 0, f"make-keys.sh failed:\n{r.stdout}{r.stderr}"
+    return root
+
+
+@cache
 def render(overlay: str) -> tuple[dict[str, Any], ...]:
-    """The overlay as `kubectl kustomize` builds it (offline), as a tuple of documents."""
+    """The overlay as `kubectl kustomize` builds it (offline), as a tuple of documents; the
+    dev overlay with keys made for this run."""
     exe = kubectl()
     assert exe is not None
-    r = subprocess.run([exe, "kustomize", str(K8S / "overlays" / overlay)],
+    base = k8s_with_keys() if overlay == "dev" else K8S
+    r = subprocess.run([exe, "kustomize", str(base / "overlays" / overlay)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"kubectl kustomize {overlay} failed:\n{r.stderr}"
     return tuple(d for d in yaml.safe_load_all(r.stdout) if d)

@@ -26,15 +26,27 @@ T = TypeVar("T")
 # Every server a test starts (in process or as a subprocess) checks credentials under this
 # auth key, and every client sends the admin credential from SQUALL_TOKEN; tests of access
 # control mint their own (see tests/test_access.py).
-TEST_AUTH_KEY = b"squall-test-auth-key-0123456789abcdef"
+# (an Ed25519 private key: masters sign with it; data nodes get its public half)
+TEST_AUTH_KEY = b"ed25519-private:c3F1YWxsLXRlc3QtYXV0aC1rZXktMDEyMzQ1Njc4OWE"
 os.environ["SQUALL_AUTH_KEY"] = TEST_AUTH_KEY.decode()
+
+
+def _test_keys() -> Any:
+    from squall.common.security.auth import parse_keys
+
+    return parse_keys(TEST_AUTH_KEY)
+
+
+TEST_KEYS = _test_keys()
+TEST_PUBLIC_KEY = TEST_KEYS.public_text().strip()
+os.environ["SQUALL_AUTH_PUBLIC_KEY"] = TEST_PUBLIC_KEY.decode()
 
 
 def mint(*roles: str, ttl_s: float = 20 * 365 * 86400.0, **kw: Any) -> str:
     """A credential under the tests' auth key."""
     from squall.common.security.auth import mint as _mint
 
-    return _mint(TEST_AUTH_KEY, roles, ttl_s, time.time(), **kw)
+    return _mint(TEST_KEYS, roles, ttl_s, time.time(), **kw)
 
 
 ADMIN_TOKEN = mint("admin")

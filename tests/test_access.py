@@ -23,10 +23,11 @@ from squall.master.http.app import create_master_app
 from squall.master.http.table import ROUTES as MASTER_ROUTES
 from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
-from tests.helpers import TEST_AUTH_KEY, mint
+from tests.dn_kit import KEY as CLUSTER_KEY
+from tests.helpers import TEST_AUTH_KEY, TEST_KEYS, mint
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "security.md")
-ROLES = ("producer", "consumer", "admin")
+ROLES = ("producer", "consumer", "admin", "monitor")
 MASTER_RULES, DATANODE_RULES = MASTER_ROUTES.rules(), DATANODE_ROUTES.rules()
 PARAMS = {"group": "g", "queue": "q", "pid": "p1", "name": "s1", "blob_id": "b1",
           "cred_id": "A" * 22, "node_id": "dn-x", "path": "dashboard/dashboard.css"}
@@ -71,7 +72,8 @@ async def apps(tmp_path) -> AsyncIterator[dict[str, Any]]:  # type: ignore[no-un
     m = create_master_app(MasterSettings(data_dir=str(tmp_path / "m"), require_receipts=False),
                           background=False)
     d = create_datanode_app(DataNodeSettings(data_dir=str(tmp_path / "d"),
-                                             advertise_url="http://127.0.0.1:1"),
+                                             advertise_url="http://127.0.0.1:1",
+                                             cluster_key=CLUSTER_KEY),
                             background=False)
     async with m.router.lifespan_context(m), d.router.lifespan_context(d):
         yield {"master": m, "datanode": d}
@@ -82,7 +84,8 @@ def test_every_route_has_a_rule(tmp_path) -> None:  # type: ignore[no-untyped-de
     routes, e.g. the status page, of both apps)."""
     m = create_master_app(MasterSettings(data_dir=str(tmp_path / "m")), background=False)
     d = create_datanode_app(DataNodeSettings(data_dir=str(tmp_path / "d"),
-                                             advertise_url="http://127.0.0.1:1"),
+                                             advertise_url="http://127.0.0.1:1",
+                                             cluster_key=CLUSTER_KEY),
                             background=False)
     for server, app, rules in (("master", m, MASTER_RULES), ("datanode", d, DATANODE_RULES)):
         for path, ops in app.openapi()["paths"].items():
@@ -92,6 +95,21 @@ def test_every_route_has_a_rule(tmp_path) -> None:  # type: ignore[no-untyped-de
                     f"{server}: {method.upper()} {path} has no row in its route table"
         missing = routes_of(app) - set(rules)
         assert not missing, f"{server}: routes without a rule: {sorted(missing)}"
+
+
+def _legacy_hmac() -> str:
+    """A credential as squall minted them before asymmetric signing (sq1, HMAC)."""
+    import base64
+    import hashlib
+    import hmac
+
+    import orjson
+
+    raw = orjson.dumps({"id": "x" * 22, "r": ["admin"], "iat": 0, "exp": 4e9})
+    mac = hmac.new(b"any-old-hmac-auth-key-0123456789", b"squall-credential-v1\n" + raw,
+                   hashlib.sha256).digest()
+    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()  # noqa: E731
+    return f"sq1.{b64(raw)}.{b64(mac)}"
 
 
 def _url(path: str) -> str:
@@ -110,10 +128,11 @@ async def _call(app: Any, method: str, path: str, cred: str | None) -> httpx.Res
 
 async def test_every_route_answers_as_the_table_says(apps: dict[str, Any]) -> None:
     now = time.time()
-    other_key = auth.mint(b"another-cluster-auth-key-0123456789", ["admin"], 3600, now)
-    expired = auth.mint(TEST_AUTH_KEY, ["admin"], 1, now - 10)
+    other_key = auth.mint(auth.parse_keys(auth.new_private_key()), ["admin"], 3600, now)
+    expired = auth.mint(TEST_KEYS, ["admin"], 1, now - 10)
     revoked = mint("admin")
     node = mint("node", node="n1")
+    own_node = mint("node", node=PARAMS["node_id"])
     by_role = {r: mint(r) for r in ROLES}
     master = apps["master"]
     r = await _call(master, "DELETE", f"/v1/auth/credentials/{auth.credential_id(revoked)}",
@@ -136,14 +155,17 @@ async def test_every_route_answers_as_the_table_says(apps: dict[str, Any]) -> No
             r = await _call(app, method, path, by_role["admin"])  # a credential is no token
             assert r.status_code == 401, (server, method, path, r.text)
             continue
-        for cred in (None, "sq1.bogus.bogus", other_key, expired, revoked):
+        for cred in (None, "sq2.bogus.bogus", _legacy_hmac(), other_key, expired, revoked):
             r = await _call(app, method, path, cred)
             assert r.status_code == 401, (server, method, path, cred, r.text)
             assert r.json()["error"]["code"] == "unauthorized"
-        creds = {**by_role, "node": node}
+        creds = {**by_role, "node": node, "own node": own_node}
         for role, cred in creds.items():
             r = await _call(app, method, path, cred)
-            allowed = role in roles or (role == "admin" and "node" not in roles)
+            allowed = role in roles or (role == "admin" and roles != {"node"}) or (
+                role == "own node" and "node" in roles)
+            if role == "node" and _groups == "node":
+                allowed = False  # a node credential for another node than the path's
             if allowed:
                 assert r.status_code not in (401, 403), (server, method, path, role, r.text)
             else:
@@ -224,7 +246,7 @@ async def test_rotation_accepts_the_previous_key(tmp_path) -> None:  # type: ign
     with the new key; dropping the old line retires the old credentials."""
     from squall.master.security import SecuritySettings
 
-    new = b"the-new-auth-key-0123456789abcdef"
+    new = auth.new_private_key()
     old_cred = mint("admin")
     keyfile = tmp_path / "auth.key"
     keyfile.write_bytes(new + b"\n" + TEST_AUTH_KEY + b"\n")
@@ -237,7 +259,7 @@ async def test_rotation_accepts_the_previous_key(tmp_path) -> None:  # type: ign
         r = await c.post("/v1/auth/credentials", json={"roles": ["admin"]}, headers=h)
         assert r.status_code == 200
         new_cred = r.json()["credential"]
-        assert auth.verify([new], new_cred, time.time())
+        assert auth.verify(auth.parse_keys(new).verifier(), new_cred, time.time())
     keyfile.write_bytes(new + b"\n")
     app = create_master_app(settings, background=False,
                             security=SecuritySettings(auth_key_file=str(keyfile)))

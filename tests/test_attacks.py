@@ -25,8 +25,10 @@ from squall.master.http.app import create_master_app
 from squall.master.security import SecuritySettings
 from squall.master.service import MasterSettings
 from squall.master.tasks.leasetokens import LeaseTokens
-from tests.helpers import ADMIN, TEST_AUTH_KEY, mint, running_app
+from tests.helpers import ADMIN, TEST_KEYS, mint, running_app
 from tests.test_datanode_tokens import mutations
+
+_PUBLISHED = sorted(tokens.PUBLISHED_KEYS)[0]  # key material once printed in the sources
 
 TASKS = "/v1/groups/g/queues/q/tasks"
 
@@ -186,7 +188,7 @@ def test_forged_and_misdirected_heartbeats(tmp_path) -> None:  # type: ignore[no
         async with app.router.lifespan_context(app), httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
             exp = time.time() + 60
-            for tok, want in ((tokens.sign(tokens.DEV_CLUSTER_KEY, "heartbeat", ["n1"], exp),
+            for tok, want in ((tokens.sign(_PUBLISHED, "heartbeat", ["n1"], exp),
                                401),
                               (tokens.sign(key, "heartbeat", ["n2"], exp), 403),
                               (tokens.sign(key, "read", ["n1"], exp), 403),
@@ -281,8 +283,8 @@ def test_ten_thousand_mutated_credentials_and_tokens_are_refused() -> None:
     cred = mint("consumer", groups=["g"])
     for m in mutations(cred, rng, n=2000):
         bad.append(("cred", m))
-    bad += [("cred", auth.mint(other, ["admin"], 60, now)),
-            ("cred", auth.mint(TEST_AUTH_KEY, ["admin"], 1, now - 5))]
+    bad += [("cred", auth.mint(auth.parse_keys(auth.new_private_key()), ["admin"], 60, now)),
+            ("cred", auth.mint(TEST_KEYS, ["admin"], 1, now - 5))]
     tok = tokens.sign(cluster, "read", ["blob-1"], now + 60)
     for m in mutations(tok, rng, n=2000):
         bad.append(("read", m))
@@ -315,7 +317,7 @@ def test_ten_thousand_mutated_credentials_and_tokens_are_refused() -> None:
     for kind, t in bad:
         try:
             if kind == "cred":
-                auth.verify([TEST_AUTH_KEY], t, now)
+                auth.verify(TEST_KEYS, t, now)
             elif kind == "lease":
                 if leases.open("g", "q", "p", t) == 0:  # 0: refused as a stale token
                     continue

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from squall.client.cli import app as cli_app
 from squall.common.security import auth
-from squall.common.security.tokens import DEV_CLUSTER_KEY
+from squall.common.security.tokens import PUBLISHED_KEYS
 from squall.master.http.app import create_master_app
 from squall.master.service import MasterSettings
 from tests.helpers import TEST_AUTH_KEY, running_app
@@ -31,11 +31,12 @@ def test_keygen_rotate_and_offline_mint(tmp_path: Path) -> None:
     assert runner.invoke(cli_app, ["auth", "keygen", str(key)]).exit_code == 2  # no clobber
     assert runner.invoke(cli_app, ["auth", "keygen", "--rotate", str(key)]).exit_code == 0
     keys = auth.parse_keys(key.read_bytes())
-    assert len(keys) == 2 and keys[1] == first[0]
+    assert len(keys.public) == 2 and first.signer_id in keys.public
+    assert keys.signer_id != first.signer_id  # the new key signs, the old one verifies
     r = runner.invoke(cli_app, ["auth", "mint", "--role", "producer", "--group", "g",
                                 "--ttl", "2h", "--key-file", str(key)])
     assert r.exit_code == 0, r.output
-    c = auth.verify([keys[0]], r.stdout.strip(), time.time())
+    c = auth.verify(keys.verifier(), r.stdout.strip(), time.time())
     assert c.roles == {"producer"} and c.groups == {"g"}
     assert 7100 < c.expires_at - c.issued_at <= 7200
     r = runner.invoke(cli_app, ["auth", "mint", "--role", "root", "--key-file", str(key)])
@@ -78,8 +79,12 @@ def test_squall_dev_makes_its_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert stat.S_IMODE(os.stat(keys / f).st_mode) == 0o600, f
     assert c.env["SQUALL_AUTH_KEY_FILE"] == str(keys / "auth.key")
     assert c.env["SQUALL_CLUSTER_KEY_FILE"] == str(keys / "cluster.key")
-    assert (keys / "cluster.key").read_bytes().strip() != DEV_CLUSTER_KEY
-    cred = auth.verify(auth.parse_keys((keys / "auth.key").read_bytes()), c.admin, time.time())
+    assert (keys / "cluster.key").read_bytes().strip() not in PUBLISHED_KEYS
+    # the data nodes get the public half only: it verifies the admin credential
+    assert c.env["SQUALL_AUTH_PUBLIC_KEY_FILE"] == str(keys / "auth.pub")
+    pub = auth.load_public_keys(str(keys / "auth.pub"))
+    assert pub is not None and not pub.can_sign
+    cred = auth.verify(pub, c.admin, time.time())
     assert cred.roles == {"admin"}
     again = DevCluster(tmp_path / "dev", 7070, 0)  # a restart keeps the keys
     assert again.admin == c.admin
@@ -98,14 +103,30 @@ def test_servers_refuse_open_binds_without_keys(monkeypatch: pytest.MonkeyPatch,
     assert "INSECURE" in caplog.text
     monkeypatch.delenv("SQUALL_CLUSTER_KEY", raising=False)
     assert not auth.cluster_key_configured(None)
-    assert not auth.cluster_key_configured(None, {"SQUALL_CLUSTER_KEY": DEV_CLUSTER_KEY.decode()})
+    for published in PUBLISHED_KEYS:
+        assert not auth.cluster_key_configured(None, {"SQUALL_CLUSTER_KEY": published.decode()})
     assert auth.cluster_key_configured("/some/file")
     # the command itself stops before serving
+    # the commands themselves stop before serving: a data node without the cluster key (on
+    # any address), a master or data node given published key material
+    from squall.datanode.cli import register as register_datanode
     from squall.master.cli import register
 
     app = typer.Typer()
     app.callback()(lambda: None)
     register(app)
+    register_datanode(app)
     monkeypatch.setenv("SQUALL_AUTH_KEY", TEST_AUTH_KEY.decode())
-    r = runner.invoke(app, ["master", "--host", "0.0.0.0", "--data-dir", "/nonexistent/x"])
-    assert r.exit_code != 0 and "refusing to start" in str(r.exception or r.output)
+    monkeypatch.delenv("SQUALL_CLUSTER_KEY_FILE", raising=False)
+    mask = os.umask(0o022)
+    try:
+        r = runner.invoke(app, ["datanode", "--data-dir", "/nonexistent/x"])
+        out = str(r.exception or r.output)
+        assert r.exit_code != 0 and "refusing to start" in out and "cluster key" in out, out
+        monkeypatch.setenv("SQUALL_CLUSTER_KEY", sorted(PUBLISHED_KEYS)[0].decode())
+        for role in ("master", "datanode"):
+            r = runner.invoke(app, [role, "--data-dir", "/nonexistent/x"])
+            out = str(r.exception or r.output)
+            assert r.exit_code != 0 and "published" in out, (role, out)
+    finally:
+        os.umask(mask)

@@ -124,7 +124,8 @@ def test_batch_get_with_one_token_per_blob(nodes: list[DataNodeProcess],
     with pytest.raises(Forbidden):  # a token for another blob
         blobhttp.get_batch(client, url, ids[:2], [tok("read", ids[0]), tok("read", ids[0])])
     r = client.post(f"{url}/v1/blobs:batch-get", json={"blob_ids": ids[:2],
-                                                       "tokens": [tok("read", ids[0])]})
+                                                       "tokens": [tok("read", ids[0])]},
+                    headers=payload.batch_get_headers([tok("read", ids[0])]))
     assert r.status_code == 400
 
 
@@ -142,7 +143,9 @@ def test_batch_get_with_one_token_for_every_blob(nodes: list[DataNodeProcess],
     assert [got[b].data for b in ids] == [d for _, d in items]
 
     def post(body: dict[str, Any]) -> httpx.Response:
-        return client.post(f"{url}/v1/blobs:batch-get", json=body)
+        # the bearer: one of the body's tokens (checked before the body is read)
+        head = payload.batch_get_headers([body["token"]]) if "token" in body else {}
+        return client.post(f"{url}/v1/blobs:batch-get", json=body, headers=head)
 
     r = post({"blob_ids": [*ids[:3], "b1-other"], "token": tok("read", ids[:3])})
     assert r.status_code == 403 and "does not cover" in r.json()["error"]["message"]
@@ -167,8 +170,9 @@ def test_batch_get_answers_whole_or_group_by_group(nodes: list[DataNodeProcess],
     blobhttp.put_batch(client, url, small, tok("write", [b for b, _ in small]))
 
     def get(ids: list[str]) -> httpx.Response:
-        r = client.post(f"{url}/v1/blobs:batch-get", json={"blob_ids": ids,
-                                                           "token": tok("read", ids)})
+        t = tok("read", ids)
+        r = client.post(f"{url}/v1/blobs:batch-get", json={"blob_ids": ids, "token": t},
+                        headers=payload.batch_get_headers([t]))
         assert r.status_code == 200, r.text
         return r
 

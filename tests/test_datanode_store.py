@@ -271,7 +271,8 @@ def test_storage_errors_are_classified(tmp_path) -> None:  # type: ignore[no-unt
 
 async def test_scrubber_drops_and_reports_corrupt_replicas(tmp_path) -> None:  # type: ignore[no-untyped-def]
     node = DataNode(DataNodeSettings(data_dir=str(tmp_path), advertise_url="http://n1",
-                                     chunk_bytes=CB, txn_bytes=4 * CB))
+                                     chunk_bytes=CB, txn_bytes=4 * CB,
+                                     cluster_key=b"scrubber-test-cluster-key-0123456789"))
     try:
         metas = [(await node.store.put(f"b{i}", os.urandom(3 * CB)))[0] for i in range(20)]
         node.store.journal.take()

@@ -157,16 +157,21 @@ def test_batch_receipts_name_exactly_their_set() -> None:
         tokens.verify_receipt(KEY, "sqr1." + r[5:], "b-1")
 
 
-def test_load_cluster_key(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_load_cluster_key(tmp_path) -> None:  # type: ignore[no-untyped-def]
     f = tmp_path / "key"
     f.write_bytes(b"  " + b"x" * 32 + b"\n")
     assert tokens.load_cluster_key(str(f), {}) == b"x" * 32
     assert tokens.load_cluster_key(None, {"SQUALL_CLUSTER_KEY": "y" * 20}) == b"y" * 20
-    with caplog.at_level("WARNING"):
-        assert tokens.load_cluster_key(None, {}) == tokens.DEV_CLUSTER_KEY
-    assert "development key" in caplog.text
+    assert tokens.load_cluster_key(None, {}) is None  # no built-in key
     with pytest.raises(ValueError, match="at least"):
         tokens.load_cluster_key(None, {"SQUALL_CLUSTER_KEY": "short"})
+    # published key material is refused, from a file or a variable
+    for published in tokens.PUBLISHED_KEYS:
+        f.write_bytes(published + b"\n")
+        with pytest.raises(ValueError, match="published"):
+            tokens.load_cluster_key(str(f), {})
+        with pytest.raises(ValueError, match="published"):
+            tokens.load_cluster_key(None, {"SQUALL_CLUSTER_KEY": published.decode()})
 
 
 def test_checksum_helpers() -> None:

@@ -298,9 +298,22 @@ def test_the_dev_overlay_runs_as_written(deployment: Deployment) -> None:
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert d.probe(p, kind), (p.name, kind)
 
-    # an operator's admin credential, minted from the overlay's auth key Secret
-    auth_key = (master.mounts["/etc/squall/auth-key"] / "auth-key").read_bytes()
-    admin = auth.mint(auth.parse_keys(auth_key)[0], ["admin"], 3600, time.time())
+    # an operator's admin credential, minted in the master pod as docs/kubernetes.md says
+    # (kubectl exec squall-master-0 -- squall auth mint --role admin --ttl 1h --key-file ...)
+    key_file = d.localize(master, "", "/etc/squall/auth-key/auth-key")
+    r = subprocess.run(["squall", "auth", "mint", "--role", "admin", "--ttl", "1h",
+                        "--key-file", key_file], env=d.process_env(master),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    admin = r.stdout.strip()
+    assert auth.verify(auth.parse_keys(Path(key_file).read_bytes()), admin, time.time())
+    # Prometheus' monitor credential (the generated Secret) scrapes both roles
+    monitor = next(base64.b64decode(x["data"]["credential"]).decode().strip() for x in d.docs
+                   if x["kind"] == "Secret" and "monitor" in x["metadata"]["name"])
+    for p in (master, nodes[0]):
+        r2 = httpx.get(p.url + "/metrics", headers={"Authorization": f"Bearer {monitor}"},
+                       timeout=30)
+        assert r2.status_code == 200, (p.name, r2.text)
     http = httpx.Client(base_url=master.url, timeout=30,
                         headers={"Authorization": f"Bearer {admin}"})
     d.closing.append(http)
@@ -335,7 +348,7 @@ def test_the_dev_overlay_runs_as_written(deployment: Deployment) -> None:
     state = http.get(f"/v1/nodes/{victim.name}").json()
     assert state["state"] == "decommissioned", state
     assert state["decommission"]["blobs_remaining"] == 0
-    key = (master.mounts["/etc/squall/cluster-key"] / "cluster-key").read_bytes()
+    key = (master.mounts["/etc/squall/cluster-key"] / "cluster-key").read_bytes().strip()
     ids = sorted(blobs)
     toks = [tokens.sign(key, "read", [b], time.time() + 300) for b in ids]
     with httpx.Client(timeout=30) as h:

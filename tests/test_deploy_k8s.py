@@ -63,7 +63,8 @@ def test_overlay_builds_and_validates(overlay: str) -> None:
     kinds = sorted(d["kind"] for d in docs)
     expected = ["ConfigMap", "Namespace", "PodDisruptionBudget", "PodDisruptionBudget",
                 "Role", "RoleBinding", "Service", "Service", "Service", "ServiceAccount",
-                "StatefulSet", "StatefulSet"] + (["Secret"] * 2 if overlay == "dev" else [])
+                "StatefulSet", "StatefulSet", "NetworkPolicy", "NetworkPolicy"] + (
+                    ["Secret"] * 5 if overlay == "dev" else [])
     assert kinds == sorted(expected)
     for d in docs:
         kubernetes_validate.validate(d, K8S_VERSION, strict=True)
@@ -109,8 +110,12 @@ def test_manifests_match_the_code_and_image(overlay: str) -> None:
         assert sts["spec"]["serviceName"] == (name + "-members" if role == "master" else name)
         # env: SQUALL_* variables are the code's; the ones this role's own flags need are
         # set (both keys: a server bound beyond loopback refuses to start without them)
-        assert {"SQUALL_PORT", "SQUALL_DATA_DIR", "SQUALL_CLUSTER_KEY_FILE",
-                "SQUALL_AUTH_KEY_FILE", "SQUALL_ALLOWED_HOSTS"} <= set(env)
+        # the master holds the private auth key (it mints), a data node only the public one
+        auth_var = {"master": "SQUALL_AUTH_KEY_FILE",
+                    "datanode": "SQUALL_AUTH_PUBLIC_KEY_FILE"}[role]
+        assert {"SQUALL_PORT", "SQUALL_DATA_DIR", "SQUALL_CLUSTER_KEY_FILE", auth_var,
+                "SQUALL_ALLOWED_HOSTS"} <= set(env)
+        assert role == "master" or "SQUALL_AUTH_KEY_FILE" not in env
         assert "$(POD_IP)" in env["SQUALL_ALLOWED_HOSTS"]  # the Host of probes and scrapes
         assert "SQUALL_TOKEN" not in env  # never a long-lived credential in a pod's env
         for k in env:
@@ -126,8 +131,12 @@ def test_manifests_match_the_code_and_image(overlay: str) -> None:
         assert mounts[data_dir]["name"] == claim
         assert "/tmp" in mounts and not mounts["/tmp"].get("readOnly")
         volumes = {v["name"]: v for v in pod["volumes"]}
+        secrets = {v["secret"]["secretName"].rsplit("-", 1)[0] if overlay == "dev"
+                   else v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+        assert role == "master" or "squall-auth-key" not in secrets, secrets
         for var, secret in (("SQUALL_CLUSTER_KEY_FILE", "squall-cluster-key"),
-                            ("SQUALL_AUTH_KEY_FILE", "squall-auth-key"),
+                            (auth_var, {"master": "squall-auth-key",
+                                        "datanode": "squall-auth-public-key"}[role]),
                             *((v, "squall-tls") for v in TLS if overlay == "production")):
             mount = next(p for p in mounts if env[var].startswith(p + "/"))
             ref = volumes[mounts[mount]["name"]]["secret"]
@@ -167,12 +176,14 @@ def test_data_node_identity_hooks_and_budget() -> None:
         assert env["SQUALL_ADVERTISE"].startswith(
             f"{scheme}://$(SQUALL_NODE_ID).{svc['metadata']['name']}.$(POD_NAMESPACE).svc.")
         assert env["SQUALL_MASTER"].startswith(f"{scheme}://squall-master:")
-        if overlay == "production":  # each node's own credential, by its pod name
-            mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-            cred = env["SQUALL_NODE_CREDENTIAL_FILE"]
-            assert cred.endswith("/$(SQUALL_NODE_ID)")
-            vol = {v["name"]: v for v in pod["volumes"]}[mounts[cred.rsplit("/", 1)[0]]["name"]]
-            assert vol["secret"]["secretName"] == "squall-node-credentials"
+        # each node's own credential, by its pod name (every overlay)
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        cred = env["SQUALL_NODE_CREDENTIAL_FILE"]
+        assert cred.endswith("/$(SQUALL_NODE_ID)")
+        vol = {v["name"]: v for v in pod["volumes"]}[mounts[cred.rsplit("/", 1)[0]]["name"]]
+        assert re.fullmatch(r"squall-node-credentials(-[a-z0-9]{10})?",
+                            vol["secret"]["secretName"])
+        assert pod["automountServiceAccountToken"] is False  # it never calls the API
         keys = [t["podAffinityTerm"]["topologyKey"] for t in
                 pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]]
         assert keys == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
@@ -184,10 +195,11 @@ def test_data_node_identity_hooks_and_budget() -> None:
         words = shlex.split(pre[2])
         assert words[words.index("squall"):][:5] == ["squall", "nodes", "decommission",
                                                      "$SQUALL_NODE_ID", "--wait"]
-        # both hooks call admin routes with a credential minted from the mounted auth key
+        # both hooks act on this node with its own node credential: no admin, no minting
         for hook in (pre[2], c["lifecycle"]["postStart"]["exec"]["command"][2]):
-            assert 'squall auth mint --role admin' in hook
-            assert '--key-file "$SQUALL_AUTH_KEY_FILE"' in hook and "export SQUALL_TOKEN" in hook
+            assert 'SQUALL_TOKEN="$(cat "$SQUALL_NODE_CREDENTIAL_FILE")"' in hook
+            assert "export SQUALL_TOKEN" in hook
+            assert "auth mint" not in hook and "admin" not in hook
         # the grace period outlasts the decommission wait
         assert pod["terminationGracePeriodSeconds"] >= int(env["DECOMMISSION_TIMEOUT_S"]) + 30
         post = c["lifecycle"]["postStart"]["exec"]["command"]
@@ -274,3 +286,35 @@ def test_master_set_vars_are_the_masters() -> None:
     if not any(str(o.envvar) == "SQUALL_MEMBERS" for o in opts.values()):
         pytest.skip("this build's `squall master` has no master-set options yet")
     assert env_vars("master") >= MASTER_SET_VARS
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_least_privilege(overlay: str) -> None:
+    """Prometheus annotations on both, NetworkPolicies (clients, monitors and squall's own
+    pods in; data nodes out only to squall and DNS), no secret of a data node that mints."""
+    docs = render(overlay)
+    for name in ROLES:
+        tmpl = find(docs, "StatefulSet", name)["spec"]["template"]
+        ann = tmpl["metadata"]["annotations"]
+        port = container(find(docs, "StatefulSet", name))["ports"][0]["containerPort"]
+        assert ann == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                       "prometheus.io/path": "/metrics"}, ann
+        pol = find(docs, "NetworkPolicy", name)
+        assert pol["spec"]["podSelector"]["matchLabels"] == \
+            find(docs, "StatefulSet", name)["spec"]["selector"]["matchLabels"]
+        [rule] = pol["spec"]["ingress"]
+        assert [p["port"] for p in rule["ports"]] == [port]
+        froms = [f["podSelector"]["matchLabels"] for f in rule["from"]]
+        assert {"app.kubernetes.io/name": "squall"} in froms
+        assert {"squall.io/client": "true"} in froms and {"squall.io/monitor": "true"} in froms
+    egress = find(docs, "NetworkPolicy", "squall-data")["spec"]["egress"]
+    assert sorted(p["port"] for e in egress for p in e["ports"]) == [53, 53, 7070, 7071]
+    if overlay == "dev":  # made at install, never committed: no published key material
+        import base64
+
+        from squall.common.security.tokens import PUBLISHED_KEYS
+        for d in docs:
+            if d["kind"] == "Secret":
+                for v in d.get("data", {}).values():
+                    assert base64.b64decode(v).strip() not in PUBLISHED_KEYS
+        assert find(docs, "Secret", "squall-monitor-credential")["data"]["credential"]

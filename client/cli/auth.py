@@ -1,8 +1,9 @@
 """``squall auth``: mint, list and revoke credentials, and make keys.
 
 ``mint`` asks the master (with an admin credential from ``--token`` / ``SQUALL_TOKEN``), or,
-with ``--key-file``, signs locally under that auth key (to bootstrap the first admin
-credential of a cluster, or for a machine without access to the master). Output is plain
+with ``--key-file``, signs locally with that private auth key (to bootstrap the first admin
+credential of a cluster, or for a machine without access to the master; it needs the
+``cryptography`` package of the server extra). Output is plain
 text (a credential on stdout, nothing else, so ``$(squall auth mint ...)`` works)."""
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def parse_ttl(text: str) -> float:
 
 @app.command("mint")
 def mint(
-    role: Annotated[list[str], typer.Option("--role", "-r", help="producer, consumer, admin "
-                                            "or node (repeat for several)")],
+    role: Annotated[list[str], typer.Option("--role", "-r", help="producer, consumer, admin, "
+                                            "monitor or node (repeat for several)")],
     group: Annotated[list[str] | None, typer.Option("--group", "-g", help="limit to this "
                                                     "group (repeat; default: every group)")
                      ] = None,
@@ -43,8 +44,8 @@ def mint(
                    ] = "30d",
     note: Annotated[str, typer.Option("--note", help="a note kept with its claims")] = "",
     key_file: Annotated[Path | None, typer.Option(
-        "--key-file", help="sign locally with this auth key file instead of asking the "
-        "master")] = None,
+        "--key-file", help="sign locally with this private auth key file (the master's) "
+        "instead of asking the master")] = None,
     master: MasterOpt = "",
 ) -> None:
     """Mint a credential and print it (once: the master keeps only its claims)."""
@@ -52,8 +53,8 @@ def mint(
     if key_file is not None:
         try:
             keys = auth.parse_keys(key_file.read_bytes())
-            cred = auth.mint(keys[0], role, ttl_s, time.time(), groups=group or None, node=node)
-        except (OSError, ValueError) as e:
+            cred = auth.mint(keys, role, ttl_s, time.time(), groups=group or None, node=node)
+        except (OSError, ValueError, RuntimeError) as e:
             fail(str(e), 2)
         sys.stdout.write(cred + "\n")
         return
@@ -95,7 +96,7 @@ def revoke(what: Annotated[str, typer.Argument(help="credential id, or the crede
            master: MasterOpt = "") -> None:
     """Revoke a credential: the master refuses it at once, data nodes from their next
     heartbeat."""
-    cid = auth.credential_id(what) if what.startswith(auth.CRED_PREFIX) else what
+    cid = auth.credential_id(what) if auth.is_credential(what) else what
     if not cid:
         fail("not a credential or credential id", 2)
     with connect(master or None) as c:
@@ -106,15 +107,39 @@ def revoke(what: Annotated[str, typer.Argument(help="credential id, or the crede
 @app.command("keygen")
 def keygen(path: Annotated[Path, typer.Argument(help="key file to write")],
            rotate: Annotated[bool, typer.Option(
-               "--rotate", help="put a new key first in an existing file, keeping the old "
-               "ones (they still verify; drop them once re-minted)")] = False) -> None:
-    """Write a new random auth key (or, without --rotate, a cluster key), readable by its
-    owner only."""
+               "--rotate", help="put a new auth key first in an existing file, keeping the "
+               "old ones (they still verify; drop them once re-minted)")] = False,
+           cluster: Annotated[bool, typer.Option(
+               "--cluster", help="a cluster key (random bytes shared by the master and the "
+               "data nodes) instead of an auth key")] = False) -> None:
+    """Write a new auth key (an Ed25519 private key: the master's, it mints credentials;
+    give the data nodes its public half, `squall auth pubkey`), or with --cluster a random
+    cluster key; readable by its owner only."""
     old = path.read_bytes() if rotate and path.exists() else b""
     if path.exists() and not rotate:
         fail(f"{path} exists; use --rotate to add a new key in front", 2)
-    auth.write_secret(str(path), auth.new_key() + b"\n" + old)
+    if cluster:
+        if rotate:
+            fail("a cluster key is a single key: rotate it by restarting the cluster", 2)
+        auth.write_secret(str(path), auth.new_key() + b"\n")
+    else:
+        try:
+            auth.write_secret(str(path), auth.new_private_key() + b"\n" + old)
+            auth.parse_keys(path.read_bytes())
+        except (ValueError, RuntimeError) as e:
+            fail(str(e), 2)
     sys.stdout.write(f"wrote {path}\n")
+
+
+@app.command("pubkey")
+def pubkey(path: Annotated[Path, typer.Argument(help="the master's auth key file")]) -> None:
+    """Print the public keys of an auth key file (for the data nodes'
+    --auth-public-key-file): they verify credentials but cannot mint them."""
+    try:
+        keys = auth.parse_keys(path.read_bytes())
+    except (OSError, ValueError, RuntimeError) as e:
+        fail(str(e), 2)
+    sys.stdout.write(keys.public_text().decode())
 
 
 def register(root: typer.Typer) -> None:

@@ -2,9 +2,10 @@
 folder (``master/``, ``node-1/``, …, logs in ``logs/``). Ports: the master on ``--port``,
 node i on ``--port`` + i, the same on every start so the data nodes keep their addresses
 and a restart keeps the data. Keys: unless the environment names them
-(``SQUALL_CLUSTER_KEY[_FILE]``, ``SQUALL_AUTH_KEY[_FILE]``), a cluster key and an auth key
-are made once under ``keys/``, with an admin credential (``keys/admin.credential``) that
-the banner tells how to use. Ctrl-C (or SIGTERM) stops the nodes, then the master.
+(``SQUALL_CLUSTER_KEY[_FILE]``, ``SQUALL_AUTH_KEY[_FILE]``), a random cluster key and an
+Ed25519 auth key are made once under ``keys/`` (the data nodes get only its public half,
+``keys/auth.pub``), with an admin credential (``keys/admin.credential``) that the banner
+tells how to use. No key is built in. Ctrl-C (or SIGTERM) stops the nodes, then the master.
 A data node that exits does not stop the cluster: it is reported, the master marks it dead
 and re-replicates its blobs, and ``restart N`` typed on stdin (or SIGHUP, for every dead
 node) starts it again on the same port and folder (with the same keys).
@@ -69,28 +70,39 @@ class DevCluster:
         return f"http://127.0.0.1:{self.port + i}"
 
     def _keys(self) -> str:
-        """Make the cluster's keys under ``keys/`` (once) unless the environment has them;
-        return an admin credential."""
+        """Make the cluster's keys under ``keys/`` (once, mode 0600 in a 0700 folder) unless
+        the environment has them: a random cluster key, an Ed25519 auth key for the master,
+        its public half for the data nodes; return an admin credential. No key of a dev
+        cluster is built in or published."""
         keys_dir = self.data_dir / "keys"
+        keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not (self.env.get("SQUALL_CLUSTER_KEY") or self.env.get("SQUALL_CLUSTER_KEY_FILE")):
             path = keys_dir / "cluster.key"
             if not path.exists():
-                keys_dir.mkdir(parents=True, exist_ok=True)
                 auth.write_secret(str(path), auth.new_key() + b"\n")
             self.env["SQUALL_CLUSTER_KEY_FILE"] = str(path)
         keys = auth.load_auth_keys(env=self.env)
+        cred = None
+        own = keys is None
         if keys is None:
             path = keys_dir / "auth.key"
             self.credential_file = keys_dir / "admin.credential"
-            if not path.exists():
-                keys_dir.mkdir(parents=True, exist_ok=True)
-                auth.write_secret(str(path), auth.new_key() + b"\n")
-                cred = auth.mint(auth.parse_keys(path.read_bytes())[0], ["admin"],
-                                 365 * 86400.0, time.time())
+            try:
+                keys = auth.parse_keys(path.read_bytes())
+                cred = self.credential_file.read_text().strip()
+            except (OSError, ValueError):  # none yet, or an HMAC key of an older squall
+                auth.write_secret(str(path), auth.new_private_key() + b"\n")
+                keys = auth.parse_keys(path.read_bytes())
+                cred = auth.mint(keys, ["admin"], 365 * 86400.0, time.time())
                 auth.write_secret(str(self.credential_file), cred.encode() + b"\n")
             self.env["SQUALL_AUTH_KEY_FILE"] = str(path)
-            return self.credential_file.read_text().strip()
-        return auth.mint(keys[0], ["admin"], 86400.0, time.time())
+        if own or not (self.env.get(auth.PUBLIC_KEY_ENV)
+                       or self.env.get(auth.PUBLIC_KEY_FILE_ENV)):
+            pub = keys_dir / "auth.pub"  # what the data nodes get: they only verify
+            auth.write_secret(str(pub), keys.public_text())
+            self.env[auth.PUBLIC_KEY_FILE_ENV] = str(pub)
+            self.env.pop(auth.PUBLIC_KEY_ENV, None)
+        return cred or auth.mint(keys, ["admin"], 86400.0, time.time())
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         logs = self.data_dir / "logs"
@@ -106,6 +118,11 @@ class DevCluster:
             raise RuntimeError(f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use "
                                "(another squall dev?); stop it or pick another --port")
         hb = str(self.heartbeat_interval_s)
+        # the servers refuse a data folder other users can reach; folders an older squall
+        # dev made 0755 under this dev folder are ours: make them private
+        for d in (self.data_dir, *(p for p in self.data_dir.iterdir() if p.is_dir())):
+            if d.stat().st_mode & 0o077:
+                d.chmod(0o700)
         self.master_proc = self._spawn("master", [
             "squall.master", "--data-dir", str(self.data_dir / "master"), "--host",
             "127.0.0.1", "--port", str(self.port), "--replication-factor", str(self.rf),

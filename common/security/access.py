@@ -9,17 +9,22 @@ build); a request matching no route needs an admin credential. The same rules ar
 Roles of a :class:`Rule`:
 
 - ``public``: no credential (health probes, the API description);
-- ``producer`` / ``consumer`` / ``admin`` / ``node``: a credential
-  (``common/security/auth.py``) with one of these roles; ``admin`` passes every non-node rule;
-- ``node`` also accepts a heartbeat token signed with the cluster key (``tokens.py``); the
-  route checks that it speaks for the node id in the body;
-- ``payload``: data-node blob routes; the route checks the master-signed payload token
-  (write / read / delete / replicate, scoped to blob ids), as before.
+- ``producer`` / ``consumer`` / ``admin`` / ``monitor`` / ``node``: a credential
+  (``common/security/auth.py``) with one of these roles; ``admin`` passes every rule but
+  ``node``-only and ``payload`` ones; ``monitor`` is read-only (metrics, the dashboard's
+  data, stats) and is listed in exactly the rules it passes;
+- a rule of ``node`` alone (the data nodes' own calls: heartbeat, blocks, commit) also
+  accepts a heartbeat token signed with the cluster key (``tokens.py``); the route checks
+  that it speaks for the node id in the body;
+- ``payload``: data-node blob routes; an ``Authorization: Bearer`` payload token is required
+  and its signature and expiry checked before the body is read; the route checks its scope
+  (write / read / delete / replicate, blob ids).
 
 Group scope (credentials limited to groups): ``path`` checks the ``{group}`` path
 parameter, ``query`` the ``group`` query parameter (which a limited credential must give),
 ``any`` ignores groups (e.g. blob allocation), ``all`` refuses group-limited credentials
-(cluster-wide views).
+(cluster-wide views), ``node`` is ``all`` plus: a node credential passes only for the
+``{node_id}`` it names (a data node's lifecycle hooks decommission *that* node).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-Scope = Literal["path", "query", "any", "all"]
+Scope = Literal["path", "query", "any", "all", "node"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +56,8 @@ def rule(roles: str, groups: Scope = "any", body: Literal["json", "binary", "non
 PUBLIC = rule("public", body="none")
 ADMIN = rule("admin", "all")
 ADMIN_READ = rule("admin", "all", "none")  # cluster-wide views
-READ = rule("producer consumer", "path", "none")  # group-scoped reads: stats, policies
+MONITOR_READ = rule("admin monitor", "all", "none")  # metrics, the dashboard's data
+READ = rule("producer consumer monitor", "path", "none")  # group-scoped reads: stats, policies
 PAYLOAD = rule("payload", body="binary")
 PUBLIC_WHEN_ASKED = {"metrics": (("GET", "/metrics"),),
                      "status": (("GET", "/v1/overview"),

@@ -39,8 +39,9 @@ different domain prefixes so a token can never pass as a receipt or the other wa
 Errors: missing, malformed, forged or expired → :class:`Unauthorized` (401); a valid
 token for another operation, blob or replica → :class:`Forbidden` (403).
 
-The cluster key comes from ``--cluster-key-file``, else ``SQUALL_CLUSTER_KEY``, else a
-built-in development key (with a warning: anyone can forge tokens for such a cluster).
+The cluster key comes from ``--cluster-key-file``, else ``SQUALL_CLUSTER_KEY``; a master
+without one makes its own in its data folder (``cluster.key``, mode 0600), a data node
+without one refuses to start. There is no built-in key.
 """
 
 from __future__ import annotations
@@ -63,7 +64,12 @@ TOKEN_PREFIX = "sqt1."
 RECEIPT_PREFIX = "sqr1."
 BATCH_RECEIPT_PREFIX = "sqb1."
 MAX_TOKEN_CHARS = 256 << 10
-DEV_CLUSTER_KEY = b"squall-dev-cluster-key-do-not-use-in-production"
+# key material that was printed in squall's sources, docs or manifests: never a key
+PUBLISHED_KEYS = frozenset({
+    b"squall-dev-cluster-key-do-not-use-in-production",  # the old built-in fallback
+    b"squall-dev-cluster-key-not-secret-0123456789",  # the old dev overlay's
+    b"squall-dev-auth-key-not-secret-0123456789",
+})
 MIN_KEY_BYTES = 16
 _TOKEN_DOMAIN = b"squall-token-v1\n"
 _RECEIPT_DOMAIN = b"squall-receipt-v1\n"
@@ -72,20 +78,30 @@ _BATCH_DOMAIN = b"squall-batch-receipt-v1\n"
 log = logging.getLogger("squall.tokens")
 
 
-def load_cluster_key(key_file: str | None = None, env: dict[str, str] | None = None) -> bytes:
+def is_published_key(key: bytes) -> bool:
+    """Key material printed in squall's sources or docs (anyone can sign with it)."""
+    return key.strip() in PUBLISHED_KEYS
+
+
+def load_cluster_key(key_file: str | None = None, env: dict[str, str] | None = None
+                     ) -> bytes | None:
     """The cluster key: the file's contents (surrounding whitespace stripped), else the
-    ``SQUALL_CLUSTER_KEY`` environment variable, else the development key (logged)."""
+    ``SQUALL_CLUSTER_KEY`` environment variable; None when neither is configured (a master
+    then makes one in its data folder, a data node refuses to start). Published key material
+    (:data:`PUBLISHED_KEYS`) is refused wherever it comes from: it is no secret."""
     env = dict(os.environ) if env is None else env
     if key_file:
         with open(key_file, "rb") as f:
             key = f.read().strip()
         source = key_file
     elif env.get("SQUALL_CLUSTER_KEY"):
-        key, source = env["SQUALL_CLUSTER_KEY"].encode(), "SQUALL_CLUSTER_KEY"
+        key, source = env["SQUALL_CLUSTER_KEY"].encode().strip(), "SQUALL_CLUSTER_KEY"
     else:
-        log.warning("no cluster key configured (--cluster-key-file or SQUALL_CLUSTER_KEY): "
-                    "using the public development key; anyone can forge tokens")
-        return DEV_CLUSTER_KEY
+        return None
+    if is_published_key(key):
+        raise ValueError(f"the cluster key from {source} is a published development key "
+                         "(anyone can forge tokens and receipts with it): make one with "
+                         "`squall auth keygen --cluster FILE`")
     if len(key) < MIN_KEY_BYTES:
         raise ValueError(f"cluster key from {source} is {len(key)} bytes; use at least "
                          f"{MIN_KEY_BYTES} random bytes")

@@ -46,7 +46,7 @@ class Access:
     """What the guard needs to know; one per app (``app.state.access``)."""
 
     table: RuleTable
-    keys: list[bytes] | None  # auth keys (first signs); None: no credential can be checked
+    keys: auth.AuthKeys | None  # verifies credentials; None: no credential can be checked
     cluster_key: bytes | None = None  # verifies data nodes' heartbeat tokens
     allowed_hosts: frozenset[str] | None = None  # None: any Host (--allowed-hosts '*')
     now: Callable[[], float] = time.time
@@ -59,8 +59,8 @@ class Access:
         remembered (their claims are fixed by their text), so a client's every request
         costs a lookup, plus the expiry and revocation checks."""
         if self.keys is None:
-            raise Unauthorized("this server has no auth key (--auth-key-file); it cannot "
-                               "check credentials")
+            raise Unauthorized("this server has no auth key (a data node: "
+                               "--auth-public-key-file); it cannot check credentials")
         tok = tokens.bearer(header)
         now = self.now()
         c = self._verified.get(tok)
@@ -143,16 +143,18 @@ class Guard:
         method = scope["method"]
         rule, params = access.table.match(method, scope["path"])
         _check_body_type(rule, method, headers)
-        if rule.public or "payload" in rule.roles:
-            if "payload" in rule.roles and b"authorization" in headers:
-                # the route checks the scope; a forged or expired token stops here, bodiless
-                assert access.cluster_key is not None
-                tokens.decode(access.cluster_key, tokens.bearer(
-                    headers[b"authorization"].decode("latin-1")), access.now())
+        if rule.public:
             return
         authz = headers.get(b"authorization")
         header = authz.decode("latin-1") if authz is not None else None
-        if "node" in rule.roles and header and header.partition(" ")[2].startswith(
+        if "payload" in rule.roles:
+            # the route checks the scope; a missing, forged or expired token stops here,
+            # before a byte of the body is read (a batch-get's body may carry more tokens)
+            if access.cluster_key is None:
+                raise Unauthorized("no cluster key to check payload tokens")
+            tokens.decode(access.cluster_key, tokens.bearer(header), access.now())
+            return
+        if rule.roles == {"node"} and header and header.partition(" ")[2].startswith(
                 tokens.TOKEN_PREFIX):
             if access.cluster_key is None:
                 raise Unauthorized("no cluster key to check node tokens")
@@ -167,9 +169,14 @@ class Guard:
 
 
 def _allow(rule: Rule, cred: auth.Credential, params: dict[str, str], scope: Scope) -> None:
-    if "node" in rule.roles:
+    if rule.roles == {"node"}:
         if "node" not in cred.roles:
             raise Forbidden("this route is for data nodes; the credential has no node role")
+        return
+    if rule.groups == "node" and "node" in cred.roles and "node" in rule.roles:
+        if cred.node != params.get("node_id"):
+            raise Forbidden(f"this node credential speaks for {cred.node!r}, not "
+                            f"{params.get('node_id', '')[:130]!r}")
         return
     if not (cred.roles & rule.roles or "admin" in cred.roles):
         raise Forbidden(f"the credential's roles {sorted(cred.roles)} do not allow this; it "
@@ -183,7 +190,7 @@ def _allow(rule: Rule, cred: auth.Credential, params: dict[str, str], scope: Sco
         group = (qs.get("group") or [""])[0]
         if not group:
             raise Forbidden("a credential limited to groups must name one: ?group=")
-    elif rule.groups == "all":
+    elif rule.groups in ("all", "node"):
         raise Forbidden("a credential limited to groups cannot see cluster-wide data")
     else:
         return

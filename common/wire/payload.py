@@ -98,6 +98,12 @@ def batch_groups(reads: Iterable[tuple[int, str, str, int]], max_ids: int, max_b
     return out + [(key[0], idx) for key, (idx, _) in open_.items()]
 
 
+def batch_get_headers(tokens: list[str]) -> dict[str, str]:
+    """The headers of a ``:batch-get``: one of its read tokens (the shortest) as the bearer,
+    which the data node checks (signature, expiry) before reading the body."""
+    return {"Authorization": "Bearer " + min((t for t in tokens if t), key=len, default="")}
+
+
 def batch_get_body(blob_ids: list[str], tokens: list[str]) -> dict[str, Any]:
     """The body of a ``:batch-get`` of `blob_ids` with one read token per id: the token once
     when they are all the same (a lease answer's ``read_token``), else the list."""

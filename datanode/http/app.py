@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from squall.common.clock import Clock
 from squall.common.errors import BadRequest
 from squall.common.security.access import RuleTable
-from squall.common.security.auth import load_auth_keys
+from squall.common.security.auth import load_public_keys
 from squall.common.server.docs import install_docs
 from squall.common.server.guard import Access, Guard, default_hosts
 from squall.common.server.http import BodyLimit, error_response, install_error_handlers
@@ -86,8 +86,11 @@ def create_datanode_app(settings: DataNodeSettings, clock: Clock | None = None,
                   description="Payload storage of squall: blobs in LMDB with CRC32C checks, "
                   "replicated node to node, under tokens the master signs. Errors are "
                   "`{\"error\": {\"code\", \"message\"}}`.")
+    # a data node only verifies credentials: it keeps the public keys, never a private one
+    keys = settings.auth_keys or load_public_keys()
     access = Access(RuleTable(ROUTES.rules(), settings.public),
-                    settings.auth_keys or load_auth_keys(), cluster_key=settings.cluster_key,
+                    keys.verifier() if keys is not None else None,
+                    cluster_key=settings.cluster_key,
                     allowed_hosts=default_hosts(settings.advertise_url, *settings.allowed_hosts),
                     body_timeout_s=settings.body_timeout_s)
     app.state.access = access

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
-from squall.common.security.access import ADMIN_READ, PAYLOAD, PUBLIC, rule
+from squall.common.security.access import MONITOR_READ, PAYLOAD, PUBLIC, rule
 from squall.common.server.layered import Route, RouteTable, section
 from squall.common.wire.cluster import BatchPutResult, PutResult
 from squall.common.wire.models import EnqueueResponse
@@ -55,7 +55,7 @@ ROUTES = RouteTable([
         R("GET", "/healthz", health.healthz, None, PUBLIC, responses={}),
         R("GET", "/readyz", health.readyz, None, PUBLIC,
           responses={503: {"description": "The store is not open"}}),
-        R("GET", "/metrics", health.metrics, None, ADMIN_READ, responses={},
+        R("GET", "/metrics", health.metrics, None, MONITOR_READ, responses={},
           options={"response_class": Response})),
     # served by the framework: the API description, its page and assets
     R("GET", "/openapi.json", None, None, PUBLIC),

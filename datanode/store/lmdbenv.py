@@ -50,6 +50,7 @@ from typing import Any
 import lmdb
 
 from squall.common.errors import InsufficientStorage, StatusError, Unavailable
+from squall.common.security.files import FILE_MODE, private_dir
 from squall.datanode.store.filetail import DISK_FULL_SLACK_BYTES, Tail
 
 log = logging.getLogger("squall.datanode.lmdb")
@@ -75,7 +76,7 @@ class Env:
     def __init__(self, path: str, dbs: tuple[bytes, ...], map_size: int, map_size_max: int,
                  batch_ops_max: int = 2000, batch_bytes_max: int = 32 << 20,
                  prealloc_bytes: int = 64 << 20) -> None:
-        os.makedirs(path, exist_ok=True)
+        private_dir(path)
         self.path = path
         self._real = os.path.realpath(path)
         with _OPEN_LOCK:
@@ -109,7 +110,8 @@ class Env:
 
     def _open(self, map_size: int) -> None:
         self.env = lmdb.open(self.path, map_size=map_size, max_dbs=len(self.db_names) + 2,
-                             writemap=False, sync=True, metasync=False, max_readers=256)
+                             writemap=False, sync=True, metasync=False, max_readers=256,
+                             mode=FILE_MODE)
         self.dbs = {n: self.env.open_db(n) for n in self.db_names}
         self._psize = int(self.env.stat()["psize"])
         self.tail.open()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
-from squall.common.security.access import ADMIN, ADMIN_READ, PUBLIC, READ, rule
+from squall.common.security.access import ADMIN, ADMIN_READ, MONITOR_READ, PUBLIC, READ, rule
 from squall.common.server.layered import Route, RouteTable, section
 from squall.common.wire.cluster import (
     AllocateResponse,
@@ -60,6 +60,10 @@ N = "/v1/nodes/{node_id}"
 A = "/v1/auth/credentials"
 R = Route
 WORKER = "producer consumer"
+VIEW = "producer consumer monitor"  # reads that hand out no token
+# a data node's lifecycle hooks act on their own node with a node credential (scope "node")
+NODE_SELF = rule("admin node", "node")
+NODE_SELF_READ = rule("admin monitor node", "node", "none")
 
 ROUTES = RouteTable([
     *section(
@@ -84,9 +88,9 @@ ROUTES = RouteTable([
           rule("admin", "path")),
         R("POST", Q + "/redrive", queues.redrive, RedriveResponse, rule("admin", "path")),
         R("POST", Q + "/retry", queues.retry, RetryResponse, rule("admin", "path")),
-        R("GET", "/v1/queues", queues.list_queues, QueueList, rule(WORKER, "query", "none")),
+        R("GET", "/v1/queues", queues.list_queues, QueueList, rule(VIEW, "query", "none")),
         R("GET", "/v1/cluster/stats", queues.cluster_stats, ClusterStats,
-          rule(WORKER, "all", "none"))),
+          rule(VIEW, "all", "none"))),
     *section(
         "config",
         R("GET", G + "/policy", config.get_group_policy, Policy, READ),
@@ -107,11 +111,13 @@ ROUTES = RouteTable([
         R("POST", "/v1/nodes/heartbeat", nodes.heartbeat, HeartbeatResponse, rule("node"),
           hot=True),
         R("POST", "/v1/blobs/allocate", nodes.allocate, AllocateResponse, rule("producer")),
-        R("GET", "/v1/cluster", nodes.cluster, ClusterInfo, rule(WORKER, "any", "none")),
-        # node management (decommission, recommission, forget)
-        R("GET", N, nodes_admin.get_node, NodeStatus, ADMIN_READ),
-        R("POST", N + "/decommission", nodes_admin.decommission, NodeStatus, ADMIN),
-        R("DELETE", N + "/decommission", nodes_admin.recommission, NodeStatus, ADMIN_READ),
+        R("GET", "/v1/cluster", nodes.cluster, ClusterInfo, rule(VIEW, "any", "none")),
+        # node management (decommission, recommission, forget); a node credential may
+        # decommission (and cancel, and watch) its own node: the data nodes' lifecycle hooks
+        R("GET", N, nodes_admin.get_node, NodeStatus, NODE_SELF_READ),
+        R("POST", N + "/decommission", nodes_admin.decommission, NodeStatus, NODE_SELF),
+        R("DELETE", N + "/decommission", nodes_admin.recommission, NodeStatus,
+          rule("admin node", "node", "none")),
         R("DELETE", N, nodes_admin.forget, ForgetResponse, ADMIN_READ),
         # the data nodes' front door: blob-id blocks, and the group commit of enqueues
         R("POST", "/v1/nodes/blocks", frontdoor.blocks, BlockGrant, rule("node")),
@@ -122,17 +128,17 @@ ROUTES = RouteTable([
         R("GET", "/healthz", health.healthz, None, PUBLIC, responses={}),
         R("GET", "/readyz", health.readyz, None, PUBLIC, responses={}),
         # public with --public-metrics
-        R("GET", "/metrics", health.metrics, None, ADMIN_READ, responses={},
+        R("GET", "/metrics", health.metrics, None, MONITOR_READ, responses={},
           options={"response_class": Response})),
     *section(
         "dashboard",
-        # the page and its assets hold no data; the JSON it polls is admin's (public with
-        # --public-status), its actions are the REST routes above
+        # the page and its assets hold no data; the JSON it polls is for admin and monitor
+        # credentials (public with --public-status), its actions are the REST routes above
         R("GET", "/", status.dashboard, None, PUBLIC, options={"include_in_schema": False}),
-        R("GET", "/v1/overview", status.overview, None, ADMIN_READ),
+        R("GET", "/v1/overview", status.overview, None, MONITOR_READ),
         R("GET", "/v1/overview/queues/{group}/{queue}", status.queue_overview, None,
-          rule("admin", "path", "none")),
-        R("GET", "/v1/overview/workers", status.workers, None, ADMIN_READ),
+          rule("admin monitor", "path", "none")),
+        R("GET", "/v1/overview/workers", status.workers, None, MONITOR_READ),
         # payloads: admins only, never made public with the rest of the dashboard's data
         R("GET", "/v1/overview/queues/{group}/{queue}/payload", status.payload_preview, None,
           rule("admin", "path", "none"))),

@@ -60,6 +60,7 @@ import lmdb
 import msgpack
 from sortedcontainers import SortedDict
 
+from squall.common.security.files import FILE_MODE, private_dir
 from squall.master.storage.records import (
     AVAILABLE,
     LEASED,
@@ -130,8 +131,9 @@ class Index:
         # sync=True (the default): every commit (one per WAL group) fdatasyncs, so a power
         # loss cannot leave a half-flushed B-tree behind. sync=False (--no-index-sync):
         # checkpoints sync LMDB, and a power loss can corrupt it (docs/master.md).
+        private_dir(path)  # lmdb would make it with the files' mode
         self.env = lmdb.open(path, map_size=map_size, max_dbs=16, sync=sync, metasync=False,
-                             writemap=False, readahead=False, max_readers=256)
+                             writemap=False, readahead=False, max_readers=256, mode=FILE_MODE)
         db = self.env.open_db
         self.meta, self.queues_db, self.qids_db = db(b"meta"), db(b"queues"), db(b"qids")
         self.tasks, self.ready, self.avail = db(b"tasks"), db(b"ready"), db(b"avail")

@@ -95,7 +95,7 @@ class WAL:
         self._resume_free_bytes = RESUME_FREE_BYTES_MIN
         if tail.path is None:
             tail = Tail(tail.last_ticket, self._new_segment_path(tail.last_ticket + 1), 0)
-        self._fd = os.open(tail.path or "", os.O_WRONLY | os.O_CREAT, 0o644)
+        self._fd = os.open(tail.path or "", os.O_WRONLY | os.O_CREAT, 0o600)
         self._path = tail.path or ""
         if tail.offset == 0:
             os.write(self._fd, MAGIC)
@@ -315,7 +315,7 @@ class WAL:
         if self.fsync:
             os.fdatasync(self._fd)
         path = self._new_segment_path(first)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, MAGIC)
             os.fsync(fd)

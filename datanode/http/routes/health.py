@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from starlette.responses import Response
 
 from squall.common.errors import Unavailable
+from squall.common.security import auth
 from squall.common.server import runtime
 from squall.common.server.http import JSON
 from squall.common.server.metrics import Exposition, build_info
@@ -39,6 +40,12 @@ class NodeCollector:
     def collect(self) -> Iterator[Metric | str]:
         n, s = self.node, self.node.store
         sp = s.space()
+        cred = n.settings.node_credential
+        exp = auth.credential_expiry(cred) if cred else None
+        if exp is not None:  # alert well before it runs out (docs/kubernetes.md)
+            yield GaugeMetricFamily("squall_datanode_credential_expiry_seconds",
+                                    "seconds until this node's node credential expires",
+                                    value=exp - n.clock.now())
         yield GaugeMetricFamily("squall_datanode_blobs", "blobs stored", value=sp.blob_count)
         yield GaugeMetricFamily("squall_datanode_used_bytes", "payload bytes stored",
                                 value=sp.used_bytes)
