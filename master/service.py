@@ -426,6 +426,30 @@ class Master(Housekeeping):
                     round(max(0.0, now - oldest / 1000), 3) if oldest is not None else None,
                 "leased_sample": sample}
 
+    def flow_details(self, q: QueueRec) -> dict[str, Any]:
+        """A queue's flow-control state: tasks held by a pause or by a limit, pauses, keys."""
+        flow = self.engine.flow
+        paused, blocked = flow.held_back(q)
+        qf = flow.queues.get(q.qid)
+        pause = self.pause_state(q.group, q.name)
+        return {"paused": paused, "blocked": blocked, "queue_paused": pause["paused"],
+                "paused_keys": pause["paused_keys"],
+                "keys": len(qf.keys) if qf is not None and qf.gen == q.gen else 0}
+
+    def flow_totals(self) -> tuple[int, int]:
+        """(paused, blocked) over every queue with flow state (O(their keys))."""
+        paused = blocked = 0
+        for qid in list(self.engine.flow.queues):
+            q = self.index.by_qid.get(qid)
+            if q is not None and q.available:
+                p, b = self.engine.flow.held_back(q)
+                paused, blocked = paused + p, blocked + b
+        for g, n in self.index.pauses:  # paused queues without keys
+            q = self.index.queues.get((g, n))
+            if q is not None and q.qid not in self.engine.flow.queues:
+                paused += self.engine.flow.held_back(q)[0]
+        return paused, blocked
+
     def close(self) -> None:
         self.commit.close()  # after any flush still on its thread, which needs the WAL
         with contextlib.suppress(Exception):  # a failed WAL has nothing more to flush
