@@ -119,6 +119,16 @@ class QFlow:
         self.turn_used = 0  # tasks the ring's front key took in its current turn
         self.cooling: list[tuple[int, str]] = []  # (next token due ms, key) heap
         self.cool: dict[str, int] = {}
+        # ready keyed tasks a lease may not take now, kept as keys change (O(1) to read):
+        # of keys that are paused, and of other keys out of the eligible set
+        self.paused_ready = 0
+        self.held_ready = 0
+
+    def _count(self, ks: KeyState, sign: int) -> None:
+        if ks.key in self.paused_keys:
+            self.paused_ready += sign * ks.ready
+        elif not ks.listed:
+            self.held_ready += sign * ks.ready
 
     @property
     def configured(self) -> bool:
@@ -130,8 +140,16 @@ class QFlow:
         return (ks.ready > 0 and (self.key_limit is None or ks.leased < self.key_limit)
                 and ks.key not in self.paused_keys and ks.key not in self.cool)
 
-    def relist(self, ks: KeyState, old_lb: bytes | None = None) -> None:
-        """Put `ks` in or out of the eligible set (`old_lb`: its bound when listed)."""
+    def relist(self, ks: KeyState, old_lb: bytes | None = None, counted: bool = True
+               ) -> None:
+        """Put `ks` in or out of the eligible set (`old_lb`: its bound when listed;
+        `counted`: its part of the held counts is in them, else the caller took it out)."""
+        if counted:
+            self._count(ks, -1)
+        self._relist(ks, old_lb)
+        self._count(ks, +1)
+
+    def _relist(self, ks: KeyState, old_lb: bytes | None) -> None:
         want = self.eligible(ks)
         if self.fair:
             if want and not ks.listed:
@@ -152,9 +170,10 @@ class QFlow:
         self.turn_used = 0
         if self.fair:
             self.ring[""] = None  # the keyless tasks take turns as one key
+        self.paused_ready = self.held_ready = 0
         for ks in self.keys.values():
             ks.listed = False
-            self.relist(ks)
+            self.relist(ks, counted=False)
 
     def uncool(self, now_ms: int) -> int:
         """Keys whose next token came due go back to the eligible set; how many."""
@@ -250,6 +269,7 @@ class Flow:
         if ks is None:
             ks = qf.keys[key] = KeyState(key)
         lb = ks.lb
+        qf._count(ks, -1)
         if old == AVAILABLE:
             ks.ready -= 1
             qf.ready_total -= 1
@@ -264,8 +284,7 @@ class Flow:
                 ks.lb = pk
         elif new == LEASED:
             ks.leased += 1
-        if ks.listed or qf.eligible(ks):
-            qf.relist(ks, lb if ks.listed else None)
+        qf.relist(ks, lb if ks.listed else None, counted=False)
         if not ks.ready and not ks.leased and not ks.listed and key not in qf.cool \
                 and (ks.bucket is None or ks.bucket.level(self.now_ms()) >= ks.bucket.burst):
             del qf.keys[key]  # an idle key: nothing to remember (a full bucket is a new one)
@@ -508,7 +527,7 @@ class Flow:
     def held_back(self, q: QueueRec, now_ms: int | None = None) -> tuple[int, int]:
         """(paused, blocked): available tasks of `q` a lease would not take now because
         the queue or their key is paused, or because a limit (concurrency or rate) holds
-        them. O(keys)."""
+        them. O(1)."""
         qf = self.queues.get(q.qid)
         if (qf is None or qf.gen != q.gen) and (q.group, q.name) not in self.index.pauses \
                 and not _has_flow(self.index, q):
@@ -519,13 +538,11 @@ class Flow:
             return q.available, 0
         now = self.now_ms() if now_ms is None else now_ms
         qf.uncool(now)
-        paused = sum(ks.ready for ks in qf.keys.values() if ks.key in qf.paused_keys)
+        paused = qf.paused_ready
         if (qf.queue_limit is not None and q.leased >= qf.queue_limit) or (
                 qf.bucket is not None and qf.bucket.level(now) < 1):
             return paused, q.available - paused
-        blocked = sum(ks.ready for ks in qf.keys.values()
-                      if ks.key not in qf.paused_keys and not qf.eligible(ks) and ks.ready)
-        return paused, blocked
+        return paused, qf.held_ready
 
     def leasable(self, q: QueueRec) -> int:
         paused, blocked = self.held_back(q)
