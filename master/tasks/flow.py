@@ -201,6 +201,7 @@ class Flow:
         self.now_ms = now_ms  # the master's clock
         self.start_ms = now_ms()  # buckets made later start as if drained then
         self.queues: dict[int, QFlow] = {}
+        self.timed: set[int] = set()  # qids with a rate limit: due() looks at these only
         index.on_key = self.moved
         index.on_reload = self.rebuild
         self.rebuild()
@@ -230,6 +231,8 @@ class Flow:
         qf.weights = dict(pol.get("key_weights") or {})
         qf.paused = bool(pause.get("paused"))
         qf.paused_keys = frozenset(pause.get("keys") or ())
+        if qf.rate is not None or qf.key_rate is not None:
+            self.timed.add(q.qid)
         if qf.rate is None:
             qf.bucket = None
         elif qf.bucket is None:
@@ -552,9 +555,18 @@ class Flow:
         """Queues where a key's or the queue's next token came due since the last look
         (their parked leases should look again)."""
         out = []
-        for qf in self.queues.values():
-            q = self.index.by_qid.get(qf.qid)
-            if q is None or q.gen != qf.gen or not q.available:
+        for qid in list(self.timed):
+            qf = self.queues.get(qid)
+            q = self.index.by_qid.get(qid)
+            if qf is None or q is None or q.gen != qf.gen:
+                self.timed.discard(qid)
+                continue
+            if qf.version != self.index.conf_version:
+                self.state(q)  # configuration changed: still rate-limited?
+                if qf.rate is None and qf.key_rate is None and not qf.cool:
+                    self.timed.discard(qid)
+                    continue
+            if not q.available:
                 continue
             if qf.uncool(now_ms) or (qf.bucket is not None and qf.bucket.tokens < 1
                                      and qf.bucket.level(now_ms) >= 1):
