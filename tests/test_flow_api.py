@@ -118,6 +118,8 @@ def test_cli_key_policy_and_pause(master: str) -> None:
     assert "not paused" in sq(master, "resume", "cli#q", "--key", "a")
     rows = json.loads(sq(master, "lease", "cli#q", "-n", "5", "--json"))
     assert len(rows) == 2  # the key's limit
+    assert "key" in sq(master, "task", "cli#q", rows[0]["pid"])
+    assert " a " in sq(master, "tasks", "cli#q")
     sq(master, "policy", "set", "cli#q", "--weight", "nonsense", code=2)
 
 
