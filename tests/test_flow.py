@@ -270,3 +270,22 @@ def test_parked_lease_wakes_when_a_token_comes_or_a_slot_frees(h: Harness) -> No
     by_rate, by_limit = h.run(scenario())
     assert [t["pid"] for t in by_rate] == ["b"]
     assert [t["pid"] for t in by_limit] == ["000001"]
+
+
+def test_a_lease_does_not_rescan_keys_it_cannot_take(h: Harness,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys whose next task is above max_pid are looked at once, then skipped for free."""
+    h.run(h.m.set_policy(G, Q, Policy(key_limit=10)))
+    h.enqueue([TaskSpec(pid=f"{band}-{i:04d}", key=f"k{i}") for band in "az"
+               for i in range(500)])
+    h.ack(h.lease(500, max_pid="m"))  # every key's first task: their bounds go stale
+    flow = h.m.engine.flow
+    calls = []
+    real = flow._head
+    monkeypatch.setattr(flow, "_head", lambda *a: calls.append(1) or real(*a))
+    assert h.lease(10, max_pid="m") == []
+    first = len(calls)
+    assert first >= 500  # every stale bound looked at once
+    assert h.lease(10, max_pid="m") == []
+    assert len(calls) == first  # bounds were tightened: nothing looked at again
+    assert len(h.lease(10)) == 10

@@ -432,22 +432,23 @@ class Flow:
             if max_key is not None and lb > max_key:
                 pending[0] = None  # sorted: every later bound is larger
                 return
-            head = self._head(txn, prefix, key, lb, max_key)
+            head = self._head(txn, prefix, key, lb)
             if head is not None:
-                if head[0] != lb:
+                if head[0] != lb:  # even above max_key: the next lease skips it at once
                     raise_lb.append((qf.keys[key], head[0]))
-                heapq.heappush(heap, (head[0], key, head[1], head[2]))
+                if max_key is None or head[0] <= max_key:
+                    heapq.heappush(heap, (head[0], key, head[1], head[2]))
 
-    def _head(self, txn: lmdb.Transaction, prefix: bytes, key: str, lb: bytes,
-              max_key: bytes | None) -> tuple[bytes, Any, bytes] | None:
+    def _head(self, txn: lmdb.Transaction, prefix: bytes, key: str, lb: bytes
+              ) -> tuple[bytes, Any, bytes] | None:
         """(pidkey, cursor on it, entry prefix) of `key`'s first ready task at or after
-        `lb` (and <= max_key), or None."""
+        `lb`, or None."""
         kp = prefix + key_hash(key) + b"\x00"
         c = txn.cursor(db=self.index.keyed)
         if not c.set_range(kp + lb):
             return None
         k = bytes(c.key())
-        if not k.startswith(kp) or (max_key is not None and k[17:] > max_key):
+        if not k.startswith(kp):
             return None
         return k[17:], c, kp
 
