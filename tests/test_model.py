@@ -635,3 +635,249 @@ MasterMachine.TestCase.settings = settings(
 # method's exception would be caught as a failure and shrunk, and the run could go on for
 # hours past its timeout.
 TestMasterModel = pytest.mark.timeout(300, method="thread")(MasterMachine.TestCase)
+
+
+# -- flow control: keys, limits, pause, fairness, across crashes and replay ----------------
+FQ = "f"
+FKEYS = ("k0", "k1", "k2")
+fkey_st = st.sampled_from([None, *FKEYS])
+
+
+class FlowMachine(RuleBasedStateMachine):
+    """Queue "f" with keyed tasks under changing flow policies and pauses. Every lease is
+    checked against a model of the selection (pid order, skipping what a limit or a pause
+    holds; or, for a fair queue, the same counts and per-key pid order), and the master's
+    in-memory per-key counts against a recount of the index, across kill -9 and power
+    loss (the index rolled back to a checkpoint and the WAL replayed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = tempfile.mkdtemp(prefix="squall-flow-model-")
+        self.settings = MasterSettings(data_dir=os.path.join(self.tmp, "data"),
+                                       segment_bytes=1024, fsync=False, index_sync=False)
+        self.snapshot: str | None = None
+        self.clock = ManualClock()
+        self.loop = asyncio.new_event_loop()
+        self.m = Master(self.settings, self.clock)
+        # pid -> [key, state, due, token]; the limits and pauses in force
+        self.tasks: dict[str, list[Any]] = {}
+        self.policies: dict[str, dict[str, Any]] = {"": {}, FQ: {}}  # group's, queue's
+        self.paused = False
+        self.paused_keys: set[str] = set()
+        self.held: list[tuple[str, str]] = []  # (pid, token) of leases granted
+        self.n = 0
+
+    def teardown(self) -> None:
+        try:
+            if not self.m.wal._closed:
+                self.m.close()
+            self.loop.run_until_complete(asyncio.sleep(0))
+        finally:
+            self.loop.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def pol(self, name: str) -> Any:
+        """The effective policy field: the queue's, else the group's."""
+        v = self.policies[FQ].get(name)
+        return self.policies[""].get(name) if v is None else v
+
+    @property
+    def key_limit(self) -> int | None:
+        return self.pol("key_limit")  # type: ignore[no-any-return]
+
+    @property
+    def queue_limit(self) -> int | None:
+        return self.pol("queue_limit")  # type: ignore[no-any-return]
+
+    @property
+    def fair(self) -> bool:
+        return bool(self.pol("fair"))
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def now(self) -> int:
+        return ms(self.clock.now())
+
+    def sweep_model(self) -> None:
+        now = self.now()
+        for t in self.tasks.values():
+            if t[1] != AVAILABLE and t[2] <= now:
+                t[1], t[2] = AVAILABLE, 0
+
+    def leased_of(self, key: str | None) -> int:
+        return sum(1 for t in self.tasks.values() if t[0] == key and t[1] == LEASED)
+
+    @rule(keys=st.lists(st.tuples(fkey_st, st.sampled_from([None, None, 0.5, 5.0])),
+                        min_size=1, max_size=6))
+    def enqueue(self, keys: list[tuple[str | None, float | None]]) -> None:
+        specs = []
+        for k, delay in keys:
+            self.n += 1
+            pid = f"p{(self.n * 7919) % 1000:03d}.{self.n}"  # not in enqueue order
+            specs.append(TaskSpec(pid=pid, key=k, delay_secs=delay))
+            self.tasks[pid] = [k, DELAYED if delay else AVAILABLE,
+                               self.now() + ms(delay) if delay else 0, ""]
+        self.run(self.m.enqueue(G, FQ, specs))
+
+    @rule(max_tasks=st.integers(1, 6), max_pid=st.sampled_from([None, None, "p5"]))
+    def lease(self, max_tasks: int, max_pid: str | None) -> None:
+        self.sweep_model()
+        req = LeaseRequest(max_tasks=max_tasks, lease_secs=10.0, max_pid=max_pid)
+        got = self.run(self.m.lease(G, FQ, req, ""))["tasks"]
+        expected = self.expected(max_tasks, max_pid)
+        if self.fair:  # the same number, each key's tasks in pid order, none held back
+            assert len(got) == len(expected), (got, expected)
+            by_key: dict[str | None, list[str]] = {}
+            for t in got:
+                by_key.setdefault(t.get("key"), []).append(t["pid"])
+            for k, pids in by_key.items():
+                ready = sorted(p for p, t in self.tasks.items() if t[0] == k
+                               and t[1] == AVAILABLE and (max_pid is None or p <= max_pid))
+                assert pids == ready[:len(pids)], (k, pids)
+        else:
+            assert [t["pid"] for t in got] == expected
+        for t in got:
+            assert t.get("key") == self.tasks[t["pid"]][0]
+            assert not self.paused and t.get("key") not in self.paused_keys
+            self.tasks[t["pid"]][1:] = [LEASED, self.now() + 10_000, t["token"]]
+            self.held.append((t["pid"], t["token"]))
+        for k in FKEYS:  # no lease ever exceeds a limit
+            if self.key_limit is not None and any(t.get("key") == k for t in got):
+                assert self.leased_of(k) <= self.key_limit
+        if self.queue_limit is not None and got:
+            assert sum(1 for t in self.tasks.values() if t[1] == LEASED) <= self.queue_limit
+
+    def expected(self, max_tasks: int, max_pid: str | None) -> list[str]:
+        if self.paused:
+            return []
+        allow = max_tasks
+        if self.queue_limit is not None:
+            allow = min(allow, self.queue_limit
+                        - sum(1 for t in self.tasks.values() if t[1] == LEASED))
+        out: list[str] = []
+        taken: dict[str, int] = {}
+        for pid in sorted(self.tasks):
+            k, state = self.tasks[pid][:2]
+            if len(out) >= allow:
+                break
+            if state != AVAILABLE or (max_pid is not None and pid > max_pid):
+                continue
+            if k is not None:
+                if k in self.paused_keys:
+                    continue
+                if (self.key_limit is not None
+                        and self.leased_of(k) + taken.get(k, 0) >= self.key_limit):
+                    continue
+                taken[k] = taken.get(k, 0) + 1
+            out.append(pid)
+        return out
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 10**6), release=st.booleans())
+    def finish(self, i: int, release: bool) -> None:
+        pid, token = self.held.pop(i % len(self.held))
+        t = self.tasks.get(pid)
+        if t is None or t[1] != LEASED or t[2] <= self.now() or t[3] != token:
+            return  # expired, or leased again since: the model keeps it simple
+        ref = {"queue": FQ, "pid": pid, "token": token}
+        if release:
+            self.run(self.m.update(G, UpdateRequest(release=[ReleaseItem(**ref)])))
+            t[1:] = [AVAILABLE, 0, ""]
+        else:
+            self.run(self.m.update(G, UpdateRequest(dequeue=[TaskRef(**ref)])))
+            del self.tasks[pid]
+
+    @rule(key_limit=st.sampled_from([None, 1, 2]), queue_limit=st.sampled_from([None, None, 3]),
+          fair=st.sampled_from([None, False, True]), group=st.booleans(),
+          clear=st.booleans())
+    def set_policy(self, key_limit: int | None, queue_limit: int | None, fair: bool | None,
+                   group: bool, clear: bool) -> None:
+        """Set the group's or the queue's policy (a queue's fields win), or clear the
+        queue's."""
+        if clear:
+            self.run(self.m.set_policy(G, FQ, None))
+            self.policies[FQ] = {}
+            return
+        pol = Policy(key_limit=key_limit, queue_limit=queue_limit, fair=fair)
+        self.run(self.m.set_policy(G, "" if group else FQ, pol))
+        self.policies["" if group else FQ] = {"key_limit": key_limit,
+                                              "queue_limit": queue_limit, "fair": fair}
+
+    @rule(key=fkey_st, paused=st.booleans())
+    def pause(self, key: str | None, paused: bool) -> None:
+        self.run(self.m.pause(G, FQ, key, paused))
+        if key is None:
+            self.paused = paused
+        elif paused:
+            self.paused_keys.add(key)
+        else:
+            self.paused_keys.discard(key)
+
+    @rule(secs=st.sampled_from([0.5, 3.0, 11.0]))
+    def advance_clock(self, secs: float) -> None:
+        self.clock.advance(secs)
+
+    @rule()
+    def checkpoint(self) -> None:
+        self.m.checkpoint()
+        self.snapshot = os.path.join(self.tmp, "snapshot.mdb")
+        snapshot_index(self.settings.data_dir, self.snapshot)
+
+    @rule()
+    def crash_and_replay(self) -> None:
+        kill9(self.m)
+        self.loop.run_until_complete(asyncio.sleep(0))
+        self.m = Master(self.settings, self.clock)
+
+    @rule()
+    def power_loss_and_replay(self) -> None:
+        kill9(self.m)
+        self.loop.run_until_complete(asyncio.sleep(0))
+        restore_index(self.settings.data_dir, self.snapshot)
+        self.m = Master(self.settings, self.clock)
+
+    @invariant()
+    def counts_match_the_index(self) -> None:
+        """The in-memory per-key counts equal a recount of the task records (and the
+        model), and the pauses are what was asked."""
+        m = self.m
+        q = m.queue(G, FQ)
+        if q is None:
+            assert not self.tasks
+            return
+        recount: dict[str, list[int]] = {}
+        now = self.now()
+        with m.index.env.begin() as txn:
+            for t in m.index.iter_tasks(txn, q, limit=10**6):
+                if t.key and t.state in (AVAILABLE, LEASED):  # as stored (before sweeps)
+                    recount.setdefault(t.key, [0, 0])[t.state] += 1
+                mt = self.tasks[t.pid]
+                # states as a lease sees them (sweeps are not logged: a replay may bring
+                # back an expired lease, still due for its sweep)
+                state = AVAILABLE if t.state != AVAILABLE and t.due_ms() <= now else t.state
+                mstate = AVAILABLE if mt[1] != AVAILABLE and mt[2] <= now else mt[1]
+                assert t.key == (mt[0] or "") and state == mstate
+        assert len(self.tasks) == q.size
+        qf = m.engine.flow.queues.get(q.qid)
+        mem = {k: [ks.ready, ks.leased] for k, ks in (qf.keys.items() if qf else ())
+               if ks.ready or ks.leased}
+        assert mem == recount
+        if qf is not None:  # the held counts, kept as keys change, equal a recount
+            qf = m.engine.flow.state(q)
+            assert qf is not None
+            assert qf.paused_ready == sum(ks.ready for ks in qf.keys.values()
+                                          if ks.key in qf.paused_keys)
+            assert qf.held_ready == sum(ks.ready for ks in qf.keys.values()
+                                        if ks.key not in qf.paused_keys and not ks.listed)
+            assert all(ks.listed == qf.eligible(ks) for ks in qf.keys.values())
+        assert m.pause_state(G, FQ) == {"paused": self.paused,
+                                        "paused_keys": sorted(self.paused_keys)}
+
+
+FlowMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("SQUALL_MODEL_EXAMPLES", "40")), stateful_step_count=40,
+    deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestFlowModel = pytest.mark.timeout(300, method="thread")(FlowMachine.TestCase)

@@ -8,6 +8,7 @@ from fastapi import Query
 
 from squall.common.errors import BadRequest, NotFound
 from squall.common.wire.models import (
+    PauseRequest,
     RedriveRequest,
     RetryRequest,
 )
@@ -50,7 +51,25 @@ async def queue_stats(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
     if q is None:
         raise NotFound(f"queue {join_queue(group, queue)} does not exist (it has never held "
                        "a task)")
-    return JSON({**counts(q), **m.queue_details(q)})
+    return JSON({**counts(q), **m.queue_details(q), **m.flow_details(q)})
+
+
+async def get_pause(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
+    """Whether the queue, or keys in it, are paused."""
+    return JSON(m.pause_state(group, queue))
+
+
+async def pause(group: GroupP, queue: QueueP, body: PauseRequest, m: MasterDep) -> JSON:
+    """Pause the queue, or one key in it (`key`): leases skip its tasks, enqueues go on.
+    Persisted (it survives restarts); idempotent."""
+    res = await m.pause(group, queue, body.key, True)
+    return JSON({"paused": res["paused"], "paused_keys": res["paused_keys"]})
+
+
+async def resume(group: GroupP, queue: QueueP, body: PauseRequest, m: MasterDep) -> JSON:
+    """Resume the queue, or one key in it (`key`); idempotent."""
+    res = await m.pause(group, queue, body.key, False)
+    return JSON({"paused": res["paused"], "paused_keys": res["paused_keys"]})
 
 
 async def delete_queue(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
@@ -109,10 +128,13 @@ async def list_queues(
 
 
 async def cluster_stats(m: ReadMasterDep) -> JSON:
-    """Totals over every queue (kept as the queues change: O(1), whatever their number)."""
+    """Totals over every queue: kept as the queues change (O(1), whatever their number);
+    paused and blocked over the queues with flow state (O(their keys))."""
     t = m.index.totals
+    paused, blocked = m.flow_totals()
     return JSON({
-        "queues": t.holding, "available": t.available, "leased": t.leased,
+        "queues": t.holding, "paused": paused, "blocked": blocked,
+        "available": t.available, "leased": t.leased,
         "delayed": t.delayed, "completed": t.completed,
         "rates": m.meters.total.snapshot(m.clock.now()), "wal_ticket": m.wal.last_ticket,
     })
