@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-server-spark
 
-.PHONY: run test lint typecheck bench profile soak clean chromium
+.PHONY: run test lint typecheck bench bench-small profile soak clean chromium postgresql
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -59,13 +59,29 @@ typecheck: $(STAMP)
 	  -p squall.common -p bench
 
 ## bench: every benchmark; results in bench/results/ (takes a while: run on a quiet machine)
-bench: $(STAMP)
+bench: $(STAMP) postgresql
 	$(BIN)/python -m bench.master_bench
 	$(BIN)/python -m bench.admin_bench
 	$(BIN)/python -m bench.datanode_bench
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.client_bench
 	$(BIN)/python -m bench.dashboard_bench
+	$(BIN)/python -m bench.small_tasks
+
+## bench-small: small tasks (1 KiB) on squall and a throwaway PostgreSQL (SKIP LOCKED, fsync
+##              on) in one run, each figure as a ratio to PostgreSQL;
+##              bench/results/small-tasks.md (`ARGS=--quick` for 2,000 tasks per workload)
+bench-small: $(STAMP) postgresql
+	$(BIN)/python -m bench.small_tasks $(ARGS)
+
+# the small-task benchmark's baseline runs Debian's PostgreSQL server: installed here when
+# missing and apt-get can (as root); otherwise the benchmark runs squall alone and says why
+postgresql:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -q \
+	  >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql \
+	  >/dev/null; } || echo "note: no PostgreSQL server (apt-get install postgresql); the \
+	  small-task benchmark will run without its baseline"
 
 ## profile: where the client workloads that miss their targets (A.put, B.put, D) spend
 ##          their time: CPU per task by process and thread, and py-spy samples by
