@@ -105,3 +105,28 @@ def batch_get_body(blob_ids: list[str], tokens: list[str]) -> dict[str, Any]:
     if all(t == first for t in tokens):
         return {"blob_ids": blob_ids, "token": first}
     return {"blob_ids": blob_ids, "tokens": tokens}
+
+
+# A lease answered by a data node with its payloads (``POST {node}/v1/groups/{g}/queues/
+# {q}/lease``, ``datanode/leasing.py``): ``u32 n | n bytes of the master's JSON answer |
+# frames`` (big-endian; the frames as above, status 0, one per payload attached).
+_ANSWER_LEN = struct.Struct(">I")
+LEASE_ANSWER_TYPE = "application/vnd.squall.lease"
+
+
+def encode_lease_answer(answer: bytes, payloads: Iterable[tuple[str, bytes, int]]) -> bytes:
+    """The answer's body from the master's answer and (blob id, data, CRC32C) payloads."""
+    return b"".join([_ANSWER_LEN.pack(len(answer)), answer,
+                     *(encode_frame(b, d, OK, c) for b, d, c in payloads)])
+
+
+def decode_lease_answer(body: bytes) -> tuple[bytes, list[Frame]]:
+    """(the master's JSON answer, the payload frames, unverified); BadRequest when the
+    body is truncated."""
+    if len(body) < _ANSWER_LEN.size:
+        raise BadRequest("truncated lease answer")
+    (n,) = _ANSWER_LEN.unpack_from(body)
+    end = _ANSWER_LEN.size + n
+    if end > len(body):
+        raise BadRequest("truncated lease answer")
+    return body[_ANSWER_LEN.size:end], list(decode_frames(body[end:], verify=False))
