@@ -43,6 +43,7 @@ from bench.client_bench import Ctx, Sizes, _drain_batches, _one_by_one
 from bench.dn_cluster import ClusterSpec, running_cluster
 from bench.harness import DEFAULT_OUT, fdatasync_latency, load1, machine_info, ms, pct, self_cpu_s
 from squall.client import Client, LeasedTask
+from squall.client._protocol import LEASE_VIA_NODE
 
 WORKLOADS = ("A", "B", "D", "C")
 TITLE = ("Small tasks: squall (master + 3 data nodes, RF 2, fsync on) and PostgreSQL "
@@ -110,6 +111,8 @@ class Run:
     ctx: Ctx
     pg: pgb.Postgres | None
     data: bytes
+    via_node: bool = True  # the lease path of the main figures (the client's default)
+    compare: bool = False  # also the other path (rows .node / .master)
 
     @property
     def z(self) -> Sizes:
@@ -118,6 +121,36 @@ class Run:
 
 def _meter(r: Run) -> tuple[float, float]:
     return r.ctx.server_cpu(), self_cpu_s()
+
+
+def lease_one(r: Run, via_node: bool, rid: str) -> Figure:
+    """One task at a time, lease(1, payloads=True, done=previous), through a data node or
+    on the master: the squall half of A.lease_done (no PostgreSQL figure of its own)."""
+    z, data, q = r.z, r.data, "st#a1"
+    f = Figure(rid, "lease(1, payloads=True, done=previous), one at a time, "
+               + ("through a data node (one request per task)" if via_node else
+                  "on the master, then a batch read (two requests per task)"),
+               "tasks/s", 0.0, 0)
+    with Client(r.ctx.cluster.url, lease_via_node=via_node) as c:
+        c.put_many(q, (data for _ in range(z.a_tasks)), batch_size=BATCH)
+        held: list[LeasedTask] = []
+        bad = [0]
+
+        def step(i: int) -> bool:
+            got = c.lease(q, 1, 600, payloads=True, done=held)
+            held[:] = got
+            if not got:
+                return False
+            bad[0] += got[0].payload() != data
+            return True
+
+        s0, c0 = _meter(r)
+        lats, n, el, _ = _one_by_one(r.ctx, z.a_tasks, step)
+        if held:
+            c.done(held)
+        _squall(f, n, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
+        f.errors += bad[0] + int(n != z.a_tasks)
+    return f
 
 
 def work_a(r: Run) -> list[Figure]:
@@ -155,7 +188,11 @@ def work_a(r: Run) -> list[Figure]:
             c.done(held)
         _squall(lease, n, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
         lease.errors += bad[0] + int(n != z.a_tasks)
-    return [put, lease]
+    out = [put, lease]
+    if r.compare:
+        out.append(lease_one(r, not r.via_node, "A.lease_done." + (
+            "master" if r.via_node else "node")))
+    return out
 
 
 def work_b(r: Run) -> list[Figure]:
@@ -190,7 +227,19 @@ def work_b(r: Run) -> list[Figure]:
         got, lats, el, c0, s0, bad = _drain_batches(r.ctx, c, q, n)
         _squall(lease, got, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
         lease.errors += bad + int(got != n)
-    return [put, lease]
+    out = [put, lease]
+    if r.compare:
+        other = not r.via_node
+        f = Figure("B.lease_done." + ("node" if other else "master"), f"batches({BATCH}) "
+                   + ("through data nodes" if other else "on the master, then batch reads"),
+                   "tasks/s", 0.0, 0)
+        with Client(r.ctx.cluster.url, lease_via_node=other) as c:
+            n = c.put_many(q, (data for _ in range(z.b_tasks)), batch_size=BATCH)
+            got, lats, el, c0, s0, bad = _drain_batches(r.ctx, c, q, n)
+        _squall(f, got, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
+        f.errors += bad + int(got != n)
+        out.append(f)
+    return out
 
 
 def work_d(r: Run) -> list[Figure]:
@@ -205,14 +254,30 @@ def work_d(r: Run) -> list[Figure]:
         _pg(d, pgb.mixed(r.pg, "d", z.d_tasks, len(r.data), z.producers, z.workers,
                          PG_CONSUMER_BATCH, z.limit_s))
     row = workload_d(r.ctx)[0]
+    _d_figure(d, row)
+    out = [d]
+    if r.compare:
+        other = not r.via_node
+        os.environ["BENCH_LEASE_VIA_NODE"] = "1" if other else "0"
+        try:
+            row = workload_d(r.ctx)[0]
+        finally:
+            os.environ["BENCH_LEASE_VIA_NODE"] = "1" if r.via_node else "0"
+        f = Figure("D." + ("node" if other else "master"), "D with the Workers leasing "
+                   + ("through data nodes" if other else "on the master"), "tasks/s", 0.0, 0)
+        _d_figure(f, row)
+        out.append(f)
+    return out
+
+
+def _d_figure(d: Figure, row: Any) -> None:
     d.squall, d.n = row.value, row.n
     d.squall_p50_ms, d.squall_p99_ms = row.p50_ms, row.p99_ms
     d.squall_client_us_per_task = row.client_cpu_us_per_req
     if row.server_cpu_pct is not None and row.value:
         d.squall_server_us_per_task = round(1e4 * row.server_cpu_pct / row.value, 1)
     d.errors += row.errors + int(row.truncated)
-    d.note = ("squall: " + row.note[:200] + "; " + d.note).strip("; ")
-    return [d]
+    d.note = ("squall: " + row.note[:200].rstrip("; ") + "; " + d.note).strip("; ")
 
 
 def _last_recorded(out: Path) -> dict[str, float]:
@@ -313,6 +378,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="2,000 tasks per workload")
     ap.add_argument("--only", default=",".join(WORKLOADS), help="among A,B,D,C")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--compare-lease", action="store_true", help="also run the lease "
+                    "workloads on the other lease path (through a data node / the master)")
     a = ap.parse_args(argv)
     a.only = [w.strip().upper() for w in a.only.split(",") if w.strip()]
     bad = set(a.only) - set(WORKLOADS)
@@ -350,7 +417,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             if pg is not None:
                 doc["pg_version"] = pgb.server_version(pg)
             cl = stack.enter_context(running_cluster(ClusterSpec(nodes=3, rf=2), tmp))
-            r = Run(Ctx(z, cl, False), pg, os.urandom(z.payload_bytes))
+            r = Run(Ctx(z, cl, False), pg, os.urandom(z.payload_bytes),
+                    LEASE_VIA_NODE, a.compare_lease)
+            os.environ["BENCH_LEASE_VIA_NODE"] = "1" if r.via_node else "0"
+            doc["lease_via_node"] = r.via_node
             for w in WORKLOADS:
                 if w not in a.only:
                     continue

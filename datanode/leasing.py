@@ -42,7 +42,7 @@ import orjson
 
 from squall.common.checksum import crc32c
 from squall.common.errors import OutcomeUnknown, Unavailable, from_response
-from squall.common.wire.payload import OK, decode_frames
+from squall.common.wire.payload import OK, decode_frames, fewest_nodes
 from squall.datanode.replication.peers import PeerUnreachable
 
 if TYPE_CHECKING:
@@ -183,12 +183,13 @@ async def read_here(node: DataNode, ids: list[str]) -> dict[str, Small]:
 
 
 async def _from_peers(node: DataNode, refs: list[dict[str, Any]], got: Leased) -> int:
-    """Fetch `refs` from their replicas, one batch-get per peer, concurrently; a peer
-    that fails leaves its payloads to the client."""
+    """Fetch `refs` from their replicas, from as few peers as they allow, one batch-get
+    per peer, concurrently; a peer that fails leaves its payloads to the client."""
     by_peer: dict[str, list[dict[str, Any]]] = {}
-    for r in refs:
-        peer = next((u for u in r.get("replicas") or () if u != node.address), None)
-        if peer is not None:
+    peers = fewest_nodes([[u for u in r.get("replicas") or () if u != node.address]
+                          for r in refs])
+    for r, peer in zip(refs, peers, strict=True):
+        if peer:
             by_peer.setdefault(peer, []).append(r)
 
     async def one(peer: str, group: list[dict[str, Any]]) -> int:

@@ -74,7 +74,7 @@ def test_a_node_answers_what_the_master_leased_with_the_payloads(cluster: DevClu
 def test_the_client_its_batches_and_a_worker_lease_through_nodes(cluster: DevCluster
                                                                   ) -> None:
     data = {f"t{i:04d}": os.urandom(500) for i in range(300)}
-    with Client(cluster.master_url) as c:
+    with Client(cluster.master_url, lease_via_node=True) as c:
         nl = c._core.via_node
         assert nl is not None
         c.put_many("lvn#c", (NewTask(d, pid=p) for p, d in data.items()))
@@ -132,9 +132,10 @@ def test_a_lease_through_a_node_needs_a_credential(cluster: DevCluster) -> None:
     other = mint("consumer", groups=["other"])
     r = _node_lease(url, "lvn", "a", {"max_tasks": 1}, {"Authorization": f"Bearer {other}"})
     assert r.status_code == 403  # nor a consumer of another group
-    with Client(cluster.master_url, token=other) as c, pytest.raises(Forbidden):
+    with Client(cluster.master_url, token=other, lease_via_node=True) as c, \
+            pytest.raises(Forbidden):
         c.lease("lvn#a", 1, 60, payloads=True)
-    with Client(cluster.master_url, token="not-a-credential") as c, \
+    with Client(cluster.master_url, token="not-a-credential", lease_via_node=True) as c, \
             pytest.raises(Unauthorized):
         c.lease("lvn#a", 1, 60, payloads=True)
 
@@ -149,7 +150,7 @@ def test_a_node_killed_mid_lease_loses_nothing(tmp_path: Path) -> None:
         cl.wait_ready(crashing, cl.node_procs[1], "node-1", 60)
         cl.wait_alive(3)
         data = {f"k{i:03d}": os.urandom(300) for i in range(30)}
-        with Client(cl.master_url) as c:
+        with Client(cl.master_url, lease_via_node=True) as c:
             c.put_many("lvn#kill", (NewTask(d, pid=p) for p, d in data.items()))
             nl = c._core.via_node
             assert nl is not None
@@ -180,3 +181,13 @@ def test_a_node_killed_mid_lease_loses_nothing(tmp_path: Path) -> None:
             assert sorted(attempts.values()).count(2) == 5  # the 5 of the lost lease, again
     finally:
         cl.stop()
+
+
+def test_payloads_are_read_from_as_few_nodes_as_their_replicas_allow() -> None:
+    from squall.common.wire.payload import fewest_nodes
+
+    # RF 2 on three nodes: any two cover everything; here "a" holds most of them
+    assert fewest_nodes([["a", "b"], ["b", "c"], ["a", "c"], ["c", "a"], ["b", "a"]]) == \
+        ["a", "b", "a", "a", "a"]
+    assert fewest_nodes([["x", "y"]] * 3) == ["x"] * 3  # ties: the best-ranked replica
+    assert fewest_nodes([["a"], [], ["c"]]) == ["a", "", "c"]  # no replica: none

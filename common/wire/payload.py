@@ -98,6 +98,30 @@ def batch_groups(reads: Iterable[tuple[int, str, str, int]], max_ids: int, max_b
     return out + [(key[0], idx) for key, (idx, _) in open_.items()]
 
 
+def fewest_nodes(replicas: list[list[str]]) -> list[str]:
+    """For each blob (the replicas to read it from, best first) the node to read it from:
+    greedily the node that holds most of the blobs not placed yet (ties: the one ranked
+    best), so a batch of blobs is read from as few nodes as possible."""
+    out = [""] * len(replicas)
+    left = [i for i, r in enumerate(replicas) if r]
+    while left:
+        count: dict[str, int] = {}
+        rank: dict[str, int] = {}
+        for i in left:
+            for k, u in enumerate(replicas[i]):
+                count[u] = count.get(u, 0) + 1
+                rank[u] = min(rank.get(u, k), k)
+        best = max(count, key=lambda u: (count[u], -rank[u]))
+        rest = []
+        for i in left:
+            if best in replicas[i]:
+                out[i] = best
+            else:
+                rest.append(i)
+        left = rest
+    return out
+
+
 def batch_get_body(blob_ids: list[str], tokens: list[str]) -> dict[str, Any]:
     """The body of a ``:batch-get`` of `blob_ids` with one read token per id: the token once
     when they are all the same (a lease answer's ``read_token``), else the list."""
