@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-server-spark
 
-.PHONY: run test lint typecheck bench bench-small profile soak clean chromium postgresql
+.PHONY: run test lint typecheck bench bench-small profile profile-lease soak clean chromium postgresql
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -89,6 +89,12 @@ postgresql:
 profile: $(STAMP)
 	$(BIN)/pip install -q 'py-spy>=0.4'
 	$(BIN)/python -m bench.client_profile
+
+## profile-lease: the same for the lease side (A.lease_done: lease(1, payloads, done=previous)
+##                one at a time; B.lease_done: batches(100)); bench/results/lease-profile.md
+profile-lease: $(STAMP)
+	$(BIN)/python -m pip install -q 'py-spy>=0.4'
+	$(BIN)/python -m bench.client_profile --only L,R --stem lease-profile
 
 ## soak: the master's model test on MODEL_SEEDS random seeds (each printed; a failure
 ##       stops with its seed), then the chaos soak: 10 minutes of seeded faults against a

@@ -19,6 +19,7 @@ reports :class:`DataCorrupt`, so a read never returns wrong bytes.
 from __future__ import annotations
 
 import asyncio
+import resource
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -164,14 +165,20 @@ def read_small(store: BlobStore, blob_ids: list[str], limit: int, budget: int = 
 # Small reads on the event loop (no thread hand-off). The bytes such a read may copy are
 # bounded before it starts: blobs of at most LOOP_BLOB_BYTES, LOOP_BYTES in all (the last
 # blob may pass it by one blob): at most 128 KiB copied and checksummed, ~30 us when the
-# pages are in memory. A page that is not (a cold blob) makes the loop wait for the disk;
-# a read slower than LOOP_SLOW_S is taken as one, and reads go back to the threads for
-# LOOP_BACKOFF_S (a cold store stays on threads; a hot one, the common case of a queue
-# whose tasks are read soon after they were written, stays on the loop).
+# pages are in memory. A page that is not (a cold blob) makes the loop wait for the disk:
+# the read's major page faults (the kernel's count of faults that had to read from disk,
+# `getrusage(RUSAGE_THREAD)`, ~1 us to ask) say whether it touched the disk, and after
+# one that did, reads go back to the threads for LOOP_BACKOFF_S (a cold store stays on
+# threads; a hot one, the common case of a queue whose tasks are read soon after they
+# were written, stays on the loop). Wall time would not do: on a busy machine a read is
+# often preempted without touching the disk.
 LOOP_BLOB_BYTES = 64 << 10
 LOOP_BYTES = 64 << 10
-LOOP_SLOW_S = 0.002
 LOOP_BACKOFF_S = 10.0
+
+
+def _major_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
 
 
 @dataclass
@@ -179,7 +186,7 @@ class LoopReads:
     """A store's reads on the event loop: counters, and until when they are off."""
 
     reads: int = 0
-    slow: int = 0
+    cold: int = 0  # reads that touched the disk (major page faults)
     off_until: float = 0.0
 
 
@@ -187,21 +194,21 @@ def read_small_now(store: BlobStore, blob_ids: list[str], limit: int) -> list[Sm
     """On the event loop: the blobs of a prefix of `blob_ids` as :func:`read_small` reads
     them, stopping before the first one over ``min(limit, LOOP_BLOB_BYTES)`` bytes and
     after LOOP_BYTES; None when reads must go to a thread now (a map resize under way, a
-    recent slow read). The caller reads the ids after the prefix on a thread."""
+    recent read that touched the disk). The caller reads the ids after the prefix on a
+    thread."""
     lr = store.loop_reads
-    t0 = time.perf_counter()
-    if t0 < lr.off_until:
+    if lr.off_until and time.monotonic() < lr.off_until:
         return None
+    faults = _major_faults()
     with store.env.read_now(buffers=True) as txn:
         if txn is None:
             return None
         out = _read_small(store, txn, blob_ids, min(limit, LOOP_BLOB_BYTES), LOOP_BYTES,
                           True)
-    took = time.perf_counter() - t0
     lr.reads += 1
-    if took > LOOP_SLOW_S:
-        lr.slow += 1
-        lr.off_until = t0 + took + LOOP_BACKOFF_S
+    if _major_faults() != faults:
+        lr.cold += 1
+        lr.off_until = time.monotonic() + LOOP_BACKOFF_S
     return out
 
 
