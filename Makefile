@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-server-spark
 
-.PHONY: run test lint typecheck bench flow-bench profile soak clean chromium etcd k8s-dev-keys
+.PHONY: run test lint typecheck bench bench-small flow-bench profile profile-lease soak clean chromium etcd k8s-dev-keys postgresql
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -67,7 +67,7 @@ typecheck: $(STAMP)
 	  -p squall.common -p bench
 
 ## bench: every benchmark; results in bench/results/ (takes a while: run on a quiet machine)
-bench: $(STAMP)
+bench: $(STAMP) postgresql
 	$(BIN)/python -m bench.master_bench
 	$(BIN)/python -m bench.admin_bench
 	$(BIN)/python -m bench.datanode_bench
@@ -75,6 +75,23 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.client_bench
 	$(BIN)/python -m bench.dashboard_bench
 	$(BIN)/python -m bench.flow_bench
+	$(BIN)/python -m bench.small_tasks
+
+## bench-small: small tasks (1 KiB) on squall and a throwaway PostgreSQL (SKIP LOCKED, fsync
+##              on) in one run, each figure as a ratio to PostgreSQL;
+##              bench/results/small-tasks.md (`ARGS=--quick` for 2,000 tasks per workload)
+bench-small: $(STAMP) postgresql
+	$(BIN)/python -m bench.small_tasks $(ARGS)
+
+# the small-task benchmark's baseline runs Debian's PostgreSQL server: installed here when
+# missing and apt-get can (as root); otherwise the benchmark runs squall alone and says why
+postgresql:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -q \
+	  >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql \
+	  >/dev/null; } || echo "note: no PostgreSQL server (apt-get install postgresql); the \
+	  small-task benchmark will run without its baseline"
+
 
 ## flow-bench: lease throughput with flow control (limits, fairness; 10,000 keys) against
 ##             the same queue without; bench/results/flow.md
@@ -87,6 +104,12 @@ flow-bench: $(STAMP)
 profile: $(STAMP)
 	$(BIN)/pip install -q 'py-spy>=0.4'
 	$(BIN)/python -m bench.client_profile
+
+## profile-lease: the same for the lease side (A.lease_done: lease(1, payloads, done=previous)
+##                one at a time; B.lease_done: batches(100)); bench/results/lease-profile.md
+profile-lease: $(STAMP)
+	$(BIN)/python -m pip install -q 'py-spy>=0.4'
+	$(BIN)/python -m bench.client_profile --only L,R --stem lease-profile
 
 ## soak: the master's model test on MODEL_SEEDS random seeds (each printed; a failure
 ##       stops with its seed), then the chaos soak: 10 minutes of seeded faults against a

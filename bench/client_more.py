@@ -54,8 +54,11 @@ def _worker(url: str, q: str, conc: int, async_handler: bool, limit_s: float, go
     """One ``Worker`` run as users run one: long-lived, long-polling the master while idle
     (not burst mode, which returns whenever the queue is momentarily empty). A watcher
     thread stops it once the producers are done and the queue holds nothing; ``last`` is
-    when the watcher saw the queue empty (polled every 50 ms: at most that late)."""
-    with Client(url) as c:
+    when the watcher saw the queue empty (polled every 50 ms: at most that late).
+    ``$BENCH_LEASE_VIA_NODE`` (0 or 1, when set) picks the lease path (the client's
+    ``lease_via_node``; the small-task benchmark compares the two)."""
+    via = os.environ.get("BENCH_LEASE_VIA_NODE")
+    with Client(url, lease_via_node=None if via is None else via == "1") as c:
         c.ready()
         w = Worker(c, [q], _anoop if async_handler else _noop, concurrency=conc, grace_s=5.0,
                    wait_s=1.0)

@@ -1,6 +1,9 @@
 """Where the missed client targets go (for each missed target, a py-spy profile saying
 what bounds it): ``python -m bench.client_profile [--only A,B,D] [--quick]``
-(``make profile``; py-spy needs root or ptrace rights).
+(``make profile``; py-spy needs root or ptrace rights). The lease side:
+``--only L,R --stem lease-profile`` (``make profile-lease``): A.lease_done (``lease(1,
+payloads=True, done=previous)`` one at a time) and B.lease_done (``batches(100)``), their
+tasks put first, untimed.
 
 Each workload runs as in ``bench.client_bench`` (master + 3 data nodes, RF 2, fsync on,
 1 KiB payloads): A.put (one ``put`` at a time), B.put (``put_many`` in batches of 100), D
@@ -218,26 +221,75 @@ def d_mixed(ctx: Ctx) -> tuple[int, float | None]:
         r.client_cpu_us_per_req * (r.n or 0) / 1e6)
 
 
-# id, what, the loop, the py-spy run's size against the clean run's (B's loop is short)
-WORKLOADS: dict[str, tuple[str, str, Callable[[Ctx], tuple[int, float | None]], float]] = {
-    "A": ("A.put", "put(queue, 1 KiB), one at a time, one client", a_put, 1.0),
-    "B": ("B.put", "put_many in batches of 100, 16 batches in flight", b_put, 4.0),
+# the lease side: the tasks are put first (untimed, `_fill`), then consumed
+def _fill(ctx: Ctx, q: str, n: int) -> None:
+    with Client(ctx.cluster.url) as c:
+        c.put_many(q, (os.urandom(ctx.sizes.payload_bytes) for _ in range(n + 20)),
+                   batch_size=100)
+
+
+def a_lease(ctx: Ctx) -> tuple[int, float | None]:
+    """lease(1, payloads=True, done=previous), one at a time (``$BENCH_LEASE_VIA_NODE``:
+    1 through a data node, 0 on the master, unset the client's default)."""
+    via = os.environ.get("BENCH_LEASE_VIA_NODE")
+    with Client(ctx.cluster.url, lease_via_node=None if via is None else via == "1") as c:
+        held = c.lease("cp#l", 20, 600, payloads=True)
+        c0, n = self_cpu_s(), 0
+        while n < ctx.sizes.a_tasks:
+            held = c.lease("cp#l", 1, 600, payloads=True, done=held)
+            if not held:
+                break
+            held[0].payload()
+            n += 1
+        c.done(held)
+        return n, self_cpu_s() - c0
+
+
+def b_lease(ctx: Ctx) -> tuple[int, float | None]:
+    """batches(100): two leases ahead, each acknowledging a batch."""
+    via = os.environ.get("BENCH_LEASE_VIA_NODE")
+    with Client(ctx.cluster.url, lease_via_node=None if via is None else via == "1") as c:
+        c0, n = self_cpu_s(), 0
+        with c.batches("cp#r", 100, 600) as batches:
+            for batch in batches:
+                n += sum(1 for t in batch if t.payload())
+                if n >= ctx.sizes.b_tasks:
+                    break
+        return n, self_cpu_s() - c0
+
+
+Prep = Callable[[Ctx], None]
+# id, what, the loop, the py-spy run's size against the clean run's (B's loop is short),
+# what to do before each run (untimed)
+WORKLOADS: dict[str, tuple[str, str, Callable[[Ctx], tuple[int, float | None]], float,
+                           Prep | None]] = {
+    "A": ("A.put", "put(queue, 1 KiB), one at a time, one client", a_put, 1.0, None),
+    "B": ("B.put", "put_many in batches of 100, 16 batches in flight", b_put, 4.0, None),
     "D": ("D.4p4w", "4 producer processes (put 1 at a time) + 4 Worker processes", d_mixed,
-          0.5),
+          0.5, None),
+    "L": ("A.lease_done", "lease(1, payloads=True, done=previous), one at a time, one "
+          "client", a_lease, 1.0, lambda ctx: _fill(ctx, "cp#l", ctx.sizes.a_tasks)),
+    "R": ("B.lease_done", "batches(100): two leases ahead, each acknowledging a batch and "
+          "reading its payloads", b_lease, 2.0,
+          lambda ctx: _fill(ctx, "cp#r", ctx.sizes.b_tasks)),
 }
 
 
 def profile(ctx: Ctx, key: str, raw: Path, rate: int, spy_scale: float) -> dict[str, Any]:
     """A clean run (CPU per task, rate, idle time), then a smaller one under py-spy."""
-    rid, what, fn, scale = WORKLOADS[key]
+    rid, what, fn, scale, prep = WORKLOADS[key]
     spy_scale *= scale
     pids = ctx.cluster.pids()
+    if prep is not None:
+        prep(ctx)
     cpu0, idle0, t0 = thread_cpu(pids), machine_idle(), time.perf_counter()
     n, client_cpu = fn(ctx)
     el, idle1, cpu1 = time.perf_counter() - t0, machine_idle(), thread_cpu(pids)
     z = ctx.sizes
     small = replace(z, a_tasks=int(z.a_tasks * spy_scale), b_tasks=int(z.b_tasks * spy_scale),
                     d_tasks=int(z.d_tasks * spy_scale))
+    if prep is not None:
+        prep(replace(ctx, sizes=small))
     with py_spy(raw, os.getpid(), rate, "--subprocesses", attach_s=1.5):
         fn(replace(ctx, sizes=small))
     names = thread_names(raw)
@@ -296,7 +348,9 @@ TITLE = "Where the missed client targets go (py-spy and /proc)"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.client_profile", description=__doc__
                                  .split("\n\n")[0])
-    ap.add_argument("--only", default="A,B,D", help="workloads among A,B,D")
+    ap.add_argument("--only", default="A,B,D", help="workloads among A,B,D and the lease "
+                    "side's L (A.lease_done) and R (B.lease_done)")
+    ap.add_argument("--stem", default="client-profile", help="the result files' name")
     ap.add_argument("--quick", action="store_true", help="10x smaller counts (smoke run)")
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--spy-scale", type=float, default=1.0,
@@ -330,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.copy(tmp / f"{key}.raw", a.out / f"{key}.raw")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    stem = "client-profile-quick" if a.quick else "client-profile"
+    stem = a.stem + ("-quick" if a.quick else "")
     (a.out / f"{stem}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     (a.out / f"{stem}.md").write_text(render(doc))
     say(f"results in {a.out / stem}.json and .md")

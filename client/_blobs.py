@@ -46,6 +46,7 @@ from squall.common.wire.payload import (
     batch_groups,
     decode_frames,
     encode_frame,
+    fewest_nodes,
 )
 
 BATCH_BLOB_BYTES = 256 << 10  # blobs up to this size go in :batch-put requests ...
@@ -74,6 +75,16 @@ class NodeBook:
         now = time.monotonic()
         bad = {u: t for u in urls if now - (t := self._failed.get(u, -1e18)) < self.penalty_s}
         return [u for u in urls if u not in bad] + sorted(bad, key=bad.__getitem__)
+
+    def usable(self, urls: Iterable[str]) -> list[str]:
+        """`urls` that did not fail recently, or, when all did, the one that failed
+        longest ago."""
+        order = self.order(urls)
+        if not self._failed or not order:
+            return order
+        now = time.monotonic()
+        ok = [u for u in order if now - self._failed.get(u, -1e18) >= self.penalty_s]
+        return ok or order[:1]
 
 
 def _auth(token: str | None) -> dict[str, str]:
@@ -280,10 +291,14 @@ class Blobs:
         return [x for x in out if x is not None]
 
     def _read_groups(self, refs: list[PayloadRef]) -> list[tuple[str, list[int]]]:
-        """(node, indexes): each blob goes to its best replica, requests within the
-        batch-get bounds (ids and bytes)."""
-        return batch_groups(((i, self.nodes.order(r.replicas)[0], r.token, r.size)
-                             for i, r in enumerate(refs) if r.replicas and r.token),
+        """(node, indexes): the blobs spread over as few nodes as their replicas allow
+        (those that failed recently last), requests within the batch-get bounds (ids and
+        bytes). With RF 2 on three nodes any two hold everything: a lease's payloads take
+        at most two batch-gets, not one per node."""
+        idx = [i for i, r in enumerate(refs) if r.replicas and r.token]
+        nodes = fewest_nodes([self.nodes.usable(refs[i].replicas) for i in idx])
+        return batch_groups(((i, node, refs[i].token or "", refs[i].size)
+                             for i, node in zip(idx, nodes, strict=True)),
                             BATCH_GET_IDS, BATCH_BODY_BYTES)
 
     def iter_read(self, ref: PayloadRef, chunk_bytes: int) -> Proto[None]:

@@ -16,6 +16,7 @@ from squall.client._admin import AdminVerbs
 from squall.client._blobs import BATCH_BLOB_BYTES, Blobs, NodeBook
 from squall.client._effects import Call, Gather, Proto, Retry, call, lost_answer, may_have_applied
 from squall.client._frontdoor import FrontDoor
+from squall.client._nodelease import NodeLease, checked
 from squall.client._paths import qpath
 from squall.client._payloads import PayloadVerbs
 from squall.client._tasks import (
@@ -65,6 +66,11 @@ MAX_IN_FLIGHT = 16  # put_many batches sent at once
 # group-commit more per fsync. WAVE_BYTES bounds what many batches of large payloads hold.
 IN_FLIGHT = 16
 WAVE_BYTES = 64 << 20  # payload bytes put_many holds at once (at least one batch)
+# leases with payloads through a data node (one client round trip with the payloads): off
+# by default; on loopback it cost more CPU per task than it saved (the node's call to the
+# master is one more request) and gained nothing beyond the spread; it pays where the
+# client's round trips are long (docs/decisions/0029-lease-through-a-data-node.md)
+LEASE_VIA_NODE = False
 
 
 def _spec(t: NewTask, generated: set[str], fifo: Iterator[str]) -> dict[str, Any]:
@@ -116,11 +122,14 @@ class Core(AdminVerbs, PayloadVerbs):
 
     def __init__(self, retry: Retry | None = None, blob_timeout_s: float = 300.0,
                  worker: str | None = None, timeout_s: float = 30.0,
-                 front_door: bool = True, token: str | None = None) -> None:
+                 front_door: bool = True, token: str | None = None,
+                 lease_via_node: bool = LEASE_VIA_NODE) -> None:
         self.retry = retry or Retry()
         self.timeout_s = timeout_s
         self.blobs = Blobs(self.retry, blob_timeout_s)
         self.front = FrontDoor(self.retry, NodeBook(), timeout_s, token) if front_door else None
+        self.via_node = (NodeLease(self.retry, self.blobs.nodes, timeout_s, token)
+                         if lease_via_node else None)
         self.worker = worker if worker is not None else default_worker_id()
 
     def _call(self, method: str, url: str, json: Any = None, *, idempotent: bool = True,
@@ -229,6 +238,11 @@ class Core(AdminVerbs, PayloadVerbs):
             body["max_pid"] = max_pid
         if wait_secs:
             body["wait_secs"] = wait_secs
+        if payloads and self.via_node is not None and (tx is None or tx.acks_only):
+            got = yield from self._lease_via_node(group, split_queue(queue)[1], body, make,
+                                                  done or [], tx)
+            if got is not None:
+                return got
         if done or tx is not None:
             tx = tx if tx is not None else TxBuilder(group)
             for t in done or ():
@@ -248,6 +262,42 @@ class Core(AdminVerbs, PayloadVerbs):
         tasks = [make(w, group) for w in wires]
         if payloads:
             yield from self._load([t for t in tasks if t.size <= BATCH_BLOB_BYTES], False)
+        return tasks
+
+    def _lease_via_node(self, group: str, name: str, body: dict[str, Any],
+                        make: Callable[[WireTask, str], T], done: list[TaskBase],
+                        tx: TxBuilder | None) -> Proto[list[T] | None]:
+        """A lease answered with its payloads by a data node (``_nodelease.py``), or None
+        when no node took it (lease on the master)."""
+        acks = TxBuilder(group)  # the acks: the transaction's, then `done`'s
+        if tx is not None:
+            if tx.group not in (None, group):
+                raise BadRequest(f"the transaction is on group {tx.group!r}, the lease on "
+                                 f"{group!r}: one update touches one group only")
+            acks.dequeues += tx.dequeues
+        for t in done:
+            acks.dequeue(t)
+        assert self.via_node is not None
+        got = yield from self.via_node.lease(group, name, body, acks.dequeues)
+        if got is None:
+            return None
+        if tx is not None:
+            tx.committed()
+        acks.committed()
+        doc, payloads = got
+        read_token = doc.get("read_token")
+        tasks = []
+        for d in doc["leased"] if acks.dequeues else doc["tasks"]:
+            w = WireTask.model_validate(d)
+            t = make(w, group)
+            p = w.payload
+            if p is not None:
+                if p.token is None:  # the answer's one read token covers every payload
+                    p.token = read_token
+                if checked(payloads.get(p.blob_id), p.size, p.crc32c):
+                    t._data = payloads[p.blob_id]
+            tasks.append(t)
+        yield from self._load([t for t in tasks if t.size <= BATCH_BLOB_BYTES], False)
         return tasks
 
     def commit(self, tx: TxBuilder) -> Proto[UpdateResponse]:

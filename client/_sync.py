@@ -19,6 +19,7 @@ from squall.client._ahead import Batches, ReadAhead
 from squall.client._effects import Retry
 from squall.client._protocol import (
     IN_FLIGHT,
+    LEASE_VIA_NODE,
     Core,
     default_master,
     held_wire,
@@ -110,20 +111,22 @@ class Client:
                  timeout: float = 30.0, blob_timeout: float = 300.0, retries: int = 30,
                  worker: str | None = None, max_connections: int = 100,
                  retry_budget_s: float = 30.0, front_door: bool = True,
-                 token: str | None = None, tls: TLSConfig | None = None) -> None:
+                 token: str | None = None, tls: TLSConfig | None = None,
+                 lease_via_node: bool | None = None) -> None:
         self.masters = Masters(master, default_master())
         self.master = ",".join(self.masters.configured)
         self.transport = transport
         self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
                         "worker": worker, "max_connections": max_connections,
                         "retry_budget_s": retry_budget_s, "front_door": front_door,
-                        "token": token, "tls": tls}
+                        "token": token, "tls": tls, "lease_via_node": lease_via_node}
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         auth = _http.MasterAuth(self.masters, token)
         self.token = auth.token
         self._core = Core(Retry(attempts=retries, budget_s=retry_budget_s), blob_timeout,
-                          worker, timeout, front_door, auth.token)
+                          worker, timeout, front_door, auth.token,
+                          LEASE_VIA_NODE if lease_via_node is None else lease_via_node)
         lean = None if transport else _http.sync_transport(limits, tls)
         self._http = httpx.Client(base_url=self.masters.current, timeout=timeout, limits=limits,
                                   transport=transport or lean, auth=auth,

@@ -288,6 +288,11 @@ class TxBuilder:
     def empty(self) -> bool:
         return not (self.puts or self.dequeues or self.renews or self.releases)
 
+    @property
+    def acks_only(self) -> bool:
+        """Nothing but acknowledgements (dequeues): what a lease through a data node carries."""
+        return not (self.puts or self.renews or self.releases)
+
     def committed(self) -> None:
         for t in self._tasks:
             t.finished = True

@@ -104,6 +104,30 @@ def batch_get_headers(tokens: list[str]) -> dict[str, str]:
     return {"Authorization": "Bearer " + min((t for t in tokens if t), key=len, default="")}
 
 
+def fewest_nodes(replicas: list[list[str]]) -> list[str]:
+    """For each blob (the replicas to read it from, best first) the node to read it from:
+    greedily the node that holds most of the blobs not placed yet (ties: the one ranked
+    best), so a batch of blobs is read from as few nodes as possible."""
+    out = [""] * len(replicas)
+    left = [i for i, r in enumerate(replicas) if r]
+    while left:
+        count: dict[str, int] = {}
+        rank: dict[str, int] = {}
+        for i in left:
+            for k, u in enumerate(replicas[i]):
+                count[u] = count.get(u, 0) + 1
+                rank[u] = min(rank.get(u, k), k)
+        best = max(count, key=lambda u: (count[u], -rank[u]))
+        rest = []
+        for i in left:
+            if best in replicas[i]:
+                out[i] = best
+            else:
+                rest.append(i)
+        left = rest
+    return out
+
+
 def batch_get_body(blob_ids: list[str], tokens: list[str]) -> dict[str, Any]:
     """The body of a ``:batch-get`` of `blob_ids` with one read token per id: the token once
     when they are all the same (a lease answer's ``read_token``), else the list."""
@@ -111,3 +135,28 @@ def batch_get_body(blob_ids: list[str], tokens: list[str]) -> dict[str, Any]:
     if all(t == first for t in tokens):
         return {"blob_ids": blob_ids, "token": first}
     return {"blob_ids": blob_ids, "tokens": tokens}
+
+
+# A lease answered by a data node with its payloads (``POST {node}/v1/groups/{g}/queues/
+# {q}/lease``, ``datanode/leasing.py``): ``u32 n | n bytes of the master's JSON answer |
+# frames`` (big-endian; the frames as above, status 0, one per payload attached).
+_ANSWER_LEN = struct.Struct(">I")
+LEASE_ANSWER_TYPE = "application/vnd.squall.lease"
+
+
+def encode_lease_answer(answer: bytes, payloads: Iterable[tuple[str, bytes, int]]) -> bytes:
+    """The answer's body from the master's answer and (blob id, data, CRC32C) payloads."""
+    return b"".join([_ANSWER_LEN.pack(len(answer)), answer,
+                     *(encode_frame(b, d, OK, c) for b, d, c in payloads)])
+
+
+def decode_lease_answer(body: bytes) -> tuple[bytes, list[Frame]]:
+    """(the master's JSON answer, the payload frames, unverified); BadRequest when the
+    body is truncated."""
+    if len(body) < _ANSWER_LEN.size:
+        raise BadRequest("truncated lease answer")
+    (n,) = _ANSWER_LEN.unpack_from(body)
+    end = _ANSWER_LEN.size + n
+    if end > len(body):
+        raise BadRequest("truncated lease answer")
+    return body[_ANSWER_LEN.size:end], list(decode_frames(body[end:], verify=False))

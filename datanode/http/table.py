@@ -17,7 +17,7 @@ from squall.common.security.access import MONITOR_READ, PAYLOAD, PUBLIC, rule
 from squall.common.server.layered import Route, RouteTable, section
 from squall.common.wire.cluster import BatchPutResult, PutResult
 from squall.common.wire.models import EnqueueResponse
-from squall.datanode.http.routes import batch, blobs, frontdoor, health, replicate
+from squall.datanode.http.routes import batch, blobs, frontdoor, health, lease, replicate
 from squall.datanode.http.routes.blobs import ERRORS, RAW_ANSWER, RAW_BODY
 
 R = Route
@@ -43,7 +43,12 @@ ROUTES = RouteTable([
         "front door",
         R("POST", "/v1/groups/{group}/queues/{queue}/tasks", frontdoor.enqueue,
           EnqueueResponse, rule("producer", "path", "binary"), hot=True,
-          options={"openapi_extra": frontdoor.BODY})),
+          options={"openapi_extra": frontdoor.BODY}),
+        # a lease answered with its payloads: leased on the master with the consumer's
+        # credential (datanode/leasing.py)
+        R("POST", "/v1/groups/{group}/queues/{queue}/lease", lease.lease, None,
+          rule("consumer", "path"), hot=True,
+          responses={200: lease.ANSWER, **ERRORS})),
     *section(
         "replication",
         R("PUT", "/v1/replicate/{blob_id}", replicate.replicate_blob, PutResult, PAYLOAD,

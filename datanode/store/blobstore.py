@@ -93,6 +93,7 @@ class BlobStore:
         self.pool = ThreadPoolExecutor(read_threads, thread_name_prefix="blob-read")
         self.bytes_written = self.bytes_read = self.corrupt_found = 0
         self.uploads_open = 0  # Upload objects neither committed nor aborted
+        self.loop_reads = reads.LoopReads()  # small reads served on the event loop
         self.name = "this data node"  # the owner sets its id and address (error messages)
         self._leaked: set[int] = set()
         with self.env.read() as txn:
@@ -138,6 +139,9 @@ class BlobStore:
     def read_small(self, blob_ids: list[str], limit: int, budget: int = 16 << 20
                    ) -> list[reads.Small]:
         return reads.read_small(self, blob_ids, limit, budget)
+
+    def read_small_now(self, blob_ids: list[str], limit: int) -> list[reads.Small] | None:
+        return reads.read_small_now(self, blob_ids, limit)
 
     def ids_after(self, after: str | None, limit: int) -> list[str]:
         out: list[str] = []

@@ -140,6 +140,28 @@ class Env:
                     self._gate.notify_all()
 
     @contextlib.contextmanager
+    def read_now(self, buffers: bool = False) -> Iterator[lmdb.Transaction[Any] | None]:
+        """As :meth:`read`, for the event loop: never waits. The block gets None (read on a
+        thread instead) when the map is being resized or the gate is held meanwhile."""
+        ok = self._gate.acquire(blocking=False)
+        if ok:
+            ok = not self._exclusive
+            self._readers += ok
+            self._gate.release()
+        if not ok:
+            yield None
+            return
+        try:
+            txn = self.env.begin(buffers=True) if buffers else self.env.begin()
+            with txn:
+                yield txn
+        finally:
+            with self._gate:
+                self._readers -= 1
+                if not self._readers:
+                    self._gate.notify_all()
+
+    @contextlib.contextmanager
     def _alone(self) -> Iterator[None]:
         with self._gate:
             self._exclusive = True

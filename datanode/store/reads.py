@@ -9,7 +9,8 @@
   from the chunks' own CRCs (``layout.running_crc``), so each byte is checksummed once: only
   a short last chunk is passed over twice.
 - :func:`read_small`: many small blobs in one read transaction and one thread hop (batch
-  reads), each fully verified.
+  reads), each fully verified; :func:`read_small_now` the same on the event loop, for a
+  byte count bounded before the read (no thread hand-off).
 
 A mismatch drops the replica (the caller's :meth:`BlobStore.quarantine`) and raises or
 reports :class:`DataCorrupt`, so a read never returns wrong bytes.
@@ -18,6 +19,8 @@ reports :class:`DataCorrupt`, so a read never returns wrong bytes.
 from __future__ import annotations
 
 import asyncio
+import resource
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -155,46 +158,105 @@ def read_small(store: BlobStore, blob_ids: list[str], limit: int, budget: int = 
     CRC32C), up to about `budget` bytes of data (at least one blob): the caller asks again
     for the ids after those answered. Blobs found corrupt are quarantined (their Small has a
     DataCorrupt error)."""
+    with store.env.read(buffers=True) as txn:
+        return _read_small(store, txn, blob_ids, limit, budget, False)
+
+
+# Small reads on the event loop (no thread hand-off). The bytes such a read may copy are
+# bounded before it starts: blobs of at most LOOP_BLOB_BYTES, LOOP_BYTES in all (the last
+# blob may pass it by one blob): at most 128 KiB copied and checksummed, ~30 us when the
+# pages are in memory. A page that is not (a cold blob) makes the loop wait for the disk:
+# the read's major page faults (the kernel's count of faults that had to read from disk,
+# `getrusage(RUSAGE_THREAD)`, ~1 us to ask) say whether it touched the disk, and after
+# one that did, reads go back to the threads for LOOP_BACKOFF_S (a cold store stays on
+# threads; a hot one, the common case of a queue whose tasks are read soon after they
+# were written, stays on the loop). Wall time would not do: on a busy machine a read is
+# often preempted without touching the disk.
+LOOP_BLOB_BYTES = 64 << 10
+LOOP_BYTES = 64 << 10
+LOOP_BACKOFF_S = 10.0
+
+
+def _major_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
+
+
+@dataclass
+class LoopReads:
+    """A store's reads on the event loop: counters, and until when they are off."""
+
+    reads: int = 0
+    cold: int = 0  # reads that touched the disk (major page faults)
+    off_until: float = 0.0
+
+
+def read_small_now(store: BlobStore, blob_ids: list[str], limit: int) -> list[Small] | None:
+    """On the event loop: the blobs of a prefix of `blob_ids` as :func:`read_small` reads
+    them, stopping before the first one over ``min(limit, LOOP_BLOB_BYTES)`` bytes and
+    after LOOP_BYTES; None when reads must go to a thread now (a map resize under way, a
+    recent read that touched the disk). The caller reads the ids after the prefix on a
+    thread."""
+    lr = store.loop_reads
+    if lr.off_until and time.monotonic() < lr.off_until:
+        return None
+    faults = _major_faults()
+    with store.env.read_now(buffers=True) as txn:
+        if txn is None:
+            return None
+        out = _read_small(store, txn, blob_ids, min(limit, LOOP_BLOB_BYTES), LOOP_BYTES,
+                          True)
+    lr.reads += 1
+    if _major_faults() != faults:
+        lr.cold += 1
+        lr.off_until = time.monotonic() + LOOP_BACKOFF_S
+    return out
+
+
+def _read_small(store: BlobStore, txn: lmdb.Transaction, blob_ids: list[str], limit: int,
+                budget: int, stop_over: bool) -> list[Small]:
+    """read_small's work in `txn`. `stop_over`: a blob over `limit` ends the read (it is
+    not answered) instead of being answered as too large."""
     out: list[Small] = []
     blobs, chunks = store.db[b"blobs"], store.db[b"chunks"]
     bad: list[BlobMeta] = []
     nbytes = 0
-    with store.env.read(buffers=True) as txn:
-        for blob_id in blob_ids:
-            if out and nbytes >= budget:
+    for blob_id in blob_ids:
+        if out and nbytes >= budget:
+            break
+        raw = txn.get(blob_id.encode(), db=blobs)
+        try:
+            meta = None if raw is None else BlobMeta.unpack(blob_id, raw)
+        except DataCorrupt as e:
+            bad.append(BlobMeta(blob_id, 0, 0, 0, 0, 0, 0))
+            out.append(Small(blob_id, None, error=e))
+            continue
+        if meta is not None and meta.size > limit and stop_over:
+            break
+        if meta is None or meta.size > limit:
+            out.append(Small(blob_id, meta, too_large=meta is not None))
+            continue
+        parts: list[bytes] = []
+        err: StatusError | None = None
+        whole = 0
+        for i in range(meta.nchunks):
+            rec = txn.get(chunk_key(meta.upload, i), db=chunks)
+            if rec is None:
+                err = _missing(store, txn, meta, i)
                 break
-            raw = txn.get(blob_id.encode(), db=blobs)
-            try:
-                meta = None if raw is None else BlobMeta.unpack(blob_id, raw)
-            except DataCorrupt as e:
-                bad.append(BlobMeta(blob_id, 0, 0, 0, 0, 0, 0))
-                out.append(Small(blob_id, None, error=e))
-                continue
-            if meta is None or meta.size > limit:
-                out.append(Small(blob_id, meta, too_large=meta is not None))
-                continue
-            parts: list[bytes] = []
-            err: StatusError | None = None
-            whole = 0
-            for i in range(meta.nchunks):
-                rec = txn.get(chunk_key(meta.upload, i), db=chunks)
-                if rec is None:
-                    err = _missing(store, txn, meta, i)
-                    break
-                data = bytes(rec[HEADER:])
-                own = crc32c(data)
-                if len(data) != meta.chunk_len(i) or own != U32.unpack_from(rec)[0]:
-                    err = _corrupt_chunk(meta, i)
-                    break
-                parts.append(data)
-                whole = running_crc(whole, own, data, i, meta.chunk_bytes)
-            data = parts[0] if len(parts) == 1 else b"".join(parts)
-            if err is None and whole != meta.crc32c:
-                err = DataCorrupt(f"blob {blob_id} fails its CRC32C check")
-            if isinstance(err, DataCorrupt):
-                bad.append(meta)
-            out.append(Small(blob_id, meta, data if err is None else b"", err))
-            nbytes += len(data)
+            data = bytes(rec[HEADER:])
+            own = crc32c(data)
+            if len(data) != meta.chunk_len(i) or own != U32.unpack_from(rec)[0]:
+                err = _corrupt_chunk(meta, i)
+                break
+            parts.append(data)
+            whole = running_crc(whole, own, data, i, meta.chunk_bytes)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        if err is None and whole != meta.crc32c:
+            err = DataCorrupt(f"blob {blob_id} fails its CRC32C check")
+        if isinstance(err, DataCorrupt):
+            bad.append(meta)
+        out.append(Small(blob_id, meta, data if err is None else b"", err))
+        nbytes += len(data)
     store.bytes_read += sum(len(s.data) for s in out)
     for meta in bad:  # dropped and reported, as a streamed read would
         store.quarantine_submit(meta)

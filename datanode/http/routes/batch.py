@@ -43,6 +43,7 @@ from squall.datanode.http.routes.blobs import (
 from squall.datanode.replication.pipeline import forward_batch, quorum_message
 from squall.datanode.service import DataNode
 from squall.datanode.store.blobstore import BlobMeta
+from squall.datanode.store.reads import Small
 
 log = logging.getLogger("squall.datanode.blobs")
 BATCH_READ_BYTES = 8 << 20  # a batch-get reads (and holds) about this much at a time
@@ -143,8 +144,25 @@ def may_read(node: DataNode, req: BatchGetRequest, authorization: str | None) ->
 def read_frames(node: DataNode, ids: list[str]) -> tuple[bytes, int]:
     """On a read thread: the answer frames of the first `ids` of a batch-get (about
     ``BATCH_READ_BYTES`` of data, in one read transaction) and how many ids they answer."""
-    out = []
     got = node.store.read_small(ids, node.settings.batch_blob_bytes_max, BATCH_READ_BYTES)
+    return frames_of(node, got), len(got)
+
+
+async def read_all_frames(node: DataNode, ids: list[str]) -> tuple[bytes, int]:
+    """The frames of a first part of `ids`: small blobs read on the event loop when they
+    may be (``reads.read_small_now``: a byte bound known before the read), the rest of
+    the first read group on a read thread; and how many ids they answer."""
+    now = node.store.read_small_now(ids, node.settings.batch_blob_bytes_max)
+    if now and len(now) == len(ids):
+        return frames_of(node, now), len(now)
+    head, k = (frames_of(node, now), len(now)) if now else (b"", 0)
+    data, n = await node.store.run(read_frames, node, ids[k:])
+    return head + data, k + n
+
+
+def frames_of(node: DataNode, got: list[Small]) -> bytes:
+    """A batch-get's answer frames for blobs read."""
+    out = []
     for r in got:
         if r.too_large:
             assert r.meta is not None
@@ -156,7 +174,7 @@ def read_frames(node: DataNode, ids: list[str]) -> tuple[bytes, int]:
             out.append(encode_frame(r.blob_id, b"", CORRUPT, 0))
         else:  # not here, or deleted while being read
             out.append(encode_frame(r.blob_id, b"", MISSING, 0))
-    return b"".join(out), len(got)
+    return b"".join(out)
 
 
 async def batch_get(req: BatchGetRequest, node: NodeDep,
@@ -164,7 +182,7 @@ async def batch_get(req: BatchGetRequest, node: NodeDep,
     """Fetch many small blobs in one answer: a body of frames in request order; a missing,
     corrupt or too-large blob is a frame with that status and no data."""
     may_read(node, req, authorization)
-    data, n = await node.store.run(read_frames, node, req.blob_ids)
+    data, n = await read_all_frames(node, req.blob_ids)
     return Frames(node, data, req.blob_ids[n:])
 
 
