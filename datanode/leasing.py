@@ -42,7 +42,7 @@ import orjson
 
 from squall.common.checksum import crc32c
 from squall.common.errors import OutcomeUnknown, Unavailable, from_response
-from squall.common.wire.payload import OK, decode_frames, fewest_nodes
+from squall.common.wire.payload import OK, batch_get_headers, decode_frames, fewest_nodes
 from squall.datanode.replication.peers import PeerUnreachable
 
 if TYPE_CHECKING:
@@ -201,7 +201,8 @@ async def _from_peers(node: DataNode, refs: list[dict[str, Any]], got: Leased) -
             try:
                 ans = await node.peers.post(peer + "/v1/blobs:batch-get",
                                             content=orjson.dumps(body),
-                                            headers={"Content-Type": "application/json"})
+                                            headers={"Content-Type": "application/json",
+                                                     **batch_get_headers([got.read_token or ""])})
                 if ans.status_code != 200:
                     raise PeerUnreachable(f"HTTP {ans.status_code}")
                 frames = {f.blob_id: f for f in decode_frames(ans.content, verify=False)}
