@@ -73,6 +73,9 @@ def register(app: typer.Typer) -> None:
         allowed_hosts: str = typer.Option(
             "", "--allowed-hosts", envvar="SQUALL_ALLOWED_HOSTS",
             help="comma-separated Host names besides loopback and --advertise ('*': any)"),
+        sqs_region: str = typer.Option(
+            "us-east-1", "--sqs-region", envvar="SQUALL_SQS_REGION",
+            help="the region SQS clients sign for (docs/sqs.md)"),
         public_metrics: bool = typer.Option(False, "--public-metrics",
                                             envvar="SQUALL_PUBLIC_METRICS",
                                             help="serve /metrics without a credential"),
@@ -119,6 +122,7 @@ def register(app: typer.Typer) -> None:
             copies_max=copies_max, repair_bytes_per_s=repair_bytes_per_s,
             repair_busy_bytes_per_s=repair_busy_bytes_per_s,
             auth_keys=load_auth_keys(auth_key_file or None),
-            node_credential=node_cred, tls=tls, public=("metrics",) if public_metrics else (),
+            node_credential=node_cred, tls=tls, sqs_region=sqs_region,
+            public=("metrics",) if public_metrics else (),
             allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
         serve(settings, host, port)

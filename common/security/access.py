@@ -14,7 +14,9 @@ Roles of a :class:`Rule`:
 - ``node`` also accepts a heartbeat token signed with the cluster key (``tokens.py``); the
   route checks that it speaks for the node id in the body;
 - ``payload``: data-node blob routes; the route checks the master-signed payload token
-  (write / read / delete / replicate, scoped to blob ids), as before.
+  (write / read / delete / replicate, scoped to blob ids), as before;
+- ``sigv4``: the SQS endpoint of a data node; the route checks the request's AWS Signature
+  Version 4 itself and answers SQS's errors (``datanode/sqs/``).
 
 Group scope (credentials limited to groups): ``path`` checks the ``{group}`` path
 parameter, ``query`` the ``group`` query parameter (which a limited credential must give),
@@ -53,6 +55,7 @@ ADMIN = rule("admin", "all")
 ADMIN_READ = rule("admin", "all", "none")  # cluster-wide views
 READ = rule("producer consumer", "path", "none")  # group-scoped reads: stats, policies
 PAYLOAD = rule("payload", body="binary")
+SIGV4 = rule("sigv4", body="binary")
 PUBLIC_WHEN_ASKED = {"metrics": (("GET", "/metrics"),),
                      "status": (("GET", "/v1/overview"),
                                 ("GET", "/v1/overview/queues/{group}/{queue}"))}

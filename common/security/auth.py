@@ -110,9 +110,11 @@ def write_secret(path: str, data: bytes) -> None:
 
 
 def mint(key: bytes, roles: Iterable[str], ttl_s: float, now: float, *,
-         groups: Iterable[str] | None = None, node: str | None = None) -> str:
+         groups: Iterable[str] | None = None, node: str | None = None,
+         cid: str | None = None) -> str:
     """A credential with `roles` (limited to `groups`, and to `node` for role node) valid
-    for `ttl_s` seconds from `now`."""
+    for `ttl_s` seconds from `now`; `cid`: its id (default: a new one; the SQS endpoint's
+    short-lived credentials share their access key's id, so revoking it revokes them)."""
     rs = sorted(set(roles))
     if not rs or any(r not in ROLES for r in rs):
         raise ValueError(f"roles must be some of {ROLES}, got {rs}")
@@ -120,7 +122,7 @@ def mint(key: bytes, roles: Iterable[str], ttl_s: float, now: float, *,
         raise ValueError("ttl must be positive")
     if ("node" in rs) != (node is not None):
         raise ValueError("a node credential names its node id (and only it does)")
-    claims: dict[str, object] = {"id": _b64(secrets.token_bytes(16)), "r": rs}
+    claims: dict[str, object] = {"id": cid or _b64(secrets.token_bytes(16)), "r": rs}
     if groups is not None:
         gs = sorted(set(groups))
         if len(gs) > MAX_GROUPS:

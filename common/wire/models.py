@@ -292,6 +292,11 @@ class Policy(_M):
     dead_letter_queue: Name | None = Field(None, description="default: <queue>.dead")
     backoff: Backoff | None = None
     lease_secs: LeaseSecs | None = None
+    sqs: Annotated[dict[Annotated[str, Field(max_length=160)],
+                        Annotated[str, Field(max_length=20480)]],
+                   Field(max_length=1000)] | None = Field(
+        None, description="what the SQS endpoint keeps for the queue: its attributes "
+        "without a squall equivalent, and its tags (docs/sqs.md)")
 
 
 class RedriveRequest(_M):

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
-from squall.common.security.access import ADMIN_READ, PAYLOAD, PUBLIC, rule
+from squall.common.security.access import ADMIN_READ, PAYLOAD, PUBLIC, SIGV4, rule
 from squall.common.server.layered import Route, RouteTable, section
 from squall.common.wire.cluster import BatchPutResult, PutResult
 from squall.common.wire.models import EnqueueResponse
-from squall.datanode.http.routes import batch, blobs, frontdoor, health, replicate
+from squall.datanode.http.routes import batch, blobs, frontdoor, health, replicate, sqs
 from squall.datanode.http.routes.blobs import ERRORS, RAW_ANSWER, RAW_BODY
 
 R = Route
@@ -44,6 +44,12 @@ ROUTES = RouteTable([
         R("POST", "/v1/groups/{group}/queues/{queue}/tasks", frontdoor.enqueue,
           EnqueueResponse, rule("producer", "path", "binary"), hot=True,
           options={"openapi_extra": frontdoor.BODY})),
+    # the SQS-compatible endpoint: AWS JSON 1.0, SigV4 checked by the route (datanode/sqs/)
+    *section(
+        "sqs",
+        R("POST", "/", sqs.endpoint, None, SIGV4,
+          responses={200: {"description": "the action's answer (AWS JSON 1.0)"}},
+          options={"openapi_extra": sqs.BODY})),
     *section(
         "replication",
         R("PUT", "/v1/replicate/{blob_id}", replicate.replicate_blob, PutResult, PAYLOAD,

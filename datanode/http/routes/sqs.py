@@ -1,0 +1,31 @@
+"""``POST /`` on a data node: the SQS-compatible endpoint (``datanode/sqs/``, docs/sqs.md).
+Its access rule is ``sigv4``: the guard lets the request through and the endpoint checks
+its AWS Signature Version 4 itself, refusing unsigned or badly signed requests with SQS's
+errors (the guard's bearer credentials mean nothing to an AWS SDK)."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from starlette.responses import Response
+
+from squall.datanode.http.deps import NodeDep
+from squall.datanode.sqs.endpoint import MAX_REQUEST_BYTES, error_answer, serve
+from squall.datanode.sqs.errors import SqsError
+
+BODY = {"requestBody": {"required": True, "content": {"application/x-amz-json-1.0": {
+    "schema": {"type": "object", "description": "the action's parameters (AWS SQS API)"}}}}}
+
+
+async def endpoint(request: Request, node: NodeDep) -> Response:
+    """An SQS action (`X-Amz-Target: AmazonSQS.<Action>`, AWS JSON 1.0, SigV4-signed)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_REQUEST_BYTES:
+        return error_answer(SqsError("BatchRequestTooLong", f"requests are at most "
+                                     f"{MAX_REQUEST_BYTES} bytes"))
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_REQUEST_BYTES:
+            return error_answer(SqsError("BatchRequestTooLong", f"requests are at most "
+                                         f"{MAX_REQUEST_BYTES} bytes"))
+    return await serve(node, request.scope, bytes(body))
