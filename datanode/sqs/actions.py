@@ -107,8 +107,9 @@ async def _policy(ctx: Ctx, group: str, queue: str, fresh: bool = False) -> dict
     if hit is not None and not fresh and now < hit[0]:
         return hit[1]
     policy = await ctx.up.policy(group, queue)
-    made = "CreatedTimestamp" in (policy.get("sqs") or {}) or queue == Q.CATALOG
-    if not made and await ctx.up.stats(group, queue) is None:
+    sqs = policy.get("sqs") or {}
+    made = "CreatedTimestamp" in sqs or queue == Q.CATALOG
+    if not made and (Q.DELETED in sqs or await ctx.up.stats(group, queue) is None):
         raise SqsError("QueueDoesNotExist", "The specified queue does not exist.")
     if len(st.queues) >= QUEUE_CACHE_MAX:
         st.queues.clear()
@@ -309,7 +310,7 @@ async def get_queue_url(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
         Q.parse_url(f"/{group}/{name}")
     except SqsError:
         raise SqsError("QueueDoesNotExist", "The specified queue does not exist.") from None
-    await _policy(ctx, group, name)
+    await _policy(ctx, group, name, fresh=True)
     return {"QueueUrl": Q.url_of(ctx.base, group, name)}
 
 
@@ -337,7 +338,9 @@ async def list_queues(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     names.discard(Q.CATALOG)
     picked = sorted(n for n in names if n.startswith(prefix) and n > after)
     cap = limit or 1000
-    out: dict[str, Any] = {"QueueUrls": [Q.url_of(ctx.base, group, n) for n in picked[:cap]]}
+    out: dict[str, Any] = {}
+    if picked:
+        out["QueueUrls"] = [Q.url_of(ctx.base, group, n) for n in picked[:cap]]
     if limit is not None and len(picked) > cap:
         out["NextToken"] = base64.urlsafe_b64encode(picked[cap - 1].encode()).decode()
     return out
@@ -348,7 +351,8 @@ async def delete_queue(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     await _policy(ctx, group, name, fresh=True)
     if await ctx.up.stats(group, name) is not None:
         await ctx.up.delete_queue(group, name)
-    await ctx.up.set_policy(group, name, None)
+    # squall keeps a queue's counters past a delete: the mark says SQS deleted it
+    await ctx.up.set_policy(group, name, {"sqs": {Q.DELETED: str(int(time.time()))}})
     _state(ctx.node).forget(group, name)
     await _catalog(ctx, group, name, add=False)
     return {}

@@ -34,6 +34,7 @@ FIFO = ".fifo"
 CATALOG = "sqs.catalog"  # a policy-only squall queue: the group's SQS-created queue names
 CATALOG_MAX = 1000
 TAG = "tag:"
+DELETED = "squall:DeletedTimestamp"  # DeleteQueue's mark (squall keeps a queue's counters)
 MAX_TAGS = 50
 DEFAULTS = {"DelaySeconds": "0", "MaximumMessageSize": "262144",
             "MessageRetentionPeriod": "345600", "ReceiveMessageWaitTimeSeconds": "0",
