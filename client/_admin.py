@@ -16,6 +16,7 @@ from squall.common.wire.models import (
     DeleteResponse,
     ForgetResponse,
     NodeStatus,
+    PauseState,
     Policy,
     QueueCounts,
     QueueStats,
@@ -108,6 +109,16 @@ class AdminVerbs:
         ans = yield from self._call("POST", qpath(queue)[2] + "/reset-leases",
                                     idempotent=False)
         return ResetResponse.model_validate(ans)
+
+    def pause(self, queue: str, key: str | None, paused: bool) -> Proto[PauseState]:
+        ans = yield from self._call("POST", qpath(queue)[2] + ("/pause" if paused
+                                                               else "/resume"),
+                                    {"key": key} if key is not None else {})
+        return PauseState.model_validate(ans)
+
+    def pause_state(self, queue: str) -> Proto[PauseState]:
+        return PauseState.model_validate((yield from self._call("GET", qpath(queue)[2]
+                                                                + "/pause")))
 
     def redrive(self, queue: str, max_tasks: int) -> Proto[RedriveResponse]:
         ans = yield from self._call("POST", qpath(queue)[2] + "/redrive",

@@ -29,6 +29,7 @@ from squall.common.wire.models import (
     EnqueueResult,
     ForgetResponse,
     NodeStatus,
+    PauseState,
     Policy,
     QueueCounts,
     QueueStats,
@@ -235,13 +236,14 @@ class AsyncClient:
     # -- tasks ---------------------------------------------------------------------------
     async def put(self, queue: str, payload: Payload = None, *, pid: str | None = None,
                   not_before: float | None = None, delay: float | None = None,
-            idempotency_key: str | None = None
+                  idempotency_key: str | None = None, key: str | None = None
                   ) -> EnqueueResult:
         """Enqueue one task (its payload goes to data nodes first). `idempotency_key`: apply
         it at most once per group and key within the master's window (5 min by default),
-        even if the task was dequeued since."""
+        even if the task was dequeued since. `key`: its flow-control key (a tenant, a
+        domain), which the queue's policy may limit, rate or lease fairly."""
         return await self._run(self._core.put(queue, payload, pid, not_before, delay,
-                                         idempotency_key))
+                                              idempotency_key, key))
 
     async def put_many(self, queue: str, items: Iterable[Payload | NewTask], *,
                        batch_size: int = 100,
@@ -340,6 +342,16 @@ class AsyncClient:
 
     async def reset_leases(self, queue: str) -> ResetResponse:
         return await self._run(self._core.reset_leases(queue))
+
+    async def pause(self, queue: str, key: str | None = None) -> PauseState:
+        """Pause the queue, or one `key` in it: leases skip it, enqueues go on (persisted)."""
+        return await self._run(self._core.pause(queue, key, True))
+
+    async def resume(self, queue: str, key: str | None = None) -> PauseState:
+        return await self._run(self._core.pause(queue, key, False))
+
+    async def pause_state(self, queue: str) -> PauseState:
+        return await self._run(self._core.pause_state(queue))
 
     async def redrive(self, queue: str, max_tasks: int = 1000) -> RedriveResponse:
         return await self._run(self._core.redrive(queue, max_tasks))

@@ -81,6 +81,8 @@ def _spec(t: NewTask, generated: set[str], fifo: Iterator[str]) -> dict[str, Any
         spec["delay_secs"] = t.delay
     if t.idempotency_key is not None:
         spec["idempotency_key"] = t.idempotency_key
+    if t.key is not None:
+        spec["key"] = t.key
     return spec
 
 
@@ -143,9 +145,10 @@ class Core(AdminVerbs, PayloadVerbs):
 
     def put(self, queue: str, payload: Payload = None, pid: str | None = None,
             not_before: float | None = None, delay: float | None = None,
-            idempotency_key: str | None = None) -> Proto[EnqueueResult]:
+            idempotency_key: str | None = None, key: str | None = None
+            ) -> Proto[EnqueueResult]:
         res = yield from self._enqueue(queue, [NewTask(payload, pid, None, not_before, delay,
-                                                       idempotency_key)])
+                                                       idempotency_key, key)])
         return res[0]
 
     def _enqueue(self, queue: str, tasks: list[NewTask]) -> Proto[list[EnqueueResult]]:

@@ -34,6 +34,7 @@ from squall.common.wire.models import (
     EnqueueResult,
     ForgetResponse,
     NodeStatus,
+    PauseState,
     Policy,
     QueueCounts,
     QueueStats,
@@ -144,12 +145,13 @@ class Client:
     # -- tasks ---------------------------------------------------------------------------
     def put(self, queue: str, payload: Payload = None, *, pid: str | None = None,
             not_before: float | None = None, delay: float | None = None,
-            idempotency_key: str | None = None) -> EnqueueResult:
+            idempotency_key: str | None = None, key: str | None = None) -> EnqueueResult:
         """Enqueue one task (its payload goes to data nodes first). `idempotency_key`: apply
         it at most once per group and key within the master's window (5 min by default),
-        even if the task was dequeued since."""
+        even if the task was dequeued since. `key`: its flow-control key (a tenant, a
+        domain), which the queue's policy may limit, rate or lease fairly."""
         return self._run(self._core.put(queue, payload, pid, not_before, delay,
-                                         idempotency_key))
+                                         idempotency_key, key))
 
     def put_many(self, queue: str, items: Iterable[Payload | NewTask], *, batch_size: int = 100,
                  progress: Callable[[list[EnqueueResult]], Any] | None = None,
@@ -247,6 +249,16 @@ class Client:
 
     def reset_leases(self, queue: str) -> ResetResponse:
         return self._run(self._core.reset_leases(queue))
+
+    def pause(self, queue: str, key: str | None = None) -> PauseState:
+        """Pause the queue, or one `key` in it: leases skip it, enqueues go on (persisted)."""
+        return self._run(self._core.pause(queue, key, True))
+
+    def resume(self, queue: str, key: str | None = None) -> PauseState:
+        return self._run(self._core.pause(queue, key, False))
+
+    def pause_state(self, queue: str) -> PauseState:
+        return self._run(self._core.pause_state(queue))
 
     def redrive(self, queue: str, max_tasks: int = 1000) -> RedriveResponse:
         return self._run(self._core.redrive(queue, max_tasks))

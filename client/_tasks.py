@@ -34,6 +34,7 @@ class NewTask:
     not_before: float | None = None
     delay: float | None = None
     idempotency_key: str | None = None  # at most once per group and key (master's window)
+    key: str | None = None  # flow-control key: limits, fairness, pause (docs/concepts.md)
 
 
 # -- FIFO pids ----------------------------------------------------------------------------
@@ -142,7 +143,7 @@ class TaskBase:
     """A leased task's data. ``LeasedTask`` / ``AsyncLeasedTask`` add the verbs."""
 
     __slots__ = ("_client", "_data", "attempts", "enqueued_at", "expires_at", "finished", "group",
-                 "leased_at", "name", "payload_ref", "pid", "token")
+                 "key", "leased_at", "name", "payload_ref", "pid", "token")
 
     def __init__(self, client: Any, wire: WireTask, group: str) -> None:
         self._client = client
@@ -153,6 +154,7 @@ class TaskBase:
         self.expires_at = wire.expires_at
         self.attempts = wire.attempts
         self.enqueued_at = wire.enqueued_at
+        self.key: str | None = wire.key  # the task's flow-control key, if it has one
         self.payload_ref: PayloadRef | None = wire.payload
         self._data: bytes | None = None  # the payload, once read (lease(payloads=True))
         self.leased_at = time.monotonic()  # local clock: when to renew

@@ -140,6 +140,8 @@ class Housekeeping:
         except Unavailable:  # a refused batch (the disk failed meanwhile): next tick
             return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
         self.reaped += reaped
+        for q in self.engine.flow.due(self.engine.now_ms()):  # rate limits: tokens came due
+            self._woke(q.group, (q.name,))
         freed = self.index.freed[:FREED_PER_TICK]
         del self.index.freed[:FREED_PER_TICK]
         repair = self.cluster.tick(freed)

@@ -212,8 +212,11 @@ class Master(Housekeeping):
         return res
 
     def _available(self, key: tuple[str, str]) -> int:
+        """Tasks of a queue a lease could take now (paused and limited ones left out)."""
         q = self.index.queues.get(key)
-        return q.available if q is not None else 0
+        if q is None:
+            return 0
+        return self.engine.flow.leasable(q) if self.engine.flow.queues else q.available
 
     def _woke(self, group: str, queues: Iterable[str]) -> None:
         """After a commit: tasks of these queues may be available (parked leases look)."""
@@ -230,13 +233,25 @@ class Master(Housekeeping):
         res = await self._execute_proven(
             refs, lambda txn: self.engine.plan_update(txn, group, req, addr),
             sweep_first=req.lease is not None, early=answer_when_durable)
-        self._woke(group, {*(e.queue for e in req.enqueue), *(r.queue for r in req.release)})
+        self._woke(group, {*(e.queue for e in req.enqueue), *(r.queue for r in req.release),
+                           *self._freed(group, req)})
         if req.lease is not None:
             self._leased(group, req.lease.queue, res, "leased")
             if req.lease.wait_secs and not res["leased"] and not self.waiters.closed:
                 await self._wait_after_update(group, req.lease, addr, res,
                                               answer_when_durable)
         return res
+
+    def _freed(self, group: str, req: UpdateRequest) -> set[str]:
+        """Queues whose dequeued tasks may have freed a concurrency limit's slot."""
+        if not req.dequeue or not self.engine.flow.queues:
+            return set()
+        out = set()
+        for d in req.dequeue:
+            q = self.index.queues.get((group, d.queue))
+            if q is not None and q.qid in self.engine.flow.queues:
+                out.add(d.queue)
+        return out
 
     async def _wait_after_update(self, group: str, ul: UpdateLease, addr: str,
                                  res: dict[str, Any], early: bool) -> None:
@@ -317,6 +332,20 @@ class Master(Housekeeping):
     async def set_policy(self, group: str, queue: str, p: Policy | None) -> dict[str, Any]:
         return await self._execute(lambda txn: admin.plan_policy(self.engine, group, queue, p))
 
+    async def pause(self, group: str, queue: str, key: str | None = None,
+                    paused: bool = True) -> dict[str, Any]:
+        """Pause (or resume, `paused` False) a queue, or one key in it: leases skip it,
+        enqueues go on. Logged, so it survives restarts."""
+        res = await self._execute(
+            lambda txn: admin.plan_pause(self.engine, group, queue, key, paused))
+        if not paused:
+            self._woke(group, (queue,))
+        return res
+
+    def pause_state(self, group: str, queue: str) -> dict[str, Any]:
+        return admin.describe_pause(self.index.pauses.get(
+            (check_name("group", group), check_name("queue", queue))))
+
     async def set_schedule(self, group: str, name: str, s: Schedule | None) -> dict[str, Any]:
         return await self._execute(lambda txn: admin.plan_schedule(self.engine, group, name, s))
 
@@ -396,6 +425,30 @@ class Master(Housekeeping):
                 "oldest_available_age_secs":
                     round(max(0.0, now - oldest / 1000), 3) if oldest is not None else None,
                 "leased_sample": sample}
+
+    def flow_details(self, q: QueueRec) -> dict[str, Any]:
+        """A queue's flow-control state: tasks held by a pause or by a limit, pauses, keys."""
+        flow = self.engine.flow
+        paused, blocked = flow.held_back(q)
+        qf = flow.queues.get(q.qid)
+        pause = self.pause_state(q.group, q.name)
+        return {"paused": paused, "blocked": blocked, "queue_paused": pause["paused"],
+                "paused_keys": pause["paused_keys"],
+                "keys": len(qf.keys) if qf is not None and qf.gen == q.gen else 0}
+
+    def flow_totals(self) -> tuple[int, int]:
+        """(paused, blocked) over every queue with flow state (O(their keys))."""
+        paused = blocked = 0
+        for qid in list(self.engine.flow.queues):
+            q = self.index.by_qid.get(qid)
+            if q is not None and q.available:
+                p, b = self.engine.flow.held_back(q)
+                paused, blocked = paused + p, blocked + b
+        for g, n in self.index.pauses:  # paused queues without keys
+            q = self.index.queues.get((g, n))
+            if q is not None and q.qid not in self.engine.flow.queues:
+                paused += self.engine.flow.held_back(q)[0]
+        return paused, blocked
 
     def close(self) -> None:
         self.commit.close()  # after any flush still on its thread, which needs the WAL

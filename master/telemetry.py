@@ -221,8 +221,12 @@ class Telemetry:
             else:
                 ms = m.index.oldest_available_ms(txn, q)
             age = round(max(0.0, now - ms / 1000), 3) if ms is not None else None
+        paused, blocked = m.engine.flow.held_back(q)
         return {"queue": join_queue(*key), "available": q.available, "leased": q.leased,
-                "delayed": q.delayed, "total": q.size, "completed": q.completed,
+                "delayed": q.delayed, "paused": paused, "blocked": blocked,
+                "queue_paused": bool((m.index.pauses.get(key) or {}).get("paused")),
+                "total": q.size,
+                "completed": q.completed,
                 "enqueued_total": q.enqueued_total, "oldest_age_secs": age,
                 "enqueue_1m": round(r[0], 3), "lease_1m": round(r[1], 3),
                 "dequeue_1m": round(r[2], 3)}

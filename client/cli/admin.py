@@ -25,7 +25,14 @@ from squall.client.cli.common import (
     show,
     table,
 )
-from squall.common.wire.models import Backoff, ClusterStats, Policy, QueueStats, Schedule
+from squall.common.wire.models import (
+    Backoff,
+    ClusterStats,
+    PauseState,
+    Policy,
+    QueueStats,
+    Schedule,
+)
 
 QueueArg = Annotated[str, typer.Argument(help="queue, written group#name (group: default)")]
 
@@ -69,12 +76,17 @@ def _stats_view(c: Client, queue: str | None) -> RenderableType:
     rows: list[list[Any]] = [
             ["available", s.available], ["leased", s.leased], ["delayed", s.delayed],
             ["total", s.total], ["completed", s.completed],
+            ["paused (held by a pause)", s.paused],
+            ["blocked (held by a limit)", s.blocked],
             ["enqueued (all time)", s.enqueued_total],
             ["enqueue/s 1m / 5m", f"{r.enqueue_1m:.1f} / {r.enqueue_5m:.1f}"],
             ["lease/s 1m / 5m", f"{r.lease_1m:.1f} / {r.lease_5m:.1f}"],
             ["dequeue/s 1m / 5m", f"{r.dequeue_1m:.1f} / {r.dequeue_5m:.1f}"],
             ["mean lease (s)", f"{s.mean_lease_secs:.2f}" if s.mean_lease_secs else "-"],
             ["oldest available (s)", s.oldest_available_age_secs or "-"]]
+    if s.queue_paused or s.paused_keys:
+        rows.append(["PAUSED", "the whole queue" if s.queue_paused else
+                     "keys " + ", ".join(s.paused_keys[:10])])
     for x in s.leased_sample[:5]:
         rows.append([f"leased {x.pid}", f"{x.worker} {x.worker_addr} {x.lease_age_secs:.1f}s"])
     return table(f"{s.group}#{s.queue}", ["", "value"], rows)
@@ -129,6 +141,32 @@ def reset_leases(queue: QueueArg, master: MasterOpt = "http://127.0.0.1:7070") -
     say(f"reset {r.reset} lease(s) in {queue}")
 
 
+KeyOpt = Annotated[str | None, typer.Option("--key", "-k", help="only this key's tasks")]
+
+
+def pause(queue: QueueArg, key: KeyOpt = None,
+          master: MasterOpt = "http://127.0.0.1:7070") -> None:
+    """Pause a queue (or one key in it): leases skip it, enqueues go on, until resumed."""
+    check_queue(queue)
+    with connect(master) as c:
+        st = c.pause(queue, key)
+    say(_pause_text(queue, st))
+
+
+def resume(queue: QueueArg, key: KeyOpt = None,
+           master: MasterOpt = "http://127.0.0.1:7070") -> None:
+    """Resume a paused queue (or one paused key in it)."""
+    check_queue(queue)
+    with connect(master) as c:
+        st = c.resume(queue, key)
+    say(_pause_text(queue, st))
+
+
+def _pause_text(queue: str, st: PauseState) -> str:
+    keys = f"; paused keys: {', '.join(st.paused_keys)}" if st.paused_keys else ""
+    return f"{queue} is {'paused' if st.paused else 'not paused'}{keys}"
+
+
 def dead_letters(queue: QueueArg, limit: Annotated[int, typer.Option(min=1)] = 100,
                  as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
     """List a queue's dead letters (tasks that failed max_attempts times)."""
@@ -179,7 +217,15 @@ def _show_policy(target: str, p: Policy, as_json: bool) -> None:
         ["dead-letter queue", p.dead_letter_queue or "<queue>.dead"],
         ["lease (s)", p.lease_secs or "60 (default)"],
         ["retry backoff", f"{b.base_secs}s x{b.factor} up to {b.cap_secs}s, jitter "
-                          f"{b.jitter}" if b else "default"]]))
+                          f"{b.jitter}" if b else "default"],
+        ["leased per key", p.key_limit or "unlimited"],
+        ["leased in the queue", p.queue_limit or "unlimited"],
+        ["rate per key", f"{p.key_rate}/s, burst {p.key_burst or max(1.0, p.key_rate)}"
+                         if p.key_rate else "unlimited"],
+        ["rate of the queue", f"{p.rate}/s, burst {p.burst or max(1.0, p.rate)}"
+                              if p.rate else "unlimited"],
+        ["fair across keys", ("yes" + (f", weights {p.key_weights}" if p.key_weights
+                                        else "")) if p.fair else "no (pid order)"]]))
 
 
 @policy_app.command("show")
@@ -200,13 +246,35 @@ def policy_set(target: TargetArg,
                    help="retry backoff: first delay (s)")] = None,
                backoff_factor: Annotated[float, typer.Option()] = 2.0,
                backoff_cap: Annotated[float, typer.Option()] = 300.0,
+               key_limit: Annotated[int | None, typer.Option(
+                   min=1, help="at most N tasks of one key leased at once")] = None,
+               queue_limit: Annotated[int | None, typer.Option(
+                   min=1, help="at most M tasks of the queue leased at once")] = None,
+               key_rate: Annotated[float | None, typer.Option(
+                   help="tasks of one key leased per second")] = None,
+               key_burst: Annotated[float | None, typer.Option()] = None,
+               rate: Annotated[float | None, typer.Option(
+                   help="tasks of the queue leased per second")] = None,
+               burst: Annotated[float | None, typer.Option()] = None,
+               fair: Annotated[bool, typer.Option(
+                   "--fair", help="lease keys in weighted round-robin")] = False,
+               weight: Annotated[list[str] | None, typer.Option(
+                   help="KEY=N: a fair queue's weight of a key (repeatable)")] = None,
                as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
     """Replace the policy of a queue (or a group's default) with the given fields."""
     backoff = (Backoff(base_secs=backoff_base, factor=backoff_factor, cap_secs=backoff_cap)
                if backoff_base is not None else None)
+    weights: dict[str, int] = {}
+    for w in weight or []:
+        k, sep, n = w.partition("=")
+        if not sep or not n.isdigit():
+            fail(f"--weight takes KEY=N, not {w!r}", 2)
+        weights[k] = int(n)
     try:
         pol = Policy(max_attempts=max_attempts, dead_letter_queue=dead_letter_queue,
-                     lease_secs=lease_secs, backoff=backoff)
+                     lease_secs=lease_secs, backoff=backoff, key_limit=key_limit,
+                     queue_limit=queue_limit, key_rate=key_rate, key_burst=key_burst,
+                     rate=rate, burst=burst, fair=fair or None, key_weights=weights or None)
     except ValueError as e:
         fail(f"invalid policy: {e}", 2)
     with connect(master) as c:
@@ -283,7 +351,7 @@ def schedule_delete(name: NameArg, master: MasterOpt = "http://127.0.0.1:7070") 
 
 
 def register(app: typer.Typer) -> None:
-    for fn in (queues, stats, delete, reset_leases, dead_letters, redrive):
+    for fn in (queues, stats, delete, reset_leases, pause, resume, dead_letters, redrive):
         app.command(fn.__name__.replace("_", "-"))(fn)
     app.add_typer(policy_app, name="policy")
     app.add_typer(schedule_app, name="schedule")

@@ -96,6 +96,8 @@ def put(queue: QueueArg,
         count: Annotated[int | None, typer.Option(
             "--count", "-n", min=1, help="enqueue N tasks without payload")] = None,
         batch: Annotated[int, typer.Option(min=1, max=1000, help="tasks per request")] = 100,
+        key: Annotated[str | None, typer.Option(
+            "--key", "-k", help="flow-control key of the tasks (a tenant, a domain)")] = None,
         master: MasterOpt = "http://127.0.0.1:7070") -> None:
     """Enqueue tasks: payloads from arguments, files or lines (a progress bar for many)."""
     check_queue(queue)
@@ -103,12 +105,12 @@ def put(queue: QueueArg,
     with connect(master) as c:
         if count == 1:
             only = next(items)
-            r = c.put(queue, only, pid=pid, delay=delay)
+            r = c.put(queue, only, pid=pid, delay=delay, key=key)
             say(f"{r.queue} {r.pid}" + (" (already queued: collapsed)" if r.collapsed else ""))
             return
         if pid is not None:
             fail("--pid names one task; give exactly one payload", 2)
-        tasks = (NewTask(p, delay=delay) for p in items)
+        tasks = (NewTask(p, delay=delay, key=key) for p in items)
         added, seen = _put_with_progress(c, queue, tasks, count, batch)
         say(f"enqueued {added} task(s) into {queue}"
             + (f" ({seen - added} collapsed)" if seen > added else ""))

@@ -23,11 +23,12 @@ if TYPE_CHECKING:
 
 def save(df: DataFrame, queue: str, *, master: str | None = None, pid: str | None = None,
          payload: str | None = None, delay: str | None = None, not_before: str | None = None,
-         **options: str | int) -> WriteStats:
+         key: str | None = None, **options: str | int) -> WriteStats:
     """Write ``df`` into ``queue`` (``mode("append")`` is implied) and return the job's
     counts: ``rows``, ``added`` (new tasks), ``collapsed`` (pids already queued),
     ``payload_bytes``, ``batches``, ``partitions``. Column options as for
-    ``format("squall")``: ``pid``, ``payload``, ``delay``, ``not_before``; any other write
+    ``format("squall")``: ``pid``, ``payload``, ``delay``, ``not_before``, ``key`` (a
+    string column: each task's flow-control key); any other write
     option by keyword (``batch_rows=100``)."""
     register(df.sparkSession)
     with tempfile.TemporaryDirectory(prefix="squall-save-") as d:
@@ -35,7 +36,7 @@ def save(df: DataFrame, queue: str, *, master: str | None = None, pid: str | Non
         w = df.write.format("squall").mode("append").option("queue", queue) \
             .option("summary_path", path)
         named = {"master": master, "pid": pid, "payload": payload, "delay": delay,
-                 "not_before": not_before}
+                 "not_before": not_before, "key": key}
         for k, v in {**named, **options}.items():
             if v is not None:
                 w = w.option(k, str(v))

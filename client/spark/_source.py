@@ -144,11 +144,15 @@ def write_options(options: Mapping[str, str], schema: StructType,
                                              | TimestampNTZType | NumericType):
         raise ValueError(f"option not_before={nb_col!r} must name a timestamp column or a "
                          f"numeric one (epoch seconds; columns: {', '.join(types)})")
+    key_col = _opt(options, "key")
+    if key_col is not None and not isinstance(types.get(key_col), StringType):
+        raise ValueError(f"option key={key_col!r} must name a string column (the tasks' "
+                         f"flow-control keys; columns: {', '.join(types)})")
     master, conn = resolve(options, conf)
     return WriteOptions(
         master=master, conn=conn, queue=_queue(options), pid_column=pid_col,
         payload_column=pay_col, pid_prefix=_opt(options, "pid_prefix") or fifo_pid(),
-        delay_column=delay_col, not_before_column=nb_col,
+        delay_column=delay_col, not_before_column=nb_col, key_column=key_col,
         batch_rows=_int(options, "batch_rows", BATCH_ROWS),
         batch_bytes=_int(options, "batch_bytes", BATCH_BYTES),
         inflight=_int(options, "inflight", INFLIGHT))

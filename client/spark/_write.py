@@ -30,9 +30,9 @@ from typing import Any
 
 from squall.client import Client, NewTask
 from squall.client.spark._conn import Conn
-from squall.common.errors import SquallError
+from squall.common.errors import BadRequest, SquallError
 from squall.common.wire.models import MAX_BATCH
-from squall.common.wire.names import check_pid
+from squall.common.wire.names import check_name, check_pid
 
 log = logging.getLogger("squall.spark")
 
@@ -52,6 +52,7 @@ class WriteOptions:
     pid_prefix: str
     delay_column: str | None = None
     not_before_column: str | None = None
+    key_column: str | None = None  # each task's flow-control key (null: none)
     batch_rows: int = BATCH_ROWS
     batch_bytes: int = BATCH_BYTES
     inflight: int = INFLIGHT
@@ -134,7 +135,17 @@ def _task(opts: WriteOptions, partition: int, row: int, get: Any) -> NewTask:
                         row),
                    not_before=_epoch(get(opts.not_before_column))
                    if opts.not_before_column else None,
-                   delay=float(delay) if delay is not None else None)
+                   delay=float(delay) if delay is not None else None,
+                   key=_key(get(opts.key_column), partition, row) if opts.key_column else None)
+
+
+def _key(value: Any, partition: int, row: int) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_name("key", str(value))
+    except BadRequest as e:
+        raise ValueError(f"row {row} of partition {partition}: bad key: {e}") from None
 
 
 def partition_rows(items: Iterable[Any], opts: WriteOptions, partition: int
@@ -152,7 +163,8 @@ def partition_rows(items: Iterable[Any], opts: WriteOptions, partition: int
             continue
         names = item.schema.names
         cols = {c: item.column(names.index(c)) for c in (
-            opts.pid_column, opts.payload_column, opts.delay_column, opts.not_before_column)
+            opts.pid_column, opts.payload_column, opts.delay_column, opts.not_before_column,
+            opts.key_column)
             if c is not None}
         for j in range(item.num_rows):
             yield _task(opts, partition, row, lambda c, j=j, cols=cols: cols[c][j].as_py())

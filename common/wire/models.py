@@ -61,10 +61,20 @@ class PayloadRef(_M):
     token: Annotated[str, Field(max_length=8192)] | None = None
 
 
+KEY_PATTERN = NAME_PATTERN
+FlowKey = Annotated[str, Field(
+    min_length=1, max_length=128, pattern=KEY_PATTERN,
+    description="flow-control key (a tenant, a customer, a domain): the queue's policy may "
+                "limit the tasks of one key leased at once or per second, and lease keys "
+                "fairly; 1-128 characters of A-Z a-z 0-9 _ . : - starting with a letter or "
+                "digit")]
+
+
 class TaskSpec(_M):
     """One task to enqueue. Without `pid` the master assigns a FIFO pid."""
 
     pid: Pid | None = None
+    key: FlowKey | None = None
     payload: PayloadRef | None = None
     not_before: EpochSecs | None = Field(None, description="do not lease before this time")
     delay_secs: DelaySecs | None = Field(None, description="do not lease for this long")
@@ -159,6 +169,7 @@ class LeasedTask(_M):
     attempts: int = Field(description="times this task has been leased, this lease included")
     enqueued_at: float
     payload: PayloadRef | None = None
+    key: str | None = Field(None, description="the task's flow-control key, if it has one")
 
 
 class UpdateResponse(_M):
@@ -211,6 +222,7 @@ class TaskInfo(_M):
     worker: str | None = None
     worker_addr: str | None = None
     payload: PayloadRef | None = None
+    key: str | None = Field(None, description="flow-control key")
 
 
 class CancelResponse(_M):
@@ -250,6 +262,12 @@ class LeasedSample(_M):
 
 
 class QueueStats(QueueCounts):
+    paused: int = Field(0, description="available tasks held by a pause (queue or key)")
+    blocked: int = Field(0, description="available tasks a lease cannot take now because "
+                         "of a concurrency or rate limit (more workers would not help)")
+    queue_paused: bool = False
+    paused_keys: list[str] = []
+    keys: int = Field(0, description="keys with available or leased tasks")
     rates: Rates
     mean_lease_secs: float | None = Field(description="mean time from lease to dequeue")
     oldest_available_age_secs: float | None
@@ -266,6 +284,8 @@ class ClusterStats(_M):
     available: int
     leased: int
     delayed: int
+    paused: int = Field(0, description="available tasks held by a pause")
+    blocked: int = Field(0, description="available tasks held by a concurrency or rate limit")
     completed: int
     rates: Rates
     wal_ticket: int
@@ -292,11 +312,42 @@ class Policy(_M):
     dead_letter_queue: Name | None = Field(None, description="default: <queue>.dead")
     backoff: Backoff | None = None
     lease_secs: LeaseSecs | None = None
+    # flow control (master/tasks/flow.py, docs/concepts.md#flow-control)
+    key_limit: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="at most this many tasks of one key leased at once")
+    queue_limit: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="at most this many tasks of the queue leased at once")
+    key_rate: Annotated[float, Field(gt=0, le=1e6)] | None = Field(
+        None, description="tasks of one key leased per second (token bucket)")
+    key_burst: Annotated[float, Field(ge=1, le=1e6)] | None = Field(
+        None, description="tokens one key's bucket holds (default: max(1, key_rate))")
+    rate: Annotated[float, Field(gt=0, le=1e6)] | None = Field(
+        None, description="tasks of the queue leased per second (token bucket)")
+    burst: Annotated[float, Field(ge=1, le=1e6)] | None = Field(
+        None, description="tokens the queue's bucket holds (default: max(1, rate))")
+    fair: bool | None = Field(
+        None, description="lease keys in weighted round-robin (each key's tasks in pid "
+        "order) instead of in pid order across keys")
+    key_weights: Annotated[dict[FlowKey, Annotated[int, Field(ge=1, le=1000)]],
+                           Field(max_length=1000)] | None = Field(
+        None, description="a fair queue's weight per key: tasks it takes in a turn "
+        "(default 1)")
     sqs: Annotated[dict[Annotated[str, Field(max_length=160)],
                         Annotated[str, Field(max_length=20480)]],
                    Field(max_length=1000)] | None = Field(
         None, description="what the SQS endpoint keeps for the queue: its attributes "
         "without a squall equivalent, and its tags (docs/sqs.md)")
+
+
+class PauseRequest(_M):
+    key: FlowKey | None = Field(None, description="pause (resume) only this key's tasks")
+
+
+class PauseState(_M):
+    """Whether a queue, or keys in it, are paused: leases skip them, enqueues go on."""
+
+    paused: bool = Field(description="the whole queue is paused")
+    paused_keys: list[str] = Field(description="keys paused in it (at most 1,000)")
 
 
 class RedriveRequest(_M):

@@ -47,6 +47,11 @@ QUEUE_SERIES = (  # row key, series name, type, help
     ("available", "squall_queue_available", "gauge", "available tasks of a queue"),
     ("leased", "squall_queue_leased", "gauge", "leased tasks of a queue"),
     ("delayed", "squall_queue_delayed", "gauge", "delayed tasks of a queue"),
+    ("paused", "squall_queue_paused", "gauge",
+     "available tasks of a queue held by a pause (the queue's or a key's)"),
+    ("blocked", "squall_queue_blocked", "gauge",
+     "available tasks of a queue held by a concurrency or rate limit (more workers would "
+     "not take them: scale on available - paused - blocked)"),
     ("oldest_age_secs", "squall_queue_oldest_age_seconds", "gauge",
      "age of the oldest available task (queue latency)"),
     ("dead_letters", "squall_queue_dead_letters", "gauge",
@@ -124,12 +129,16 @@ class MasterMetrics:
         labels = [label_set(group=r["queue"].split("#", 1)[0],
                             queue=r["queue"].split("#", 1)[1]) for r in rows]
         other = label_set(group="", queue="__other__")
+        held = dict(zip(("paused", "blocked"), self.m.flow_totals(), strict=True))
         for key, name, typ, doc in QUEUE_SERIES:
             lines = [f"# HELP {name} {doc}\n# TYPE {name} {typ}\n"]
             lines += [f"{name}{lab} {value_text(r[key] or 0.0)}\n"
                       for lab, r in zip(labels, rows, strict=True)]
             if key in ("available", "leased", "delayed", "completed"):
                 rest = max(0, getattr(s, key) - sum(r[key] for r in rows))
+                lines.append(f"{name}{other} {value_text(rest)}\n")
+            elif key in held:
+                rest = max(0, held[key] - sum(r.get(key, 0) for r in rows))
                 lines.append(f"{name}{other} {value_text(rest)}\n")
             yield "".join(lines)
 

@@ -165,8 +165,11 @@ function renderQueues() {
   fill($("#queues tbody"), rows.map((r) => {
     const tr = el("tr", null, r.dead_letter_queue ? "dlq" : "");
     const td = el("td"); td.append(qlink(r.queue));
+    if (r.queue_paused) td.append(el("span", " paused", "bad"));
     tr.append(td);
     for (const key of ["total", "available", "leased", "delayed"]) tr.append(el("td", fmt(r[key])));
+    tr.append(el("td", fmt(r.paused || 0), r.paused ? "warn" : ""));
+    tr.append(el("td", fmt(r.blocked || 0), r.blocked ? "warn" : ""));
     tr.append(el("td", r.oldest_age_secs == null ? "" : fmt(r.oldest_age_secs)));
     for (const key of ["enqueue_1m", "lease_1m", "dequeue_1m"]) tr.append(el("td", rate(r[key])));
     tr.append(el("td", fmt(r.completed)));
@@ -238,7 +241,13 @@ async function refreshQueue(g, q) {
     card("completed", fmt(o.completed)), card("enqueue/s", rate(o.rates.enqueue_1m)),
     card("dequeue/s", rate(o.rates.dequeue_1m)),
     card("mean lease (s)", o.mean_lease_secs == null ? "-" : fmt(o.mean_lease_secs, 2)),
-    card("dead letters", fmt(o.dead_letters), o.dead_letters ? "bad" : ""));
+    card("dead letters", fmt(o.dead_letters), o.dead_letters ? "bad" : ""),
+    card("paused", o.queue_paused ? "queue paused" : fmt(o.paused || 0),
+         o.queue_paused || o.paused ? "bad" : ""),
+    card("blocked by a limit", fmt(o.blocked || 0), o.blocked ? "warn" : ""),
+    card("keys", fmt(o.keys || 0)));
+  if (o.paused_keys && o.paused_keys.length)
+    $("#qfacts").append(card("paused keys", o.paused_keys.slice(0, 20).join(", "), "bad"));
   fill($("#qleased tbody"), o.leased_sample.length ? o.leased_sample.map((x) => {
     const tr = el("tr");
     tr.append(el("td", x.pid), el("td", x.worker), el("td", x.worker_addr),
@@ -295,6 +304,12 @@ document.querySelectorAll(".actions button").forEach((b) => b.addEventListener("
                               "POST", base + "/redrive", { max_tasks: 1000 });
   if (what === "reset") act("make every leased task of " + st.qname + " available now?",
                             "POST", base + "/reset-leases");
+  if (what === "pause" || what === "resume") {
+    const key = prompt(what + " " + st.qname + ": a key only (empty: the whole queue)", "");
+    if (key === null) return;
+    act(what + " " + (key ? "key " + key + " of " : "") + st.qname + "?", "POST",
+        base + "/" + what, key ? { key } : {});
+  }
   if (what === "delete") act("DELETE " + st.qname + " and all its tasks?", "DELETE", base);
 }));
 

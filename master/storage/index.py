@@ -23,6 +23,12 @@ Layout (named databases in one environment; integers big-endian so keys sort num
             b"S" group \\0 name -> msgpack schedule (with its last enqueued slot)
             b"N" \\0 node_id  -> msgpack {"mark": "draining", "since": secs}: a data
                                  node being decommissioned (see master/cluster/state.py)
+    keyed   qid(u32) gen(u32) keyhash(8) state(u8) pidkey -> key (UTF-8)
+                                                  tasks with a flow-control key: ready
+                                                  ones (state 0, in pid order per key:
+                                                  these are *not* in ``ready``/``ready``
+                                                  holds keyless tasks only) and leased
+                                                  ones (state 1); see master/tasks/flow.py
     reap    qid(u32) gen(u32) -> b""              deleted generations not yet reaped
     blobs   blob id -> u32 references               payloads referenced by tasks and schedules:
                                                   what data nodes keep, at full replication
@@ -32,8 +38,9 @@ cut to 448 bytes and followed by 16 bytes of its BLAKE2b hash, because LMDB keys
 most 511 bytes. Pid order is therefore exact except between two pids longer than 448
 bytes that share their first 448 bytes, which are ordered by hash.
 
-Every task lives in exactly one of ``ready`` (+ ``avail``; state AVAILABLE) or ``timers``
-(LEASED or DELAYED). A queue record's counters always equal the number of its tasks in
+Every task lives in exactly one of ``ready`` (+ ``avail``; state AVAILABLE, no key),
+``keyed`` (+ ``avail``; AVAILABLE with a key) or ``timers`` (LEASED or DELAYED; a keyed
+leased task is in ``keyed`` too). A queue record's counters always equal the number of its tasks in
 each state, as they change in the same LMDB transaction as the tasks.
 
 Why this shape: leasing is a cursor seek to ``qid gen`` in ``ready`` and a short walk, so
@@ -51,8 +58,9 @@ what the environment already holds.
 
 from __future__ import annotations
 
+import heapq
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import lmdb
@@ -73,9 +81,11 @@ from squall.master.storage.records import (
     QueueRec,
     Task,
     gname,
+    keyed_key,
     old_of_wire,
     qprefix,
     task_key,
+    wire_key,
 )
 
 U32 = struct.Struct(">I")
@@ -107,6 +117,14 @@ class Index:
         self.timers, self.conf, self.reap_db = db(b"timers"), db(b"conf"), db(b"reap")
         self.blobs = db(b"blobs")
         self.dedup = db(b"dedup")  # enqueue idempotency keys (master/tasks/dedup.py)
+        self.keyed = db(b"keyed")  # tasks with a flow-control key (master/tasks/flow.py)
+        # a keyed task changed state: (queue, key, pidkey, old state, new state), -1 for
+        # none; set by master/tasks/flow.py, which keeps per-key counts in memory
+        self.on_key: Callable[[QueueRec, str, bytes, int, int], None] | None = None
+        # the in-memory state was (re)loaded: flow.py rebuilds its counts from ``keyed``
+        self.on_reload: Callable[[], None] | None = None
+        self.conf_version = 0  # bumped by every policy or pause change
+        self.pauses: dict[tuple[str, str], dict[str, Any]] = {}  # ('C', 'F') ops
         # blob ids whose last task reference went away (dequeued, deleted, reaped): soft
         # state for blob GC, which re-checks `blobs` before deleting anything. Bounded.
         # Frees of the open batch wait in `freed_pending` until it commits (commit.py).
@@ -141,11 +159,15 @@ class Index:
                 group, name = bytes(k).decode().split("\x00", 1)
                 queues[(group, name)] = QueueRec(group, name, *msgpack.unpackb(v))
             self.policies, self.schedules, self.node_marks = {}, {}, {}
+            self.pauses = {}
             for k, v in txn.cursor(db=self.conf):
                 group, name = bytes(k[1:]).decode().split("\x00", 1)
                 self._conf(bytes(k[:1]))[(group, name)] = msgpack.unpackb(v)
         self.queues = queues
         self.by_qid = {q.qid: q for q in queues.values()}
+        self.conf_version += 1
+        if self.on_reload is not None:
+            self.on_reload()
 
     # -- reads ---------------------------------------------------------------------------
     def _meta_int(self, txn: lmdb.Transaction, key: bytes) -> int:
@@ -182,9 +204,31 @@ class Index:
 
     def iter_ready(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
                    limit: int) -> Iterator[bytes]:
-        """Yield the pidkeys of up to `limit` ready tasks of `q` in pid order (<= max_key)."""
-        for k in self.ready_keys(txn, q, max_key, limit):
-            yield k[8:]
+        """Yield the pidkeys of up to `limit` ready tasks of `q` (<= max_key): keyless and
+        keyed ones. In pid order when every keyed one is among the first `limit` found
+        (always, for a limit above the queue's size); for a lease use the engine, whose
+        order is exact (and honours flow control)."""
+        plain = [k[8:] for k in self.ready_keys(txn, q, max_key, limit)]
+        keyed = self.keyed_ready(txn, q, max_key, limit)
+        if not keyed:
+            yield from plain
+            return
+        yield from heapq.nsmallest(limit, heapq.merge(plain, sorted(keyed)))
+
+    def keyed_ready(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
+                    limit: int) -> list[bytes]:
+        """Pidkeys of up to `limit` ready keyed tasks of `q` (<= max_key), in no order."""
+        out: list[bytes] = []
+        prefix = qprefix(q.qid, q.gen)
+        cur = txn.cursor(db=self.keyed)
+        if limit <= 0 or not cur.set_range(prefix):
+            return out
+        for k in cast(Iterator[bytes], cur.iternext(keys=True, values=False)):
+            if not k.startswith(prefix) or len(out) >= limit:
+                break
+            if k[16] == AVAILABLE and (max_key is None or k[17:] <= max_key):
+                out.append(bytes(k[17:]))
+        return out
 
     def ready_keys(self, txn: lmdb.Transaction, q: QueueRec, max_key: bytes | None,
                    limit: int) -> list[bytes]:
@@ -252,6 +296,14 @@ class Index:
         return old_of_wire(msgpack.unpackb(raw))
 
     def _unindex(self, txn: lmdb.Transaction, key: bytes, old: Old) -> None:
+        if old[4]:  # keyed
+            if old[0] != 2:  # DELAYED tasks are in timers only
+                _delete(txn, keyed_key(key, old[4], old[0]), b"", self.keyed)
+            if old[0] == AVAILABLE:
+                _delete(txn, key[:8] + _U64(old[2]) + key[8:], b"", self.avail)
+            else:
+                _delete(txn, _U64(old[1]) + key, b"", self.timers)
+            return
         if old[0] == AVAILABLE:
             _delete(txn, key, b"", self.ready)
             _delete(txn, key[:8] + _U64(old[2]) + key[8:], b"", self.avail)
@@ -280,7 +332,23 @@ class Index:
         payload, state = w[W_PAYLOAD], w[W_STATE]
         if payload and (old is None or old[3] != payload["blob_id"]):
             self.ref_blob(txn, payload["blob_id"], +1)
-        if state == AVAILABLE:
+        fkey = wire_key(w)
+        if (fkey or (old is not None and old[4])) and self.on_key is not None:
+            if old is not None and old[4]:
+                self.on_key(q, old[4], key[8:], old[0], -1)
+            if fkey:
+                self.on_key(q, fkey, key[8:], -1, state)
+        if fkey:
+            if state != 2:  # not DELAYED
+                _put(txn, keyed_key(key, fkey, state), fkey.encode(), True, True, False,
+                     self.keyed)
+            if state == AVAILABLE:
+                _put(txn, key[:8] + _U64(w[W_ENQUEUED]) + key[8:], b"", True, True, False,
+                     self.avail)
+            else:
+                due = w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE]
+                _put(txn, _U64(due) + key, b"", True, True, False, self.timers)
+        elif state == AVAILABLE:
             _put(txn, key, b"", True, True, False, self.ready)
             _put(txn, key[:8] + _U64(w[W_ENQUEUED]) + key[8:], b"", True, True, False,
                  self.avail)
@@ -298,6 +366,8 @@ class Index:
             return False
         self._unindex(txn, key, old)
         q.count(old[0], -1)
+        if old[4] and self.on_key is not None:
+            self.on_key(q, old[4], key[8:], old[0], -1)
         if old[3] is not None:
             self.ref_blob(txn, old[3], -1)
         if completed:
@@ -338,6 +408,8 @@ class Index:
                 self.ref_blob(txn, new_blob["blob_id"], +1)
             if old_blob:
                 self.ref_blob(txn, old_blob["blob_id"], -1)
+        if kind in (b"P", b"F"):
+            self.conf_version += 1
         if value is None:
             txn.delete(key, db=self.conf)
             target.pop((group, name), None)
@@ -346,7 +418,8 @@ class Index:
             target[(group, name)] = value
 
     def _conf(self, kind: bytes) -> dict[tuple[str, str], dict[str, Any]]:
-        return {b"P": self.policies, b"N": self.node_marks}.get(kind, self.schedules)
+        return {b"P": self.policies, b"N": self.node_marks,
+                b"F": self.pauses}.get(kind, self.schedules)
 
     def ref_blob(self, txn: lmdb.Transaction, blob_id: str, delta: int) -> None:
         """Count a reference to a payload up or down; at zero it is freed for blob GC."""
@@ -385,7 +458,7 @@ class Index:
                 n += 1
                 if not cur.delete():
                     break
-        for db in (self.ready, self.avail):
+        for db in (self.ready, self.avail, self.keyed):
             c = txn.cursor(db=db)
             m = 0
             if c.set_range(prefix):

@@ -33,6 +33,18 @@ def task_key(qid: int, gen: int, pid: bytes) -> bytes:
     return QG.pack(qid, gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
 
 
+def key_hash(key: str) -> bytes:
+    """8 bytes standing for a flow-control key in index keys (a key of 128 characters and
+    a 464-byte pidkey would not fit LMDB's 511-byte keys)."""
+    return hashlib.blake2b(key.encode(), digest_size=8).digest()
+
+
+def keyed_key(task_key: bytes, key: str, state: int) -> bytes:
+    """A keyed task's entry in ``keyed``: ``qid gen | key hash | state | pidkey`` (state
+    AVAILABLE: ready, in pid order per key; LEASED: counted against the key's limit)."""
+    return task_key[:8] + key_hash(key) + bytes((state,)) + task_key[8:]
+
+
 @dataclass(slots=True)
 class Task:
     """One task's record. Times are integer milliseconds since the epoch."""
@@ -51,16 +63,21 @@ class Task:
     payload: dict[str, Any] | None = None
     error: str = ""  # last failure, or why the task was dead-lettered
     origin: str = ""  # for a dead-lettered task: the queue it came from
+    key: str = ""  # flow-control key (a tenant, a domain; see master/tasks/flow.py)
 
     def due_ms(self) -> int:
         return self.expiry_ms if self.state == LEASED else self.not_before_ms
 
     def to_wire(self) -> list[Any]:
         # spelled out (not a loop over fields): this runs for every task on the hot paths;
-        # _TASK_FIELDS below pins the order
-        return [self.pid, self.state, self.token, self.live, self.expiry_ms,
-                self.not_before_ms, self.attempts, self.enqueued_ms, self.leased_ms,
-                self.worker, self.worker_addr, self.payload, self.error, self.origin]
+        # _TASK_FIELDS below pins the order. The key is the 15th item, present only when
+        # set, so a keyless task's record is what it was before keys existed.
+        w = [self.pid, self.state, self.token, self.live, self.expiry_ms,
+             self.not_before_ms, self.attempts, self.enqueued_ms, self.leased_ms,
+             self.worker, self.worker_addr, self.payload, self.error, self.origin]
+        if self.key:
+            w.append(self.key)
+        return w
 
     def pack(self) -> bytes:
         return _packb(self.to_wire())
@@ -76,16 +93,23 @@ class Task:
 _TASK_FIELDS = tuple(f.name for f in fields(Task))
 assert _TASK_FIELDS == ("pid", "state", "token", "live", "expiry_ms", "not_before_ms",
                         "attempts", "enqueued_ms", "leased_ms", "worker", "worker_addr",
-                        "payload", "error", "origin"), "Task.to_wire and W_* are out of date"
+                        "payload", "error", "origin", "key"), "Task.to_wire and W_* are out of date"
 # positions in a task's wire list (Task.to_wire), for code that works on the list itself
 W_PID, W_STATE, W_EXPIRY, W_NOT_BEFORE, W_ENQUEUED, W_PAYLOAD = 0, 1, 4, 5, 7, 11
-Old = tuple[int, int, int, str | None]  # (state, due_ms, enqueued_ms, blob id) of a task
+W_KEY = 14  # only in a keyed task's list (len(w) > W_KEY)
+# (state, due_ms, enqueued_ms, blob id, key or "") of a task
+Old = tuple[int, int, int, str | None, str]
+
+
+def wire_key(w: list[Any]) -> str:
+    """The flow-control key of a task's wire list ("" without one)."""
+    return w[W_KEY] if len(w) > W_KEY else ""
 
 
 def old_of_wire(w: list[Any]) -> Old:
     state, payload = w[W_STATE], w[W_PAYLOAD]
     return (state, w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE], w[W_ENQUEUED],
-            payload["blob_id"] if payload else None)
+            payload["blob_id"] if payload else None, w[W_KEY] if len(w) > W_KEY else "")
 
 
 @dataclass(slots=True)

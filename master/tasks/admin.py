@@ -82,7 +82,7 @@ def plan_redrive(e: Engine, txn: lmdb.Transaction, group: str, queue: str, max_t
             v.delete(src, t.pid, completed=False)
             if v.task(target, t.pid.encode()) is None:
                 back = Task(t.pid, enqueued_ms=t.enqueued_ms, payload=t.payload,
-                            token=t.token)
+                            token=t.token, key=t.key)
                 v.put(target, back, enqueue=True)
             moved += 1
     return v.finish({"moved": moved, "source": join_queue(group, src_name)})
@@ -99,6 +99,37 @@ def plan_policy(e: Engine, group: str, queue: str, policy: Policy | None) -> Pla
             raise BadRequest("a queue cannot be its own dead-letter queue")
         value = policy.model_dump()
     return Plan([("C", "P", group, queue, value)], {"policy": value})
+
+
+PAUSED_KEYS_MAX = 1000
+
+
+def plan_pause(e: Engine, group: str, queue: str, key: str | None, paused: bool) -> Plan:
+    """Pause or resume a queue (`key` None) or one key of it: one ("C", "F", ...) op."""
+    check_name("group", group)
+    check_name("queue", queue)
+    if key is not None:
+        check_name("key", key)
+    old = e.index.pauses.get((group, queue)) or {}
+    whole, keys = bool(old.get("paused")), list(old.get("keys") or ())
+    if key is None:
+        whole = paused
+    elif paused and key not in keys:
+        if len(keys) >= PAUSED_KEYS_MAX:
+            raise BadRequest(f"queue {join_queue(group, queue)} has {len(keys)} paused keys, "
+                             "the limit: resume some, or pause the queue")
+        keys.append(key)
+    elif not paused and key in keys:
+        keys.remove(key)
+    value = {"paused": whole, "keys": sorted(keys)} if whole or keys else None
+    if value == (old or None):
+        return Plan([], describe_pause(value))
+    return Plan([("C", "F", group, queue, value)], describe_pause(value))
+
+
+def describe_pause(value: dict[str, Any] | None) -> dict[str, Any]:
+    value = value or {}
+    return {"paused": bool(value.get("paused")), "paused_keys": list(value.get("keys") or ())}
 
 
 def plan_schedule(e: Engine, group: str, name: str, s: Schedule | None) -> Plan:

@@ -49,6 +49,7 @@ from squall.master.storage.records import (
     DELAYED,
     LEASED,
     STATE_NAMES,
+    W_KEY,
     QueueRec,
     Task,
     pidkey,
@@ -56,6 +57,7 @@ from squall.master.storage.records import (
 )
 from squall.master.tasks import policies
 from squall.master.tasks.dedup import Dedup
+from squall.master.tasks.flow import Flow
 from squall.master.tasks.leasetokens import LeaseTokens
 from squall.master.tasks.view import Plan, View
 
@@ -82,6 +84,7 @@ class Engine:
         self.swept_expired = 0
         self.swept: list[tuple[str, str]] = []  # queues the last sweep made tasks due in
         self.dedup: Dedup | None = None  # idempotency keys (set by the master)
+        self.flow = Flow(index, self.now_ms)  # keys, limits, fairness, pause (flow.py)
 
     def now_ms(self) -> int:
         return ms(self.clock.now())
@@ -131,6 +134,9 @@ class Engine:
             raw = check_pid(pid)
         if s.not_before is not None and s.delay_secs is not None:  # bad even if it collapses
             raise BadRequest(f"task {pid!r}: give not_before or delay_secs, not both")
+        fkey = s.key
+        if fkey is not None:
+            check_name("key", fkey)
         key = s.idempotency_key
         if key is not None and self.dedup is not None:
             first = v.keys.get(key) or self.dedup.get(v.txn, v.group, key, now)
@@ -147,6 +153,8 @@ class Engine:
         # not_before, attempts, enqueued, leased, worker, worker_addr, payload, error, origin)
         w = ([pid, DELAYED, 0, False, 0, nb, 0, now, 0, "", "", payload, "", ""] if nb > now
              else [pid, AVAILABLE, 0, False, 0, 0, 0, now, 0, "", "", payload, "", ""])
+        if fkey:
+            w.append(fkey)  # W_KEY
         v.put_wire(q, raw, w, enqueue=True)
         return {"queue": queue, "pid": pid, "collapsed": False}
 
@@ -233,7 +241,10 @@ class Engine:
         # the loop below runs for every leased task: names bound once, one op per task
         read, seal, seen, ops = self.index.read_wire, self.tokens.seal, v.tasks, v.plan.ops
         qid, gen, worker, expires_at = q.qid, q.gen, req.worker, expiry / 1000
-        for key in self.index.ready_keys(txn, q, max_key, scan):
+        qf = self.flow.active(q)
+        keys = (self.index.ready_keys(txn, q, max_key, scan) if qf is None else
+                self.flow.select(txn, q, qf, max_key, k, now))
+        for key in keys:
             if len(leased) >= k:
                 break
             w = read(txn, key)  # the task's wire list (Task.to_wire), changed in place
@@ -257,6 +268,8 @@ class Engine:
                            "token": seal(group, queue, pid, token),
                            "expires_at": expires_at, "attempts": attempts,
                            "enqueued_at": w[7] / 1000, "payload": w[11]})
+            if len(w) > W_KEY:
+                leased[-1]["key"] = w[W_KEY]
         v.plan.events[(group, queue, "lease")] += len(leased)
         return leased
 
@@ -305,6 +318,7 @@ class Engine:
             "worker": t.worker if state == LEASED else None,
             "worker_addr": t.worker_addr if state == LEASED else None,
             "payload": t.payload, "error": t.error or None, "origin": t.origin or None,
+            "key": t.key or None,
         }
 
     def task_info(self, txn: lmdb.Transaction, group: str, queue: str, pid: str

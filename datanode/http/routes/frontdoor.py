@@ -26,7 +26,7 @@ from squall.common.wire.names import check_name, check_pid
 from squall.datanode.http.deps import NodeDep
 from squall.datanode.service import DataNode
 
-_FIELDS = {"pid", "payload", "not_before", "delay_secs", "idempotency_key"}
+_FIELDS = {"pid", "payload", "not_before", "delay_secs", "idempotency_key", "key"}
 BODY = {"requestBody": {"required": True, "content": {"application/msgpack": {
     "schema": {"type": "string", "format": "binary"}}}}}
 
@@ -64,6 +64,11 @@ def _check(i: int, t: Any) -> None:
     key = t.get("idempotency_key")
     if key is not None and not (isinstance(key, str) and 1 <= len(key) <= 128):
         raise BadRequest(f"task {i}: idempotency_key must be a string of 1-128 characters")
+    fkey = t.get("key")
+    if fkey is not None:
+        if not isinstance(fkey, str):
+            raise BadRequest(f"task {i}: key must be a string")
+        check_name("key", fkey)
     if data is not None and not isinstance(data, bytes):
         raise BadRequest(f"task {i}: payload must be binary (msgpack bin)")
     for k in ("not_before", "delay_secs"):

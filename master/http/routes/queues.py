@@ -8,6 +8,7 @@ from fastapi import Query
 
 from squall.common.errors import BadRequest, NotFound
 from squall.common.wire.models import (
+    PauseRequest,
     RedriveRequest,
 )
 from squall.common.wire.names import join_queue, split_queue
@@ -49,7 +50,23 @@ async def queue_stats(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
     if q is None:
         raise NotFound(f"queue {join_queue(group, queue)} does not exist (it has never held "
                        "a task)")
-    return JSON({**counts(q), **m.queue_details(q)})
+    return JSON({**counts(q), **m.queue_details(q), **m.flow_details(q)})
+
+
+async def get_pause(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
+    """Whether the queue, or keys in it, are paused."""
+    return JSON(m.pause_state(group, queue))
+
+
+async def pause(group: GroupP, queue: QueueP, body: PauseRequest, m: MasterDep) -> JSON:
+    """Pause the queue, or one key in it (`key`): leases skip its tasks, enqueues go on.
+    Persisted (it survives restarts); idempotent."""
+    return JSON(await m.pause(group, queue, body.key, True))
+
+
+async def resume(group: GroupP, queue: QueueP, body: PauseRequest, m: MasterDep) -> JSON:
+    """Resume the queue, or one key in it (`key`); idempotent."""
+    return JSON(await m.pause(group, queue, body.key, False))
 
 
 async def delete_queue(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
@@ -103,8 +120,9 @@ async def list_queues(
 async def cluster_stats(m: ReadMasterDep) -> JSON:
     """Totals over every queue."""
     qs = m.index.queues.values()
+    paused, blocked = m.flow_totals()
     return JSON({
-        "queues": sum(1 for q in qs if q.size),
+        "queues": sum(1 for q in qs if q.size), "paused": paused, "blocked": blocked,
         "available": sum(q.available for q in qs), "leased": sum(q.leased for q in qs),
         "delayed": sum(q.delayed for q in qs), "completed": sum(q.completed for q in qs),
         "rates": m.meters.total.snapshot(m.clock.now()), "wal_ticket": m.wal.last_ticket,

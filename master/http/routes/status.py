@@ -117,6 +117,7 @@ async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: Read
         "leased_sample": details["leased_sample"], "head": head, "policy": pol,
         "dead_letter_queue": join_queue(group, dlq), "dead_letters": dq.size if dq else 0,
         "dead_letter_sample": _first_errors(m, (group, dlq), SAMPLE),
+        **m.flow_details(q),
         "is_dead_letter_queue": is_dead_letter_queue(m, group, queue),
         "schedules": scheds,
         "history": [p for p in t.queue_history.get(join_queue(group, queue), ())
