@@ -347,12 +347,25 @@ def test_fifo_order_and_deduplication(sqs: Any, sqs2: Any) -> None:
     with pytest.raises(ClientError) as ei:
         sqs.send_message(QueueUrl=url, MessageBody="no group")
     assert code(ei.value) == "MissingParameter"
-    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
-                              MessageSystemAttributeNames=["MessageGroupId"], WaitTimeSeconds=5)
-    ms = got["Messages"]
-    g1 = [m["Body"] for m in ms if m["Attributes"]["MessageGroupId"] == "g1"]
-    assert g1 == [f"o{i}" for i in range(5)]
-    assert [m["Body"] for m in ms if m["Attributes"]["MessageGroupId"] == "g2"] == ["x"]
+    # one message of a group in flight at a time, in the order sent
+    seen: dict[str, list[str]] = {"g1": [], "g2": []}
+    for _ in range(20):
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                  MessageSystemAttributeNames=["MessageGroupId"],
+                                  WaitTimeSeconds=1).get("Messages", [])
+        groups = [m["Attributes"]["MessageGroupId"] for m in got]
+        assert len(groups) == len(set(groups)), groups  # never two of a group at once
+        # while they are in flight, nothing more of their groups comes
+        more = sqs2.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                    MessageSystemAttributeNames=["MessageGroupId"])
+        assert not {m["Attributes"]["MessageGroupId"] for m in more.get("Messages", [])} & \
+            set(groups)
+        for m in [*got, *more.get("Messages", [])]:
+            seen[m["Attributes"]["MessageGroupId"]].append(m["Body"])
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        if len(seen["g1"]) == 5 and seen["g2"]:
+            break
+    assert seen == {"g1": [f"o{i}" for i in range(5)], "g2": ["x"]}
     plain = sqs.create_queue(QueueName="plain-fifo.fifo",
                              Attributes={"FifoQueue": "true"})["QueueUrl"]
     with pytest.raises(ClientError) as ei:

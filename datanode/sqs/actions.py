@@ -118,8 +118,7 @@ async def _policy(ctx: Ctx, group: str, queue: str, fresh: bool = False) -> dict
 
 
 def _own(policy: dict[str, Any]) -> dict[str, Any]:
-    return {k: policy.get(k) for k in ("max_attempts", "dead_letter_queue", "backoff",
-                                       "lease_secs", "sqs")}
+    return dict(policy)
 
 
 async def _save(ctx: Ctx, group: str, queue: str, policy: dict[str, Any]) -> None:
@@ -569,6 +568,8 @@ async def _enqueue(ctx: Ctx, group: str, queue: str, outs: list[_Out]) -> list[s
             t["delay_secs"] = o.delay
         if o.dedup_key:
             t["idempotency_key"] = o.dedup_key
+        if o.msg.group_id and queue.endswith(Q.FIFO):
+            t["key"] = Q.flow_key(o.msg.group_id)  # the queue's key_limit is 1
         tasks.append(t)
     try:
         res = await fd.enqueue(group, queue, tasks)

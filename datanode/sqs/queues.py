@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -154,8 +155,9 @@ def redrive(text: str) -> tuple[str, str, int]:
 def policy_with(policy: dict[str, Any], sqs: dict[str, str], group: str, queue: str
                 ) -> dict[str, Any]:
     """The squall policy of a queue with these SQS attributes."""
-    p = {k: policy.get(k) for k in ("max_attempts", "dead_letter_queue", "backoff",
-                                    "lease_secs")}
+    p = dict(policy)  # squall's own fields (flow control...) stay as they are
+    if queue.endswith(FIFO):
+        p["key_limit"] = 1  # one message of a message group in flight at a time
     if "VisibilityTimeout" in sqs:
         p["lease_secs"] = max(float(sqs["VisibilityTimeout"]), 0.001)
     if sqs.get("RedrivePolicy"):
@@ -197,6 +199,14 @@ def attributes(policy: dict[str, Any], group: str, queue: str, region: str,
     out["ApproximateNumberOfMessagesNotVisible"] = str(s.get("leased", 0))
     out["ApproximateNumberOfMessagesDelayed"] = str(s.get("delayed", 0))
     return out
+
+
+def flow_key(group_id: str) -> str:
+    """The squall flow-control key of a message group id (SQS allows 1-128 characters of
+    any printable ASCII; a flow key is a squall name)."""
+    if NAME_RE.fullmatch(group_id):
+        return group_id
+    return "sqs." + hashlib.sha256(group_id.encode()).hexdigest()[:40]
 
 
 def tags(policy: dict[str, Any]) -> dict[str, str]:
