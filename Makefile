@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-server-spark
 
-.PHONY: run test lint typecheck bench profile soak clean chromium
+.PHONY: run test lint typecheck bench bench-sqs profile soak clean chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -66,6 +66,12 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.client_bench
 	$(BIN)/python -m bench.dashboard_bench
+	$(BIN)/python -m bench.sqs_bench
+
+## bench-sqs: the SQS endpoint through boto3 against squall's own client, same cluster and
+##            run (bench/results/sqs.md)
+bench-sqs: $(STAMP)
+	$(BIN)/python -m bench.sqs_bench
 
 ## profile: where the client workloads that miss their targets (A.put, B.put, D) spend
 ##          their time: CPU per task by process and thread, and py-spy samples by
