@@ -575,3 +575,19 @@ def test_aiobotocore(cluster: Any, key: dict[str, Any]) -> None:
                 await s.delete_message(QueueUrl=url, ReceiptHandle="nope")
 
     asyncio.run(main())
+
+
+def test_requests_posted_to_a_queue_url(cluster: Any, key: dict[str, Any], sqs: Any) -> None:
+    """Some clients post their JSON requests to the queue URL rather than to `/`."""
+    url = sqs.create_queue(QueueName="posted")["QueueUrl"]
+    creds = Credentials(key["access_key_id"], key["secret_access_key"])
+    body = orjson.dumps({"QueueUrl": url, "MessageBody": "via the queue URL"})
+    req = AWSRequest("POST", url, data=body, headers={
+        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.SendMessage"})
+    SigV4Auth(creds, "sqs", REGION).add_auth(req)
+    r = httpx.post(url, content=body, headers=dict(req.headers))
+    assert r.status_code == 200, r.text
+    (m,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    assert m["Body"] == "via the queue URL"
+    assert httpx.post(url, content=body, headers={"X-Amz-Target": "AmazonSQS.SendMessage"}
+                      ).status_code == 403

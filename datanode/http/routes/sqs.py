@@ -29,3 +29,9 @@ async def endpoint(request: Request, node: NodeDep) -> Response:
             return error_answer(SqsError("BatchRequestTooLong", f"requests are at most "
                                          f"{MAX_REQUEST_BYTES} bytes"))
     return await serve(node, request.scope, bytes(body))
+
+
+async def endpoint_at_queue(group: str, queue: str, request: Request, node: NodeDep
+                            ) -> Response:
+    """The same, posted to a queue URL (the body's `QueueUrl` names the queue)."""
+    return await endpoint(request, node)
