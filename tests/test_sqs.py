@@ -591,3 +591,37 @@ def test_requests_posted_to_a_queue_url(cluster: Any, key: dict[str, Any], sqs: 
     assert m["Body"] == "via the queue URL"
     assert httpx.post(url, content=body, headers={"X-Amz-Target": "AmazonSQS.SendMessage"}
                       ).status_code == 403
+
+
+def test_bad_input_is_a_4xx_never_a_500(cluster: Any, key: dict[str, Any], sqs: Any) -> None:
+    from squall.datanode.sqs.actions import ACTIONS
+
+    url = sqs.create_queue(QueueName="fuzz")["QueueUrl"]
+    creds = Credentials(key["access_key_id"], key["secret_access_key"])
+    node = cluster.node_url(1)
+    bodies: list[bytes] = [b"", b"not json", b"[]", b'"s"', b"{}"]
+    for doc in ({"QueueUrl": 5}, {"QueueUrl": url + "/x"}, {"QueueName": ["x"]},
+                {"QueueUrl": url, "Entries": "x"}, {"QueueUrl": url, "Entries": [1]},
+                {"QueueUrl": url, "Entries": [{"Id": "a"}]}, {"QueueUrl": url, "Tags": 3},
+                {"QueueUrl": url, "MessageBody": 5}, {"QueueUrl": url, "Attributes": [1]},
+                {"QueueUrl": url, "Attributes": {"VisibilityTimeout": 3}},
+                {"QueueUrl": url, "MaxNumberOfMessages": "x", "WaitTimeSeconds": -1},
+                {"QueueUrl": url, "MessageBody": "b", "MessageAttributes": {"a": 1}},
+                {"QueueUrl": url, "MessageBody": "b", "MessageAttributes": {
+                    "a": {"DataType": "Binary", "BinaryValue": "%%%"}}},
+                {"QueueUrl": url, "ReceiptHandle": "sqh1.AAAA.BBBB", "VisibilityTimeout": 5},
+                {"QueueUrl": url, "TagKeys": [1, 2]}, {"SourceArn": "arn:x"},
+                {"QueueUrl": url, "AttributeNames": "All", "MessageAttributeNames": 7}):
+        bodies.append(orjson.dumps(doc))
+    for action in ACTIONS:
+        if action in ("DeleteQueue", "PurgeQueue"):
+            continue
+        for body in bodies:
+            headers = {"Content-Type": "application/x-amz-json-1.0",
+                       "X-Amz-Target": f"AmazonSQS.{action}"}
+            req = AWSRequest("POST", node + "/", data=body, headers=headers)
+            SigV4Auth(creds, "sqs", REGION).add_auth(req)
+            r = httpx.post(node + "/", content=body, headers=dict(req.headers), timeout=60)
+            assert r.status_code < 500, (action, body, r.text)
+            if r.status_code >= 400:
+                assert "x-amzn-query-error" in r.headers and r.json()["message"], r.text

@@ -69,6 +69,10 @@ async def serve(node: DataNode, scope: Scope, body: bytes) -> Response:
         if e.status >= 500:
             log.warning("SQS %s: %s", e.shape, e.message)
         return error_answer(e)
+    except Exception:  # a bug: said in SQS's shape (the SDKs retry InternalFailure)
+        log.exception("SQS request failed")
+        return error_answer(SqsError("InternalFailure", "The request processing has failed "
+                                     "because of an unknown error."))
 
 
 async def _serve(node: DataNode, scope: Scope, body: bytes) -> dict[str, Any]:

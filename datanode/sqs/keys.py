@@ -15,6 +15,7 @@ node learns it from its heartbeat, and in any case once the cache entry lapses.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from squall.datanode.sqs.errors import SqsError
 if TYPE_CHECKING:
     from squall.datanode.service import DataNode
 
+AKID_RE = re.compile(r"SQ[A-Z2-7]{26}")  # what the master mints (master/sqskeys.py)
 CACHE_S = 60.0
 CACHE_MAX = 10_000
 CRED_MARGIN_S = 30.0  # stop using the short-lived credential this long before it expires
@@ -73,6 +75,9 @@ class KeyCache:
                                                                        [n.node_id]))
 
     async def get(self, access_key_id: str, date: str, region: str) -> KeyInfo:
+        if not AKID_RE.fullmatch(access_key_id):  # not one the master made: no lookup
+            raise SqsError("InvalidClientTokenId", "The security token included in the "
+                           "request is invalid.")
         k = (access_key_id, date, region)
         now = self.node.clock.now()
         info = self._cache.get(k)
