@@ -625,3 +625,25 @@ def test_bad_input_is_a_4xx_never_a_500(cluster: Any, key: dict[str, Any], sqs: 
             assert r.status_code < 500, (action, body, r.text)
             if r.status_code >= 400:
                 assert "x-amzn-query-error" in r.headers and r.json()["message"], r.text
+
+
+def test_imported_key(cluster: Any) -> None:
+    """A key an application or a test suite already uses (moto's FOOBARKEY...) can be
+    imported; its secret stays with the master like a minted one's key material."""
+    r = httpx.post(cluster.master_url + "/v1/auth/sqs-keys", headers=ADMIN, json={
+        "roles": ["admin"], "access_key_id": "FOOBARKEY", "secret_access_key": "FOOBARSECRET"})
+    assert r.status_code == 200, r.text
+    assert r.json()["access_key_id"] == "FOOBARKEY"
+    s = sqs_client(cluster.node_url(2), {"access_key_id": "FOOBARKEY",
+                                         "secret_access_key": "FOOBARSECRET"})
+    assert s.create_queue(QueueName="imported")["QueueUrl"].endswith("/default/imported")
+    with pytest.raises(ClientError) as ei:
+        sqs_client(cluster.node_url(2), {"access_key_id": "FOOBARKEY",
+                                         "secret_access_key": "WRONGSECRET"}).list_queues()
+    assert code(ei.value) == "SignatureDoesNotMatch"
+    again = httpx.post(cluster.master_url + "/v1/auth/sqs-keys", headers=ADMIN, json={
+        "roles": ["admin"], "access_key_id": "FOOBARKEY", "secret_access_key": "other-one"})
+    assert again.status_code == 400  # ids are unique
+    r = httpx.post(cluster.master_url + "/v1/auth/sqs-keys", headers=ADMIN, json={
+        "roles": ["admin"], "access_key_id": "ONLYID"})
+    assert r.status_code == 400
