@@ -138,7 +138,7 @@ def test_bad_queue_names(sqs: Any) -> None:
         assert code(ei.value) == "InvalidParameterValue", bad
     with pytest.raises(ClientError) as ei:
         sqs.create_queue(QueueName="notfifo", Attributes={"FifoQueue": "true"})
-    assert code(ei.value) == "InvalidAttributeValue"
+    assert code(ei.value) == "InvalidParameterValue"
 
 
 # -- messages -----------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_batches_and_their_errors(sqs: Any, sqs2: Any) -> None:
     # one bad entry fails alone
     res = sqs.send_message_batch(QueueUrl=url, Entries=[
         {"Id": "ok", "MessageBody": "fine"},
-        {"Id": "big", "MessageBody": "x" * 262145}])
+        {"Id": "big", "MessageBody": "x" * 1048577}])
     assert [e["Id"] for e in res["Successful"]] == ["ok"]
     assert [(e["Id"], e["Code"], e["SenderFault"]) for e in res["Failed"]] == [
         ("big", "InvalidParameterValue", True)]
@@ -248,12 +248,12 @@ def test_batches_and_their_errors(sqs: Any, sqs2: Any) -> None:
 def test_oversize_and_invalid_bodies(sqs: Any) -> None:
     url = sqs.create_queue(QueueName="sizes")["QueueUrl"]
     with pytest.raises(ClientError) as ei:
-        sqs.send_message(QueueUrl=url, MessageBody="x" * 262145)
+        sqs.send_message(QueueUrl=url, MessageBody="x" * 1048577)
     assert code(ei.value) == "InvalidParameterValue"
     assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
     with pytest.raises(sqs.exceptions.InvalidMessageContents):
         sqs.send_message(QueueUrl=url, MessageBody="nul \x00 here")
-    big = "y" * 262144  # the limit itself is fine (stored past the 64 KiB front-door path)
+    big = "y" * 1048576  # the limit itself is fine (stored past the 64 KiB front-door path)
     sqs.send_message(QueueUrl=url, MessageBody=big)
     (m,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
     assert m["Body"] == big

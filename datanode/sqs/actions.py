@@ -613,7 +613,8 @@ async def send_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
             continue
         total += len(o.msg.body.encode()) + _attrs_size(o.msg.attrs)
         outs.append(o)
-    limit = max(int((policy.get("sqs") or {}).get("MaximumMessageSize", "262144")), 262144)
+    limit = int((policy.get("sqs") or {}).get("MaximumMessageSize",
+                                              Q.DEFAULTS["MaximumMessageSize"]))
     if total > limit:
         raise SqsError("BatchRequestTooLong", f"Batch requests cannot be longer than {limit} "
                        f"bytes. You have sent {total} bytes.")
@@ -755,8 +756,8 @@ async def receive_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
 def _handle(ctx: Ctx, group: str, queue: str, h: object) -> tuple[str, str]:
     g, q, pid, token = handles.open_handle(ctx.node.key, h)
     if (g, q) != (group, queue):
-        raise SqsError("ReceiptHandleIsInvalid", f"The input receipt handle \"{str(h)[:100]}\" "
-                       "is not a valid receipt handle (it is of another queue).")
+        raise SqsError("ReceiptHandleIsInvalid", "The input receipt handle is invalid (it is "
+                       "of another queue).")
     return pid, token
 
 
@@ -801,7 +802,7 @@ async def delete_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
         try:
             pid, token = _handle(ctx, group, queue, e.get("ReceiptHandle"))
         except SqsError as bad:
-            failed.append(bad.entry(e["Id"]))
+            failed.append(_entry_error(bad, e).entry(e["Id"]))
             continue
         items.append({"queue": queue, "pid": pid, "token": token})
         ids.append(e["Id"])
@@ -811,6 +812,15 @@ async def delete_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
         else:
             failed.append(res.entry(i))
     return {"Successful": ok, "Failed": failed}
+
+
+def _entry_error(err: SqsError, e: dict[str, Any]) -> SqsError:
+    """A batch entry's error: an invalid handle is named, as SQS does in batches."""
+    if err.shape == "ReceiptHandleIsInvalid":
+        return SqsError("ReceiptHandleIsInvalid", f"The input receipt handle "
+                        f"\"{str(e.get('ReceiptHandle'))[:100]}\" is not a valid receipt "
+                        "handle.")
+    return err
 
 
 def _stale(h: object) -> SqsError:
@@ -831,7 +841,7 @@ async def _change(ctx: Ctx, group: str, queue: str, entries: list[dict[str, Any]
                 raise SqsError("MissingParameter", "The request must contain the parameter "
                                "VisibilityTimeout.")
         except SqsError as bad:
-            results[i] = bad
+            results[i] = _entry_error(bad, e)
             continue
         item = {"queue": queue, "pid": pid, "token": token}
         if vt == 0:

@@ -37,7 +37,7 @@ CATALOG_MAX = 1000
 TAG = "tag:"
 DELETED = "squall:DeletedTimestamp"  # DeleteQueue's mark (squall keeps a queue's counters)
 MAX_TAGS = 50
-DEFAULTS = {"DelaySeconds": "0", "MaximumMessageSize": "262144",
+DEFAULTS = {"DelaySeconds": "0", "MaximumMessageSize": "1048576",
             "MessageRetentionPeriod": "345600", "ReceiveMessageWaitTimeSeconds": "0",
             "VisibilityTimeout": "30", "SqsManagedSseEnabled": "false"}
 FIFO_DEFAULTS = {"FifoQueue": "true", "ContentBasedDeduplication": "false",
@@ -128,7 +128,7 @@ def _check_value(k: str, v: object, fifo: bool, creating: bool) -> str:
         if not creating:
             raise SqsError("InvalidAttributeName", "FifoQueue is set when a queue is created")
         if (v == "true") != fifo:
-            raise SqsError("InvalidAttributeValue", "The name of a FIFO queue can only "
+            raise invalid("The name of a FIFO queue can only "
                            "include alphanumeric characters, hyphens, or underscores, must "
                            "end with .fifo suffix and be 1 to 80 in length.")
     if k == "RedrivePolicy" and v:

@@ -78,7 +78,15 @@ class Upstream:
         return res
 
     async def update(self, group: str, body: dict[str, Any]) -> dict[str, Any]:
-        res: dict[str, Any] = await self.call("POST", f"/v1/groups/{_q(group)}/update", body)
+        """Dequeue, renew or release; a task no longer there (deleted, purged) is a lease
+        that is not current: MessageNotInflight, like a stale token."""
+        try:
+            res: dict[str, Any] = await self.call("POST", f"/v1/groups/{_q(group)}/update",
+                                                  body)
+        except SqsError as e:
+            if e.shape == "QueueDoesNotExist":
+                raise SqsError("MessageNotInflight", e.message) from None
+            raise
         return res
 
     # -- queues ----------------------------------------------------------------------------
