@@ -141,11 +141,11 @@ def _int(doc: dict[str, Any], name: str, lo: int, hi: int, default: int | None
     return v
 
 
-def _entries(doc: dict[str, Any], key: str) -> list[dict[str, Any]]:
+def _entries(doc: dict[str, Any], key: str, kind: str) -> list[dict[str, Any]]:
     entries = doc.get(key)
     if not entries:
-        raise SqsError("EmptyBatchRequest", "There should be at least one "
-                       f"{key[:-1] if key.endswith('s') else key} in the request.")
+        raise SqsError("EmptyBatchRequest", f"There should be at least one {kind}"
+                       "BatchRequestEntry in the request.")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise invalid(f"{key} must be a list of entries")
     if len(entries) > BATCH_MAX:
@@ -180,7 +180,9 @@ def _check_attr_name(name: str) -> None:
     low = name.lower()
     if (not ATTR_NAME_RE.fullmatch(name) or low.startswith(("aws.", "amazon."))
             or name.startswith(".") or name.endswith(".") or ".." in name):
-        raise invalid(f"Message (user) attribute '{name}' name is invalid.")
+        raise invalid(f"The message attribute name '{name}' is invalid. Attribute name can "
+                      "contain A-Z, a-z, 0-9, underscore (_), hyphen (-), and period (.) "
+                      "characters.")
 
 
 def _check_attr(name: str, a: object) -> dict[str, Any]:
@@ -389,6 +391,9 @@ async def set_queue_attributes(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     policy = await _policy(ctx, group, name, fresh=True)
     given = Q.check_attributes(doc.get("Attributes"), name.endswith(Q.FIFO), creating=False)
     sqs = {**(policy.get("sqs") or {}), **given, "LastModifiedTimestamp": str(int(time.time()))}
+    for k in ("Policy", "RedriveAllowPolicy"):  # set to "": removed, as SQS does
+        if sqs.get(k) == "":
+            del sqs[k]
     sqs.setdefault("CreatedTimestamp", sqs["LastModifiedTimestamp"])
     await _save(ctx, group, name, Q.policy_with(policy, sqs, group, name))
     return {}
@@ -599,7 +604,7 @@ async def send_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
 
 async def send_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     group, queue = _queue_of(ctx, doc)
-    entries = _entries(doc, "Entries")
+    entries = _entries(doc, "Entries", "SendMessage")
     _may_send(ctx, group)
     policy = await _policy(ctx, group, queue)
     outs: list[_Out] = []
@@ -796,7 +801,7 @@ async def delete_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
 
 async def delete_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     group, queue = _queue_of(ctx, doc)
-    entries = _entries(doc, "Entries")
+    entries = _entries(doc, "Entries", "DeleteMessage")
     ok, failed, items, ids = [], [], [], []
     for e in entries:
         try:
@@ -829,8 +834,8 @@ def _stale(h: object) -> SqsError:
                    "change.")
 
 
-async def _change(ctx: Ctx, group: str, queue: str, entries: list[dict[str, Any]]
-                  ) -> list[SqsError | None]:
+async def _change(ctx: Ctx, group: str, queue: str, entries: list[dict[str, Any]],
+                  batch: bool = False) -> list[SqsError | None]:
     results: list[SqsError | None] = [None] * len(entries)
     renew, release = [], []
     for i, e in enumerate(entries):
@@ -841,7 +846,7 @@ async def _change(ctx: Ctx, group: str, queue: str, entries: list[dict[str, Any]
                 raise SqsError("MissingParameter", "The request must contain the parameter "
                                "VisibilityTimeout.")
         except SqsError as bad:
-            results[i] = _entry_error(bad, e)
+            results[i] = _entry_error(bad, e) if batch else bad
             continue
         item = {"queue": queue, "pid": pid, "token": token}
         if vt == 0:
@@ -866,9 +871,10 @@ async def change_message_visibility(ctx: Ctx, doc: dict[str, Any]) -> dict[str, 
 
 async def change_message_visibility_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     group, queue = _queue_of(ctx, doc)
-    entries = _entries(doc, "Entries")
+    entries = _entries(doc, "Entries", "ChangeMessageVisibility")
     ok, failed = [], []
-    for e, err in zip(entries, await _change(ctx, group, queue, entries), strict=True):
+    for e, err in zip(entries, await _change(ctx, group, queue, entries, True),
+                      strict=True):
         if err is None:
             ok.append({"Id": e["Id"]})
         else:
