@@ -383,7 +383,8 @@ async def get_queue_attributes(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     every = Q.attributes(policy, group, name, ctx.region, stats)
     if "All" in wanted:
         return {"Attributes": every}
-    return {"Attributes": {w: every[w] for w in wanted if w in every}}
+    picked = {w: every[w] for w in wanted if w in every}
+    return {"Attributes": picked} if picked else {}
 
 
 async def set_queue_attributes(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
