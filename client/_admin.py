@@ -179,14 +179,16 @@ class AdminVerbs:
 
     # -- credentials (admin) -------------------------------------------------------------
     def mint_credential(self, roles: Iterable[str], groups: Iterable[str] | None,
-                        node: str | None, ttl_secs: float, note: str, sqs: bool = False
-                        ) -> Proto[dict[str, Any]]:
+                        node: str | None, ttl_secs: float, note: str, sqs: bool = False,
+                        sqs_key: tuple[str, str] | None = None) -> Proto[dict[str, Any]]:
         body: dict[str, Any] = {"roles": list(roles), "ttl_secs": ttl_secs, "note": note}
         if groups is not None:
             body["groups"] = list(groups)
         if node is not None:
             body["node"] = node
-        path = "/v1/auth/sqs-keys" if sqs else "/v1/auth/credentials"
+        if sqs_key is not None:
+            body["access_key_id"], body["secret_access_key"] = sqs_key
+        path = "/v1/auth/sqs-keys" if sqs or sqs_key else "/v1/auth/credentials"
         ans: dict[str, Any] = yield from self._call("POST", path, body, idempotent=False)
         return ans
 

@@ -75,7 +75,8 @@ def register(app: typer.Typer) -> None:
             help="comma-separated Host names besides loopback and --advertise ('*': any)"),
         sqs_region: str = typer.Option(
             "us-east-1", "--sqs-region", envvar="SQUALL_SQS_REGION",
-            help="the region SQS clients sign for (docs/sqs.md)"),
+            help="the region(s) SQS clients sign for, comma-separated ('*': any; "
+                 "docs/sqs.md)"),
         public_metrics: bool = typer.Option(False, "--public-metrics",
                                             envvar="SQUALL_PUBLIC_METRICS",
                                             help="serve /metrics without a credential"),

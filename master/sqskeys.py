@@ -50,6 +50,7 @@ CACHE_S = 60.0
 MAX_KEYS = 100_000
 _SECRET = b"squall-sqs-secret-v1\n"
 AKID_RE = re.compile(r"SQ[A-Z2-7]{26}")
+IMPORTED_RE = r"^[A-Za-z0-9_]{4,128}$"  # an imported access key id (AWS: \w{16,128})
 
 
 def access_key_id(cred_id: str) -> str:
@@ -98,16 +99,49 @@ class SqsKeys:
         return s
 
     def secret(self, akid: str) -> str:
+        """The secret of a minted key (derived), or of an imported one (kept)."""
+        rec = self.imported().get(akid)
+        if rec is not None:
+            return str(rec["secret"])
         mac = hmac.new(self.key, _SECRET + akid.encode(), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
 
-    def remember(self, cred: auth.Credential, note: str, now: float) -> None:
+    def imported(self) -> dict[str, dict[str, Any]]:
+        return {v["akid"]: v for v in self.keys.values() if "akid" in v}
+
+    def find(self, akid: str) -> tuple[str, dict[str, Any]] | None:
+        """(credential id, claims) of an access key id."""
+        rec = self.imported().get(akid)
+        if rec is not None:
+            return str(rec["id"]), rec
+        cid = cred_id_of(akid)
+        got = self.keys.get(cid) if cid else None
+        if cid is None or got is None or "akid" in got:
+            return None
+        return cid, got
+
+    def remember(self, cred: auth.Credential, note: str, now: float,
+                 imported: tuple[str, str] | None = None) -> None:
         with self.lock:
             self.keys = {k: v for k, v in self.keys.items() if v["expires_at"] > now}
             if len(self.keys) >= MAX_KEYS:
                 raise BadRequest(f"{MAX_KEYS} unexpired SQS access keys exist; revoke some")
-            self.keys[cred.id] = {**cred.describe(), "note": note}
+            rec: dict[str, Any] = {**cred.describe(), "note": note}
+            if imported is not None:
+                if imported[0] in self.imported() or AKID_RE.fullmatch(imported[0]):
+                    raise BadRequest(f"access key id {imported[0]!r} exists or is of the "
+                                     "minted form (SQ...)")
+                rec["akid"], rec["secret"] = imported
+            self.keys[cred.id] = rec
             auth.write_secret(self.path, orjson.dumps(self.keys))
+
+
+class SqsMintRequest(MintRequest):
+    access_key_id: Annotated[str, Field(pattern=IMPORTED_RE)] | None = Field(
+        None, description="import a key with this id and `secret_access_key` (e.g. what a "
+        "test suite or an application's configuration already uses) instead of minting "
+        "one; the master keeps its secret in its data folder")
+    secret_access_key: Annotated[str, Field(min_length=8, max_length=256)] | None = None
 
 
 class SqsKeyInfo(BaseModel):
@@ -125,7 +159,7 @@ class SqsKeyInfo(BaseModel):
 class SqsKeyLookup(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     node_id: Annotated[str, Field(min_length=1, max_length=128)]
-    access_key_id: Annotated[str, Field(min_length=1, max_length=128)]
+    access_key_id: Annotated[str, Field(pattern=IMPORTED_RE)]
     date: Annotated[str, Field(pattern=r"^[0-9]{8}$")]
     region: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9-]+$")]
 
@@ -138,11 +172,17 @@ class SqsKeyAnswer(BaseModel):
     cache_secs: float
 
 
-async def mint_sqs_key(body: MintRequest, request: Request) -> JSON:
+async def mint_sqs_key(body: SqsMintRequest, request: Request) -> JSON:
     """Mint an SQS access key (admin): an access key id and secret bound to these roles and
-    groups, revocable by its id like any credential."""
+    groups, revocable by its id like any credential. With `access_key_id` and
+    `secret_access_key`: import that key instead."""
     if body.node is not None or "node" in body.roles:
         raise BadRequest("an SQS access key cannot be a node credential")
+    if (body.access_key_id is None) != (body.secret_access_key is None):
+        raise BadRequest("import a key with both access_key_id and secret_access_key")
+    imported = None
+    if body.access_key_id is not None and body.secret_access_key is not None:
+        imported = (body.access_key_id, body.secret_access_key)
     access = request.app.state.access
     store: CredentialStore = request.app.state.credentials
     keys: SqsKeys = request.app.state.sqs_keys
@@ -153,9 +193,9 @@ async def mint_sqs_key(body: MintRequest, request: Request) -> JSON:
         raise BadRequest(str(e)) from None
     claims = auth.verify(access.keys, cred, now)
     note = body.note or "SQS access key"
-    keys.remember(claims, note, now)
+    keys.remember(claims, note, now, imported)
     store.remember(claims, note, now)
-    akid = access_key_id(claims.id)
+    akid = imported[0] if imported else access_key_id(claims.id)
     return JSON({**claims.describe(), "access_key_id": akid,
                  "secret_access_key": keys.secret(akid), "note": note})
 
@@ -172,10 +212,10 @@ async def lookup_sqs_key(body: SqsKeyLookup, request: Request, m: MasterDep) -> 
     keys: SqsKeys = request.app.state.sqs_keys
     store: CredentialStore = request.app.state.credentials
     now = access.now()
-    cid = cred_id_of(body.access_key_id)
-    rec = keys.keys.get(cid) if cid else None
-    if rec is None or cid is None:
+    found = keys.find(body.access_key_id)
+    if found is None:
         raise NotFound("no such access key id")
+    cid, rec = found
     if rec["expires_at"] <= now or store.is_revoked(cid):
         raise Unauthorized("the access key expired or was revoked")
     ttl = min(SHORT_TTL_S, rec["expires_at"] - now)

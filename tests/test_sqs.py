@@ -138,7 +138,7 @@ def test_bad_queue_names(sqs: Any) -> None:
         assert code(ei.value) == "InvalidParameterValue", bad
     with pytest.raises(ClientError) as ei:
         sqs.create_queue(QueueName="notfifo", Attributes={"FifoQueue": "true"})
-    assert code(ei.value) == "InvalidAttributeValue"
+    assert code(ei.value) == "InvalidParameterValue"
 
 
 # -- messages -----------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_batches_and_their_errors(sqs: Any, sqs2: Any) -> None:
     # one bad entry fails alone
     res = sqs.send_message_batch(QueueUrl=url, Entries=[
         {"Id": "ok", "MessageBody": "fine"},
-        {"Id": "big", "MessageBody": "x" * 262145}])
+        {"Id": "big", "MessageBody": "x" * 1048577}])
     assert [e["Id"] for e in res["Successful"]] == ["ok"]
     assert [(e["Id"], e["Code"], e["SenderFault"]) for e in res["Failed"]] == [
         ("big", "InvalidParameterValue", True)]
@@ -248,12 +248,12 @@ def test_batches_and_their_errors(sqs: Any, sqs2: Any) -> None:
 def test_oversize_and_invalid_bodies(sqs: Any) -> None:
     url = sqs.create_queue(QueueName="sizes")["QueueUrl"]
     with pytest.raises(ClientError) as ei:
-        sqs.send_message(QueueUrl=url, MessageBody="x" * 262145)
+        sqs.send_message(QueueUrl=url, MessageBody="x" * 1048577)
     assert code(ei.value) == "InvalidParameterValue"
     assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
     with pytest.raises(sqs.exceptions.InvalidMessageContents):
         sqs.send_message(QueueUrl=url, MessageBody="nul \x00 here")
-    big = "y" * 262144  # the limit itself is fine (stored past the 64 KiB front-door path)
+    big = "y" * 1048576  # the limit itself is fine (stored past the 64 KiB front-door path)
     sqs.send_message(QueueUrl=url, MessageBody=big)
     (m,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
     assert m["Body"] == big
@@ -575,3 +575,75 @@ def test_aiobotocore(cluster: Any, key: dict[str, Any]) -> None:
                 await s.delete_message(QueueUrl=url, ReceiptHandle="nope")
 
     asyncio.run(main())
+
+
+def test_requests_posted_to_a_queue_url(cluster: Any, key: dict[str, Any], sqs: Any) -> None:
+    """Some clients post their JSON requests to the queue URL rather than to `/`."""
+    url = sqs.create_queue(QueueName="posted")["QueueUrl"]
+    creds = Credentials(key["access_key_id"], key["secret_access_key"])
+    body = orjson.dumps({"QueueUrl": url, "MessageBody": "via the queue URL"})
+    req = AWSRequest("POST", url, data=body, headers={
+        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.SendMessage"})
+    SigV4Auth(creds, "sqs", REGION).add_auth(req)
+    r = httpx.post(url, content=body, headers=dict(req.headers))
+    assert r.status_code == 200, r.text
+    (m,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    assert m["Body"] == "via the queue URL"
+    assert httpx.post(url, content=body, headers={"X-Amz-Target": "AmazonSQS.SendMessage"}
+                      ).status_code == 403
+
+
+def test_bad_input_is_a_4xx_never_a_500(cluster: Any, key: dict[str, Any], sqs: Any) -> None:
+    from squall.datanode.sqs.actions import ACTIONS
+
+    url = sqs.create_queue(QueueName="fuzz")["QueueUrl"]
+    creds = Credentials(key["access_key_id"], key["secret_access_key"])
+    node = cluster.node_url(1)
+    bodies: list[bytes] = [b"", b"not json", b"[]", b'"s"', b"{}"]
+    for doc in ({"QueueUrl": 5}, {"QueueUrl": url + "/x"}, {"QueueName": ["x"]},
+                {"QueueUrl": url, "Entries": "x"}, {"QueueUrl": url, "Entries": [1]},
+                {"QueueUrl": url, "Entries": [{"Id": "a"}]}, {"QueueUrl": url, "Tags": 3},
+                {"QueueUrl": url, "MessageBody": 5}, {"QueueUrl": url, "Attributes": [1]},
+                {"QueueUrl": url, "Attributes": {"VisibilityTimeout": 3}},
+                {"QueueUrl": url, "MaxNumberOfMessages": "x", "WaitTimeSeconds": -1},
+                {"QueueUrl": url, "MessageBody": "b", "MessageAttributes": {"a": 1}},
+                {"QueueUrl": url, "MessageBody": "b", "MessageAttributes": {
+                    "a": {"DataType": "Binary", "BinaryValue": "%%%"}}},
+                {"QueueUrl": url, "ReceiptHandle": "sqh1.AAAA.BBBB", "VisibilityTimeout": 5},
+                {"QueueUrl": url, "TagKeys": [1, 2]}, {"SourceArn": "arn:x"},
+                {"QueueUrl": url, "AttributeNames": "All", "MessageAttributeNames": 7}):
+        bodies.append(orjson.dumps(doc))
+    for action in ACTIONS:
+        if action in ("DeleteQueue", "PurgeQueue"):
+            continue
+        for body in bodies:
+            headers = {"Content-Type": "application/x-amz-json-1.0",
+                       "X-Amz-Target": f"AmazonSQS.{action}"}
+            req = AWSRequest("POST", node + "/", data=body, headers=headers)
+            SigV4Auth(creds, "sqs", REGION).add_auth(req)
+            r = httpx.post(node + "/", content=body, headers=dict(req.headers), timeout=60)
+            assert r.status_code < 500, (action, body, r.text)
+            if r.status_code >= 400:
+                assert "x-amzn-query-error" in r.headers and r.json()["message"], r.text
+
+
+def test_imported_key(cluster: Any) -> None:
+    """A key an application or a test suite already uses (moto's FOOBARKEY...) can be
+    imported; its secret stays with the master like a minted one's key material."""
+    r = httpx.post(cluster.master_url + "/v1/auth/sqs-keys", headers=ADMIN, json={
+        "roles": ["admin"], "access_key_id": "FOOBARKEY", "secret_access_key": "FOOBARSECRET"})
+    assert r.status_code == 200, r.text
+    assert r.json()["access_key_id"] == "FOOBARKEY"
+    s = sqs_client(cluster.node_url(2), {"access_key_id": "FOOBARKEY",
+                                         "secret_access_key": "FOOBARSECRET"})
+    assert s.create_queue(QueueName="imported")["QueueUrl"].endswith("/default/imported")
+    with pytest.raises(ClientError) as ei:
+        sqs_client(cluster.node_url(2), {"access_key_id": "FOOBARKEY",
+                                         "secret_access_key": "WRONGSECRET"}).list_queues()
+    assert code(ei.value) == "SignatureDoesNotMatch"
+    again = httpx.post(cluster.master_url + "/v1/auth/sqs-keys", headers=ADMIN, json={
+        "roles": ["admin"], "access_key_id": "FOOBARKEY", "secret_access_key": "other-one"})
+    assert again.status_code == 400  # ids are unique
+    r = httpx.post(cluster.master_url + "/v1/auth/sqs-keys", headers=ADMIN, json={
+        "roles": ["admin"], "access_key_id": "ONLYID"})
+    assert r.status_code == 400

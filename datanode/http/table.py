@@ -44,12 +44,6 @@ ROUTES = RouteTable([
         R("POST", "/v1/groups/{group}/queues/{queue}/tasks", frontdoor.enqueue,
           EnqueueResponse, rule("producer", "path", "binary"), hot=True,
           options={"openapi_extra": frontdoor.BODY})),
-    # the SQS-compatible endpoint: AWS JSON 1.0, SigV4 checked by the route (datanode/sqs/)
-    *section(
-        "sqs",
-        R("POST", "/", sqs.endpoint, None, SIGV4,
-          responses={200: {"description": "the action's answer (AWS JSON 1.0)"}},
-          options={"openapi_extra": sqs.BODY})),
     *section(
         "replication",
         R("PUT", "/v1/replicate/{blob_id}", replicate.replicate_blob, PutResult, PAYLOAD,
@@ -63,6 +57,16 @@ ROUTES = RouteTable([
           responses={503: {"description": "The store is not open"}}),
         R("GET", "/metrics", health.metrics, None, ADMIN_READ, responses={},
           options={"response_class": Response})),
+    # the SQS-compatible endpoint: AWS JSON 1.0, SigV4 checked by the route (datanode/sqs/);
+    # also at a queue URL's path, where some clients post (last: every route above wins)
+    *section(
+        "sqs",
+        R("POST", "/", sqs.endpoint, None, SIGV4,
+          responses={200: {"description": "the action's answer (AWS JSON 1.0)"}},
+          options={"openapi_extra": sqs.BODY}),
+        R("POST", "/{group}/{queue}", sqs.endpoint_at_queue, None, SIGV4,
+          responses={200: {"description": "the action's answer (AWS JSON 1.0)"}},
+          options={"openapi_extra": sqs.BODY})),
     # served by the framework: the API description, its page and assets
     R("GET", "/openapi.json", None, None, PUBLIC),
     R("GET", "/docs", None, None, PUBLIC),

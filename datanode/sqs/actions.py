@@ -141,11 +141,11 @@ def _int(doc: dict[str, Any], name: str, lo: int, hi: int, default: int | None
     return v
 
 
-def _entries(doc: dict[str, Any], key: str) -> list[dict[str, Any]]:
+def _entries(doc: dict[str, Any], key: str, kind: str) -> list[dict[str, Any]]:
     entries = doc.get(key)
     if not entries:
-        raise SqsError("EmptyBatchRequest", "There should be at least one "
-                       f"{key[:-1] if key.endswith('s') else key} in the request.")
+        raise SqsError("EmptyBatchRequest", f"There should be at least one {kind}"
+                       "BatchRequestEntry in the request.")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise invalid(f"{key} must be a list of entries")
     if len(entries) > BATCH_MAX:
@@ -180,7 +180,9 @@ def _check_attr_name(name: str) -> None:
     low = name.lower()
     if (not ATTR_NAME_RE.fullmatch(name) or low.startswith(("aws.", "amazon."))
             or name.startswith(".") or name.endswith(".") or ".." in name):
-        raise invalid(f"Message (user) attribute '{name}' name is invalid.")
+        raise invalid(f"The message attribute name '{name}' is invalid. Attribute name can "
+                      "contain A-Z, a-z, 0-9, underscore (_), hyphen (-), and period (.) "
+                      "characters.")
 
 
 def _check_attr(name: str, a: object) -> dict[str, Any]:
@@ -381,7 +383,8 @@ async def get_queue_attributes(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     every = Q.attributes(policy, group, name, ctx.region, stats)
     if "All" in wanted:
         return {"Attributes": every}
-    return {"Attributes": {w: every[w] for w in wanted if w in every}}
+    picked = {w: every[w] for w in wanted if w in every}
+    return {"Attributes": picked} if picked else {}
 
 
 async def set_queue_attributes(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
@@ -389,6 +392,9 @@ async def set_queue_attributes(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     policy = await _policy(ctx, group, name, fresh=True)
     given = Q.check_attributes(doc.get("Attributes"), name.endswith(Q.FIFO), creating=False)
     sqs = {**(policy.get("sqs") or {}), **given, "LastModifiedTimestamp": str(int(time.time()))}
+    for k in ("Policy", "RedriveAllowPolicy"):  # set to "": removed, as SQS does
+        if sqs.get(k) == "":
+            del sqs[k]
     sqs.setdefault("CreatedTimestamp", sqs["LastModifiedTimestamp"])
     await _save(ctx, group, name, Q.policy_with(policy, sqs, group, name))
     return {}
@@ -599,7 +605,7 @@ async def send_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
 
 async def send_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     group, queue = _queue_of(ctx, doc)
-    entries = _entries(doc, "Entries")
+    entries = _entries(doc, "Entries", "SendMessage")
     _may_send(ctx, group)
     policy = await _policy(ctx, group, queue)
     outs: list[_Out] = []
@@ -613,7 +619,8 @@ async def send_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
             continue
         total += len(o.msg.body.encode()) + _attrs_size(o.msg.attrs)
         outs.append(o)
-    limit = max(int((policy.get("sqs") or {}).get("MaximumMessageSize", "262144")), 262144)
+    limit = int((policy.get("sqs") or {}).get("MaximumMessageSize",
+                                              Q.DEFAULTS["MaximumMessageSize"]))
     if total > limit:
         raise SqsError("BatchRequestTooLong", f"Batch requests cannot be longer than {limit} "
                        f"bytes. You have sent {total} bytes.")
@@ -755,8 +762,8 @@ async def receive_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
 def _handle(ctx: Ctx, group: str, queue: str, h: object) -> tuple[str, str]:
     g, q, pid, token = handles.open_handle(ctx.node.key, h)
     if (g, q) != (group, queue):
-        raise SqsError("ReceiptHandleIsInvalid", f"The input receipt handle \"{str(h)[:100]}\" "
-                       "is not a valid receipt handle (it is of another queue).")
+        raise SqsError("ReceiptHandleIsInvalid", "The input receipt handle is invalid (it is "
+                       "of another queue).")
     return pid, token
 
 
@@ -795,13 +802,13 @@ async def delete_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
 
 async def delete_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     group, queue = _queue_of(ctx, doc)
-    entries = _entries(doc, "Entries")
+    entries = _entries(doc, "Entries", "DeleteMessage")
     ok, failed, items, ids = [], [], [], []
     for e in entries:
         try:
             pid, token = _handle(ctx, group, queue, e.get("ReceiptHandle"))
         except SqsError as bad:
-            failed.append(bad.entry(e["Id"]))
+            failed.append(_entry_error(bad, e).entry(e["Id"]))
             continue
         items.append({"queue": queue, "pid": pid, "token": token})
         ids.append(e["Id"])
@@ -813,14 +820,23 @@ async def delete_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     return {"Successful": ok, "Failed": failed}
 
 
+def _entry_error(err: SqsError, e: dict[str, Any]) -> SqsError:
+    """A batch entry's error: an invalid handle is named, as SQS does in batches."""
+    if err.shape == "ReceiptHandleIsInvalid":
+        return SqsError("ReceiptHandleIsInvalid", f"The input receipt handle "
+                        f"\"{str(e.get('ReceiptHandle'))[:100]}\" is not a valid receipt "
+                        "handle.")
+    return err
+
+
 def _stale(h: object) -> SqsError:
     return invalid(f"Value {str(h)[:100]} for parameter ReceiptHandle is invalid. Reason: "
                    "Message does not exist or is not available for visibility timeout "
                    "change.")
 
 
-async def _change(ctx: Ctx, group: str, queue: str, entries: list[dict[str, Any]]
-                  ) -> list[SqsError | None]:
+async def _change(ctx: Ctx, group: str, queue: str, entries: list[dict[str, Any]],
+                  batch: bool = False) -> list[SqsError | None]:
     results: list[SqsError | None] = [None] * len(entries)
     renew, release = [], []
     for i, e in enumerate(entries):
@@ -831,7 +847,7 @@ async def _change(ctx: Ctx, group: str, queue: str, entries: list[dict[str, Any]
                 raise SqsError("MissingParameter", "The request must contain the parameter "
                                "VisibilityTimeout.")
         except SqsError as bad:
-            results[i] = bad
+            results[i] = _entry_error(bad, e) if batch else bad
             continue
         item = {"queue": queue, "pid": pid, "token": token}
         if vt == 0:
@@ -856,9 +872,10 @@ async def change_message_visibility(ctx: Ctx, doc: dict[str, Any]) -> dict[str, 
 
 async def change_message_visibility_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     group, queue = _queue_of(ctx, doc)
-    entries = _entries(doc, "Entries")
+    entries = _entries(doc, "Entries", "ChangeMessageVisibility")
     ok, failed = [], []
-    for e, err in zip(entries, await _change(ctx, group, queue, entries), strict=True):
+    for e, err in zip(entries, await _change(ctx, group, queue, entries, True),
+                      strict=True):
         if err is None:
             ok.append({"Id": e["Id"]})
         else:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from squall.datanode.service import DataNode
 
 log = logging.getLogger("squall.datanode.sqs")
-MAX_REQUEST_BYTES = 2 << 20  # a batch of 10 messages of 1 MiB in total, and its JSON
+MAX_REQUEST_BYTES = 4 << 20  # a batch of 1 MiB of messages, and its JSON (escapes...)
 JSON_10 = "application/x-amz-json-1.0"
 TARGET = "AmazonSQS."
 
@@ -69,6 +69,10 @@ async def serve(node: DataNode, scope: Scope, body: bytes) -> Response:
         if e.status >= 500:
             log.warning("SQS %s: %s", e.shape, e.message)
         return error_answer(e)
+    except Exception:  # a bug: said in SQS's shape (the SDKs retry InternalFailure)
+        log.exception("SQS request failed")
+        return error_answer(SqsError("InternalFailure", "The request processing has failed "
+                                     "because of an unknown error."))
 
 
 async def _serve(node: DataNode, scope: Scope, body: bytes) -> dict[str, Any]:
@@ -77,10 +81,12 @@ async def _serve(node: DataNode, scope: Scope, body: bytes) -> dict[str, Any]:
     signed = sigv4.parse(first, query)
     now = node.clock.now()
     sigv4.check_time(signed, now)
-    region = node.settings.sqs_region
-    if signed.region != region:
+    regions = {r.strip() for r in node.settings.sqs_region.split(",")}
+    region = signed.region
+    if region not in regions and "*" not in regions:
         raise SqsError("SignatureDoesNotMatch", f"Credential should be scoped to a valid "
-                       f"region: this endpoint is '{region}', not '{signed.region[:64]}'")
+                       f"region: this endpoint serves {sorted(regions)}, not "
+                       f"'{region[:64]}'")
     info = await keys_of(node).get(signed.access_key_id, signed.date, signed.region)
     raw_path = scope.get("raw_path") or scope["path"].encode()
     sigv4.check(signed, info.signing_key, scope["method"], raw_path.decode("latin-1"),

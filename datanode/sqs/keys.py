@@ -15,6 +15,7 @@ node learns it from its heartbeat, and in any case once the cache entry lapses.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ from squall.datanode.sqs.errors import SqsError
 if TYPE_CHECKING:
     from squall.datanode.service import DataNode
 
+AKID_RE = re.compile(r"[A-Za-z0-9_]{4,128}")  # minted (SQ + base32) or imported ids
+NEGATIVE_S = 10.0  # an unknown access key id is asked about again after this long
 CACHE_S = 60.0
 CACHE_MAX = 10_000
 CRED_MARGIN_S = 30.0  # stop using the short-lived credential this long before it expires
@@ -65,6 +68,7 @@ class KeyCache:
         self.node = node
         self._cache: dict[tuple[str, str, str], KeyInfo] = {}
         self._locks: dict[tuple[str, str, str], asyncio.Lock] = {}
+        self._unknown: dict[str, float] = {}  # access key id -> until (no master lookup)
         self.lookups = 0
 
     def _auth(self) -> str:
@@ -73,8 +77,14 @@ class KeyCache:
                                                                        [n.node_id]))
 
     async def get(self, access_key_id: str, date: str, region: str) -> KeyInfo:
+        if not AKID_RE.fullmatch(access_key_id):  # not one the master made: no lookup
+            raise SqsError("InvalidClientTokenId", "The security token included in the "
+                           "request is invalid.")
         k = (access_key_id, date, region)
         now = self.node.clock.now()
+        if self._unknown.get(access_key_id, 0.0) > now:
+            raise SqsError("InvalidClientTokenId", "The security token included in the "
+                           "request is invalid.")
         info = self._cache.get(k)
         if info is None or now >= info.until:
             lock = self._locks.setdefault(k, asyncio.Lock())
@@ -112,6 +122,9 @@ class KeyCache:
             raise SqsError("ServiceUnavailable", f"the master is unreachable ({e}); "
                            "retry") from None
         if r.status_code in (400, 401, 404, 422):
+            if len(self._unknown) >= CACHE_MAX:
+                self._unknown.clear()
+            self._unknown[access_key_id] = n.clock.now() + NEGATIVE_S
             raise SqsError("InvalidClientTokenId", "The security token included in the "
                            "request is invalid.")
         if r.status_code >= 400:

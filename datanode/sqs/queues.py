@@ -37,7 +37,7 @@ CATALOG_MAX = 1000
 TAG = "tag:"
 DELETED = "squall:DeletedTimestamp"  # DeleteQueue's mark (squall keeps a queue's counters)
 MAX_TAGS = 50
-DEFAULTS = {"DelaySeconds": "0", "MaximumMessageSize": "262144",
+DEFAULTS = {"DelaySeconds": "0", "MaximumMessageSize": "1048576",
             "MessageRetentionPeriod": "345600", "ReceiveMessageWaitTimeSeconds": "0",
             "VisibilityTimeout": "30", "SqsManagedSseEnabled": "false"}
 FIFO_DEFAULTS = {"FifoQueue": "true", "ContentBasedDeduplication": "false",
@@ -56,7 +56,7 @@ ALL_NAMES = {*SETTABLE, *DERIVED}
 
 
 def check_sqs_name(name: object) -> str:
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
         raise SqsError("MissingParameter", "The request must contain the parameter QueueName.")
     base = name[:-len(FIFO)] if name.endswith(FIFO) else name
     if len(name) > 80 or not SQS_NAME_RE.fullmatch(base):
@@ -105,7 +105,9 @@ def check_attributes(attrs: object, fifo: bool, creating: bool) -> dict[str, str
         return {}
     if not isinstance(attrs, dict):
         raise invalid("Attributes must be a map of names to values")
-    return {k: _check_value(k, v, fifo, creating) for k, v in attrs.items()}
+    # SQS takes names with stray blanks ("VisibilityTimeout ")
+    return {str(k).strip(): _check_value(str(k).strip(), v, fifo, creating)
+            for k, v in attrs.items()}
 
 
 def _check_value(k: str, v: object, fifo: bool, creating: bool) -> str:
@@ -128,7 +130,7 @@ def _check_value(k: str, v: object, fifo: bool, creating: bool) -> str:
         if not creating:
             raise SqsError("InvalidAttributeName", "FifoQueue is set when a queue is created")
         if (v == "true") != fifo:
-            raise SqsError("InvalidAttributeValue", "The name of a FIFO queue can only "
+            raise invalid("The name of a FIFO queue can only "
                            "include alphanumeric characters, hyphens, or underscores, must "
                            "end with .fifo suffix and be 1 to 80 in length.")
     if k == "RedrivePolicy" and v:

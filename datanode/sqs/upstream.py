@@ -55,23 +55,12 @@ class Upstream:
                            + ("the outcome is unknown: retry" if e.sent else
                               "nothing was applied, retry")) from None
         if r.status_code < 400:
-            return orjson.loads(r.content) if r.content else {}
-        try:
-            err = orjson.loads(r.content).get("error", {})
-        except (orjson.JSONDecodeError, AttributeError):
-            err = {}
-        msg = str(err.get("message", f"HTTP {r.status_code}"))
-        if r.status_code == 401:
-            raise SqsError("InvalidClientTokenId", msg)
-        if r.status_code == 403:
-            raise SqsError("AccessDenied", msg)
-        if r.status_code == 404:
-            raise SqsError("QueueDoesNotExist", missing or msg)
-        if r.status_code == 409:
-            raise SqsError("MessageNotInflight", msg)
-        if r.status_code in (400, 413, 422):
-            raise SqsError("InvalidParameterValue", msg)
-        raise SqsError("ServiceUnavailable", f"{err.get('code', r.status_code)}: {msg}")
+            try:
+                return orjson.loads(r.content) if r.content else {}
+            except orjson.JSONDecodeError:
+                raise SqsError("ServiceUnavailable", "the master's answer did not parse; "
+                               "the outcome is unknown: retry") from None
+        raise _refusal(r.status_code, r.content, missing)
 
     # -- tasks -----------------------------------------------------------------------------
     async def lease(self, group: str, queue: str, max_tasks: int, lease_secs: float | None,
@@ -89,7 +78,15 @@ class Upstream:
         return res
 
     async def update(self, group: str, body: dict[str, Any]) -> dict[str, Any]:
-        res: dict[str, Any] = await self.call("POST", f"/v1/groups/{_q(group)}/update", body)
+        """Dequeue, renew or release; a task no longer there (deleted, purged) is a lease
+        that is not current: MessageNotInflight, like a stale token."""
+        try:
+            res: dict[str, Any] = await self.call("POST", f"/v1/groups/{_q(group)}/update",
+                                                  body)
+        except SqsError as e:
+            if e.shape == "QueueDoesNotExist":
+                raise SqsError("MessageNotInflight", e.message) from None
+            raise
         return res
 
     # -- queues ----------------------------------------------------------------------------
@@ -130,6 +127,26 @@ class Upstream:
             "GET", "/v1/queues", query={"group": group, "min_tasks": 0, "limit": limit,
                                         "after": after}, replay=True)
         return res
+
+
+def _refusal(status: int, content: bytes, missing: str | None) -> SqsError:
+    """The SQS error of a refusal of the master."""
+    try:
+        err = orjson.loads(content).get("error", {})
+    except (orjson.JSONDecodeError, AttributeError):
+        err = {}
+    msg = str(err.get("message", f"HTTP {status}"))
+    if status == 401:
+        return SqsError("InvalidClientTokenId", msg)
+    if status == 403:
+        return SqsError("AccessDenied", msg)
+    if status == 404:
+        return SqsError("QueueDoesNotExist", missing or msg)
+    if status == 409:
+        return SqsError("MessageNotInflight", msg)
+    if status in (400, 413, 422):
+        return SqsError("InvalidParameterValue", msg)
+    return SqsError("ServiceUnavailable", f"{err.get('code', status)}: {msg}")
 
 
 def _q(name: str) -> str:

@@ -20,12 +20,24 @@ async def endpoint(request: Request, node: NodeDep) -> Response:
     """An SQS action (`X-Amz-Target: AmazonSQS.<Action>`, AWS JSON 1.0, SigV4-signed)."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_REQUEST_BYTES:
-        return error_answer(SqsError("BatchRequestTooLong", f"requests are at most "
-                                     f"{MAX_REQUEST_BYTES} bytes"))
+        return error_answer(_too_long(request))
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_REQUEST_BYTES:
-            return error_answer(SqsError("BatchRequestTooLong", f"requests are at most "
-                                         f"{MAX_REQUEST_BYTES} bytes"))
+            return error_answer(_too_long(request))
     return await serve(node, request.scope, bytes(body))
+
+
+def _too_long(request: Request) -> SqsError:
+    if request.headers.get("x-amz-target", "").endswith("Batch"):
+        return SqsError("BatchRequestTooLong", f"Batch requests cannot be longer than "
+                        f"{MAX_REQUEST_BYTES} bytes.")
+    return SqsError("InvalidParameterValue", "One or more parameters are invalid. Reason: "
+                    "Message must be shorter than 1048576 bytes.")
+
+
+async def endpoint_at_queue(group: str, queue: str, request: Request, node: NodeDep
+                            ) -> Response:
+    """The same, posted to a queue URL (the body's `QueueUrl` names the queue)."""
+    return await endpoint(request, node)
