@@ -69,7 +69,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.sqs_bench
 
 ## bench-sqs: the SQS endpoint through boto3 against squall's own client, same cluster and
-##            run (bench/results/sqs.md)
+##            run; prints messages/s and the ratios (recorded in bench/results/sqs-endpoint.md)
 bench-sqs: $(STAMP)
 	$(BIN)/python -m bench.sqs_bench
 
