@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import os
 import re
@@ -722,7 +723,14 @@ async def receive_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
                              float(wait), "sqs:" + ctx.key_id)
     tasks = res.get("tasks") or []
     refs = [t["payload"] for t in tasks if t.get("payload")]
-    data = await _payloads(ctx, refs, res.get("read_token")) if refs else {}
+    try:
+        data = await _payloads(ctx, refs, res.get("read_token")) if refs else {}
+    except SqsError:  # give the leases back unseen: the messages are visible again at once
+        with contextlib.suppress(SqsError):
+            await ctx.up.update(group, {"release": [
+                {"queue": queue, "pid": t["pid"], "token": t["token"], "unseen": True}
+                for t in tasks]})
+        raise
     now = _now_ms()
     out = []
     for t in tasks:
