@@ -3,10 +3,12 @@
 The suite comes from moto's source distribution on PyPI (a pinned version, fetched at test
 time into build/compat, never copied into this repository). Its tests run unchanged with
 ``TEST_SERVER_MODE=true`` and ``TEST_SERVER_MODE_ENDPOINT`` naming squall's endpoint;
-squall serves no reset API (``MOTO_CALL_RESET_API=false``). Two things are injected beside
-the suite, not into it: the key pair moto's ``mock_aws`` signs with (it would sign with
-moto's fixed fake keys) and the ``account_id`` fixture (moto asks STS, which squall does
-not serve).
+squall serves no reset API (``MOTO_CALL_RESET_API=false``). moto signs with its fixed fake
+key pair, so the master imports that pair (``squall auth mint --sqs --import-sqs-key``)
+for one group named as moto's account, and the data nodes take every region
+(``SQUALL_SQS_REGION=*``), as moto's tests use several. One thing is injected beside the
+suite, not into it: the ``account_id`` fixture (moto asks STS, which squall does not
+serve).
 
 ``sqs_compat/moto_expected_failures.txt`` lists the tests expected to fail, each with its
 reason. A test failing that is not listed fails this test; a listed test that passes is
@@ -15,6 +17,7 @@ reported, so the list can shrink.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -35,18 +38,6 @@ _CONFTEST = '''
 import os
 
 import pytest
-from moto.core import models
-
-_init = models.MockAWS.__init__
-
-
-def _init_with_squall_keys(self, *args, **kwargs):
-    _init(self, *args, **kwargs)
-    self._fake_creds = {"AWS_ACCESS_KEY_ID": os.environ["SQUALL_SQS_KEY_ID"],
-                        "AWS_SECRET_ACCESS_KEY": os.environ["SQUALL_SQS_SECRET"]}
-
-
-models.MockAWS.__init__ = _init_with_squall_keys
 
 
 @pytest.fixture
@@ -106,14 +97,13 @@ def test_moto_sqs_suite(sqs_endpoint: Endpoint, tmp_path: Path) -> None:
     root = _suite()
     junit = tmp_path / "moto.xml"
     env = sqs_endpoint.env(TEST_SERVER_MODE="true", TEST_SERVER_MODE_ENDPOINT=sqs_endpoint.url,
-                           MOTO_CALL_RESET_API="false", SQUALL_SQS_KEY_ID=sqs_endpoint.key_id,
-                           SQUALL_SQS_SECRET=sqs_endpoint.secret,
-                           SQUALL_SQS_ACCOUNT=sqs_endpoint.account)
+                           MOTO_CALL_RESET_API="false", SQUALL_SQS_ACCOUNT=sqs_endpoint.account)
     env.pop("AWS_ENDPOINT_URL_SQS")  # moto points its clients at the endpoint itself
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                     "-p", "no:randomly", "-o", "addopts=", "-W", "ignore",
                     f"--junitxml={junit}", "--rootdir", str(root), *SUITE],
                    cwd=root, env=env, timeout=1200, capture_output=True)
+    shutil.copy(junit, CACHE / "moto-last.xml")  # the last run's report, for a look at it
     outcomes = _outcomes(junit)
     failed = {name for name, kind in outcomes.items() if kind in ("failed", "error")}
     expected = _expected()
@@ -128,9 +118,11 @@ def test_moto_sqs_suite(sqs_endpoint: Endpoint, tmp_path: Path) -> None:
     assert passed > 0, "moto's suite passed no test"
 
 
-cluster = cluster_fixture("sqsmoto", nodes=2)
+cluster = cluster_fixture("sqsmoto", nodes=2, extra_env={"SQUALL_SQS_REGION": "*"})
+MOTO_KEY = ("FOOBARKEY", "FOOBARSECRET")  # what moto's mock_aws signs with
+MOTO_ACCOUNT = "123456789012"
 
 
 @pytest.fixture(scope="module")
 def sqs_endpoint(cluster: Any) -> Endpoint:
-    return endpoint_for(cluster)
+    return endpoint_for(cluster, key=MOTO_KEY, group=MOTO_ACCOUNT)

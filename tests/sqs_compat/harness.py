@@ -75,16 +75,23 @@ def python() -> str:
     return sys.executable
 
 
-def endpoint_for(cluster: Any, node: int = 1) -> Endpoint:
-    """Data node `node`'s SQS endpoint with a fresh access key of the admin role, minted by
-    the master (`squall auth mint --sqs`); the account is the squall group `default`."""
+def endpoint_for(cluster: Any, node: int = 1, key: tuple[str, str] | None = None,
+                 group: str | None = None) -> Endpoint:
+    """Data node `node`'s SQS endpoint with an access key of the admin role: a fresh one
+    minted by the master (`squall auth mint --sqs`), or `key` (id, secret) imported
+    (`--import-sqs-key`). The account is `group` when the key is limited to it, else the
+    squall group `default`."""
     import httpx
 
     from tests.helpers import ADMIN
 
-    r = httpx.post(cluster.master_url + "/v1/auth/sqs-keys",
-                   json={"roles": ["admin"], "ttl_secs": 86400.0}, headers=ADMIN)
+    body: dict[str, Any] = {"roles": ["admin"], "ttl_secs": 86400.0}
+    if key is not None:
+        body.update(access_key_id=key[0], secret_access_key=key[1])
+    if group is not None:
+        body["groups"] = [group]
+    r = httpx.post(cluster.master_url + "/v1/auth/sqs-keys", json=body, headers=ADMIN)
     assert r.status_code == 200, r.text
-    key = r.json()
-    return Endpoint(cluster.node_url(node), "us-east-1", key["access_key_id"],
-                    key["secret_access_key"], "default")
+    made = r.json()
+    return Endpoint(cluster.node_url(node), "us-east-1", made["access_key_id"],
+                    made["secret_access_key"], group or "default")
