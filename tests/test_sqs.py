@@ -202,7 +202,8 @@ def test_md5_known_vector() -> None:
 
 
 def test_batches_and_their_errors(sqs: Any, sqs2: Any) -> None:
-    url = sqs.create_queue(QueueName="batch")["QueueUrl"]
+    url = sqs.create_queue(QueueName="batch", Attributes={"MaximumMessageSize": "1024"}
+                           )["QueueUrl"]
     res = sqs.send_message_batch(QueueUrl=url, Entries=[
         {"Id": f"e{i}", "MessageBody": f"m{i}"} for i in range(10)])
     assert sorted(e["Id"] for e in res["Successful"]) == sorted(f"e{i}" for i in range(10))
@@ -217,10 +218,14 @@ def test_batches_and_their_errors(sqs: Any, sqs2: Any) -> None:
         sqs.send_message_batch(QueueUrl=url, Entries=[])
     with pytest.raises(sqs.exceptions.InvalidBatchEntryId):
         sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": "bad id!", "MessageBody": "x"}])
-    # one bad entry fails alone
+    # over 1 MiB in all: the whole request is refused, before any entry is looked at
+    with pytest.raises(sqs.exceptions.BatchRequestTooLong):
+        sqs.send_message_batch(QueueUrl=url, Entries=[
+            {"Id": "ok", "MessageBody": "fine"}, {"Id": "big", "MessageBody": "x" * 1048573}])
+    # one bad entry fails alone (over the queue's MaximumMessageSize)
     res = sqs.send_message_batch(QueueUrl=url, Entries=[
         {"Id": "ok", "MessageBody": "fine"},
-        {"Id": "big", "MessageBody": "x" * 1048577}])
+        {"Id": "big", "MessageBody": "x" * 1025}])
     assert [e["Id"] for e in res["Successful"]] == ["ok"]
     assert [(e["Id"], e["Code"], e["SenderFault"]) for e in res["Failed"]] == [
         ("big", "InvalidParameterValue", True)]
@@ -647,3 +652,56 @@ def test_imported_key(cluster: Any) -> None:
     r = httpx.post(cluster.master_url + "/v1/auth/sqs-keys", headers=ADMIN, json={
         "roles": ["admin"], "access_key_id": "ONLYID"})
     assert r.status_code == 400
+
+
+def test_sqs_details_clients_notice(sqs: Any, sqs2: Any) -> None:
+    """Behaviours of Amazon SQS that moto's suite checks and a client can see."""
+    url = sqs.create_queue(QueueName="details")["QueueUrl"]
+    # a bare queue name stands for the queue URL (in the key's group)
+    sqs.send_message(QueueUrl="details", MessageBody="by name")
+    # a receive with VisibilityTimeout 0 leaves the message visible (and counted)
+    (m,) = sqs.receive_message(QueueUrl=url, VisibilityTimeout=0, WaitTimeSeconds=5
+                               )["Messages"]
+    assert sqs2.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"] == "1"
+    (m2,) = sqs2.receive_message(QueueUrl=url, AttributeNames=["ApproximateReceiveCount"],
+                                 WaitTimeSeconds=5)["Messages"]
+    assert m2["MessageId"] == m["MessageId"]
+    assert m2["Attributes"]["ApproximateReceiveCount"] == "2"
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=m2["ReceiptHandle"])
+    # an unknown queue is named before a bad receipt handle
+    with pytest.raises(sqs.exceptions.QueueDoesNotExist):
+        sqs.delete_message(QueueUrl=url + "-nope", ReceiptHandle="unknown")
+    # a deleted queue that held messages is neither listed nor found
+    sqs.delete_queue(QueueUrl=url)
+    assert "QueueUrls" not in sqs.list_queues(QueueNamePrefix="details")
+    with pytest.raises(sqs.exceptions.QueueDoesNotExist):
+        sqs2.get_queue_url(QueueName="details")
+    # RedrivePolicy: maxReceiveCount sent as a string is answered as a number
+    dlq = sqs.create_queue(QueueName="details-dlq")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"]
+                                   )["Attributes"]["QueueArn"]
+    src = sqs.create_queue(QueueName="details-src")["QueueUrl"]
+    sqs.set_queue_attributes(QueueUrl=src, Attributes={"RedrivePolicy": orjson.dumps(
+        {"deadLetterTargetArn": arn, "maxReceiveCount": "3"}).decode()})
+    got = sqs2.get_queue_attributes(QueueUrl=src, AttributeNames=["RedrivePolicy"])
+    assert orjson.loads(got["Attributes"]["RedrivePolicy"])["maxReceiveCount"] == 3
+    # a FIFO queue's dead-letter queue is a FIFO queue
+    with pytest.raises(ClientError) as ei:
+        sqs.create_queue(QueueName="details-f.fifo", Attributes={
+            "FifoQueue": "true", "RedrivePolicy": orjson.dumps(
+                {"deadLetterTargetArn": arn, "maxReceiveCount": 2}).decode()})
+    assert code(ei.value) == "InvalidParameterValue"
+    # FIFO batches: a missing group id or deduplication id refuses the whole request
+    fifo = sqs.create_queue(QueueName="details.fifo", Attributes={"FifoQueue": "true"}
+                            )["QueueUrl"]
+    with pytest.raises(ClientError) as ei:
+        sqs.send_message_batch(QueueUrl=fifo, Entries=[
+            {"Id": "a", "MessageBody": "x", "MessageGroupId": "g",
+             "MessageDeduplicationId": "d"}, {"Id": "b", "MessageBody": "y"}])
+    assert code(ei.value) == "MissingParameter"
+    with pytest.raises(ClientError) as ei:
+        sqs.send_message_batch(QueueUrl=fifo, Entries=[
+            {"Id": "a", "MessageBody": "x", "MessageGroupId": "g"}])
+    assert code(ei.value) == "InvalidParameterValue"
+    assert "Messages" not in sqs.receive_message(QueueUrl=fifo)

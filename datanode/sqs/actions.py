@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from squall.datanode.service import DataNode
 
 BATCH_MAX = 10
+BATCH_BYTES = 1 << 20  # a batch's bodies and attributes together, as SQS counts them
 ENTRY_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,80}")
 ATTR_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 MAX_ATTRS = 10
@@ -128,7 +129,12 @@ async def _save(ctx: Ctx, group: str, queue: str, policy: dict[str, Any]) -> Non
 
 
 def _queue_of(ctx: Ctx, doc: dict[str, Any]) -> tuple[str, str]:
-    return Q.parse_url(doc.get("QueueUrl"))
+    """(group, queue) of the request's QueueUrl: a URL, or a bare queue name (SQS takes
+    one, in the caller's account; here the access key's home group)."""
+    url = doc.get("QueueUrl")
+    if isinstance(url, str) and url and "/" not in url:
+        url = f"/{ctx.principal.home_group}/{url}"
+    return Q.parse_url(url)
 
 
 def _int(doc: dict[str, Any], name: str, lo: int, hi: int, default: int | None
@@ -291,13 +297,16 @@ async def _catalog(ctx: Ctx, group: str, name: str, add: bool) -> None:
     policy = await ctx.up.policy(group, Q.CATALOG)
     names = dict(policy.get("sqs") or {})
     if add:
-        if name in names:
+        if names.get(name) == Q.LISTED:
             return
-        if len(names) >= Q.CATALOG_MAX:
+        if name not in names and len(names) >= Q.CATALOG_MAX:
             return  # still a queue; listed once it holds a task
-        names[name] = "1"
-    elif names.pop(name, None) is None:
-        return
+        names[name] = Q.LISTED
+    else:  # squall still lists a deleted queue that held tasks: the mark leaves it out
+        if names.get(name) == Q.UNLISTED or (
+                name not in names and len(names) >= Q.CATALOG_MAX):
+            return
+        names[name] = Q.UNLISTED
     own = _own(policy)
     own["sqs"] = names
     await ctx.up.set_policy(group, Q.CATALOG, own)
@@ -329,7 +338,8 @@ async def list_queues(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
             after = base64.urlsafe_b64decode(str(token).encode()).decode()
         except ValueError:
             raise invalid("Invalid NextToken") from None
-    names: set[str] = set((await ctx.up.policy(group, Q.CATALOG)).get("sqs") or {})
+    catalog: dict[str, str] = (await ctx.up.policy(group, Q.CATALOG)).get("sqs") or {}
+    names = {n for n, v in catalog.items() if v != Q.UNLISTED}
     page_after: str | None = None
     for _ in range(100):  # at most 100,000 queues of the group are looked at
         res = await ctx.up.queues(group, 1000, page_after)
@@ -338,6 +348,7 @@ async def list_queues(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
         if not page_after:
             break
     names.discard(Q.CATALOG)
+    names.difference_update(n for n, v in catalog.items() if v == Q.UNLISTED)
     picked = sorted(n for n in names if n.startswith(prefix) and n > after)
     cap = limit or 1000
     out: dict[str, Any] = {}
@@ -414,7 +425,7 @@ async def tag_queue(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
                           "256")
         sqs[Q.TAG + str(k)] = v
     if sum(k.startswith(Q.TAG) for k in sqs) > Q.MAX_TAGS:
-        raise invalid(f"Too many tags added for queue {name} (at most {Q.MAX_TAGS}).")
+        raise invalid(f"Too many tags added for queue {name}.")
     own = _own(policy)
     own["sqs"] = sqs
     await _save(ctx, group, name, own)
@@ -510,7 +521,7 @@ def _prepare(ctx: Ctx, e: dict[str, Any], policy: dict[str, Any], group: str, qu
     key = _dedup_key(sqs, queue, body, gid, did, delay) if fifo else None
     if did and not fifo:
         raise invalid(f"Value {did} for parameter MessageDeduplicationId is invalid. Reason: "
-                      "The request includes a parameter that is not valid for this queue "
+                      "The request include parameter that is not valid for this queue "
                       "type.")
     if delay is None:
         delay = int(sqs.get("DelaySeconds", "0"))
@@ -526,6 +537,22 @@ def _prepare(ctx: Ctx, e: dict[str, Any], policy: dict[str, Any], group: str, qu
     return _Out(entry_id, msg, float(delay) if delay else None, key, answer)
 
 
+def _raw_size(e: dict[str, Any]) -> int:
+    """An entry's body and attribute bytes as sent (before they are checked)."""
+    body = e.get("MessageBody")
+    n = len(body.encode()) if isinstance(body, str) else 0
+    attrs = e.get("MessageAttributes")
+    if isinstance(attrs, dict):
+        for k, a in attrs.items():
+            n += len(str(k).encode())
+            if isinstance(a, dict):
+                for f in ("DataType", "StringValue", "BinaryValue"):
+                    v = a.get(f)
+                    if isinstance(v, str):
+                        n += len(v.encode()) if f != "BinaryValue" else len(v) * 3 // 4
+    return n
+
+
 def _trace(sys_attrs: object) -> str | None:
     if not isinstance(sys_attrs, dict) or "AWSTraceHeader" not in sys_attrs:
         return None
@@ -536,20 +563,24 @@ def _trace(sys_attrs: object) -> str | None:
     return str(t["StringValue"])
 
 
+NO_GROUP = "The request must contain the parameter MessageGroupId."
+NO_DEDUP = ("The queue should either have ContentBasedDeduplication enabled or "
+            "MessageDeduplicationId provided explicitly")
+WHOLE_BATCH = (NO_GROUP, NO_DEDUP)  # errors SQS gives for a whole SendMessageBatch
+
+
 def _dedup_key(sqs: dict[str, str], queue: str, body: str, gid: object, did: object,
                delay: int | None) -> str:
     """The idempotency key of a FIFO message: squall's enqueue deduplication (5 minutes,
     per group) over the queue, the scope and the deduplication id."""
     if not gid:
-        raise SqsError("MissingParameter", "The request must contain the parameter "
-                       "MessageGroupId.")
+        raise SqsError("MissingParameter", NO_GROUP)
     if delay is not None and delay > 0:
         raise invalid(f"Value {delay} for parameter DelaySeconds is invalid. Reason: The "
                       "request include parameter that is not valid for this queue type.")
     if not did:
         if sqs.get("ContentBasedDeduplication") != "true":
-            raise invalid("The queue should either have ContentBasedDeduplication enabled or "
-                          "MessageDeduplicationId provided explicitly")
+            raise invalid(NO_DEDUP)
         did = hashlib.sha256(body.encode()).hexdigest()
     scope = gid if sqs.get("DeduplicationScope") == "messageGroup" else ""
     return "sqs:" + hashlib.sha256(f"{queue}\x00{scope}\x00{did}".encode()).hexdigest()
@@ -609,22 +640,21 @@ async def send_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     entries = _entries(doc, "Entries", "SendMessage")
     _may_send(ctx, group)
     policy = await _policy(ctx, group, queue)
+    total = sum(_raw_size(e) for e in entries)
+    if total > BATCH_BYTES:  # the whole request, before any entry is looked at (as SQS)
+        raise SqsError("BatchRequestTooLong", f"Batch requests cannot be longer than "
+                       f"{BATCH_BYTES} bytes. You have sent {total} bytes.")
     outs: list[_Out] = []
     failed: list[dict[str, Any]] = []
-    total = 0
     for e in entries:
         try:
             o = _prepare(ctx, e, policy, group, queue, e["Id"])
         except SqsError as err:
+            if err.shape in WHOLE_BATCH or err.message in WHOLE_BATCH:
+                raise  # SQS refuses the request, not the entry
             failed.append(err.entry(e["Id"]))
             continue
-        total += len(o.msg.body.encode()) + _attrs_size(o.msg.attrs)
         outs.append(o)
-    limit = int((policy.get("sqs") or {}).get("MaximumMessageSize",
-                                              Q.DEFAULTS["MaximumMessageSize"]))
-    if total > limit:
-        raise SqsError("BatchRequestTooLong", f"Batch requests cannot be longer than {limit} "
-                       f"bytes. You have sent {total} bytes.")
     ok: list[dict[str, Any]] = []
     if outs:
         pids = await _enqueue(ctx, group, queue, outs)
@@ -731,6 +761,10 @@ async def receive_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
                 {"queue": queue, "pid": t["pid"], "token": t["token"], "unseen": True}
                 for t in tasks]})
         raise
+    if vt == 0 and tasks:  # visible again at once; the receive counts (as SQS)
+        with contextlib.suppress(SqsError):
+            await ctx.up.update(group, {"release": [
+                {"queue": queue, "pid": t["pid"], "token": t["token"]} for t in tasks]})
     now = _now_ms()
     out = []
     for t in tasks:
@@ -801,6 +835,7 @@ async def _acts(ctx: Ctx, group: str, kind: str, items: list[dict[str, Any]]
 
 async def delete_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     group, queue = _queue_of(ctx, doc)
+    await _policy(ctx, group, queue)  # an unknown queue before a bad handle, as SQS
     pid, token = _handle(ctx, group, queue, doc.get("ReceiptHandle"))
     (err,) = await _acts(ctx, group, "dequeue", [{"queue": queue, "pid": pid, "token": token}])
     if err is not None and err.shape != "MessageNotInflight":
@@ -810,6 +845,7 @@ async def delete_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
 
 async def delete_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     group, queue = _queue_of(ctx, doc)
+    await _policy(ctx, group, queue)
     entries = _entries(doc, "Entries", "DeleteMessage")
     ok, failed, items, ids = [], [], [], []
     for e in entries:
@@ -872,6 +908,7 @@ async def _change(ctx: Ctx, group: str, queue: str, entries: list[dict[str, Any]
 
 async def change_message_visibility(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     group, queue = _queue_of(ctx, doc)
+    await _policy(ctx, group, queue)
     (err,) = await _change(ctx, group, queue, [doc])
     if err is not None:
         raise err
@@ -880,6 +917,7 @@ async def change_message_visibility(ctx: Ctx, doc: dict[str, Any]) -> dict[str, 
 
 async def change_message_visibility_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     group, queue = _queue_of(ctx, doc)
+    await _policy(ctx, group, queue)
     entries = _entries(doc, "Entries", "ChangeMessageVisibility")
     ok, failed = [], []
     for e, err in zip(entries, await _change(ctx, group, queue, entries, True),

@@ -34,6 +34,7 @@ SQS_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,80}")
 FIFO = ".fifo"
 CATALOG = "sqs.catalog"  # a policy-only squall queue: the group's SQS-created queue names
 CATALOG_MAX = 1000
+LISTED, UNLISTED = "1", "0"  # a catalog entry: the queue exists / SQS deleted it
 TAG = "tag:"
 DELETED = "squall:DeletedTimestamp"  # DeleteQueue's mark (squall keeps a queue's counters)
 MAX_TAGS = 50
@@ -135,6 +136,10 @@ def _check_value(k: str, v: object, fifo: bool, creating: bool) -> str:
                            "end with .fifo suffix and be 1 to 80 in length.")
     if k == "RedrivePolicy" and v:
         redrive(v)
+        doc = orjson.loads(v)
+        if not isinstance(doc["maxReceiveCount"], int):  # SQS answers it as a number
+            v = orjson.dumps({"deadLetterTargetArn": doc["deadLetterTargetArn"],
+                              "maxReceiveCount": int(doc["maxReceiveCount"])}).decode()
     return v
 
 
@@ -168,6 +173,10 @@ def policy_with(policy: dict[str, Any], sqs: dict[str, str], group: str, queue: 
             raise SqsError("InvalidAttributeValue", "Value for parameter RedrivePolicy is "
                            "invalid. Reason: the dead-letter queue must be in the queue's "
                            "group (account id).")
+        if q.endswith(FIFO) != queue.endswith(FIFO):
+            raise SqsError("InvalidParameterValue", "Value for parameter RedrivePolicy is "
+                           "invalid. Reason: The dead-letter queue of a FIFO queue must also "
+                           "be a FIFO queue, and that of a standard queue a standard queue.")
         if q == queue:
             raise SqsError("InvalidAttributeValue", "Value for parameter RedrivePolicy is "
                            "invalid. Reason: a queue cannot be its own dead-letter queue.")
