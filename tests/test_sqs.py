@@ -512,6 +512,9 @@ def test_roles_groups_and_revocation(cluster: Any) -> None:
     with pytest.raises(ClientError) as ei:  # consuming needs the consumer role
         p.receive_message(QueueUrl=url)
     assert code(ei.value) == "AccessDenied"
+    with pytest.raises(ClientError) as ei:  # a queue's Policy is the admin's
+        p.add_permission(QueueUrl=url, Label="l", AWSAccountIds=["1"], Actions=["*"])
+    assert code(ei.value) == "AccessDenied"
     r = httpx.delete(cluster.master_url + f"/v1/auth/credentials/{producer['id']}",
                      headers=ADMIN)
     assert r.status_code == 200
@@ -705,3 +708,32 @@ def test_sqs_details_clients_notice(sqs: Any, sqs2: Any) -> None:
             {"Id": "a", "MessageBody": "x", "MessageGroupId": "g"}])
     assert code(ei.value) == "InvalidParameterValue"
     assert "Messages" not in sqs.receive_message(QueueUrl=fifo)
+
+
+def test_add_and_remove_permission_edit_the_policy(sqs: Any, sqs2: Any) -> None:
+    """Stored in the queue's Policy as SQS writes it (not applied: docs/sqs.md)."""
+    url = sqs.create_queue(QueueName="perms")["QueueUrl"]
+    sqs.add_permission(QueueUrl=url, Label="one", AWSAccountIds=["111111111111"],
+                       Actions=["SendMessage"])
+    sqs.add_permission(QueueUrl=url, Label="two", AWSAccountIds=["222222222222"],
+                       Actions=["*"])
+    doc = orjson.loads(sqs2.get_queue_attributes(QueueUrl=url, AttributeNames=["Policy"])[
+        "Attributes"]["Policy"])
+    assert doc["Id"] == "arn:aws:sqs:us-east-1:default:perms/SQSDefaultPolicy"
+    assert [(st["Sid"], st["Action"], st["Principal"]["AWS"]) for st in doc["Statement"]] == [
+        ("one", "SQS:SendMessage", "arn:aws:iam::111111111111:root"),
+        ("two", "SQS:*", "arn:aws:iam::222222222222:root")]
+    with pytest.raises(ClientError) as ei:
+        sqs.add_permission(QueueUrl=url, Label="one", AWSAccountIds=["1"], Actions=["*"])
+    assert code(ei.value) == "InvalidParameterValue"
+    with pytest.raises(ClientError) as ei:
+        sqs.add_permission(QueueUrl=url, Label="x", AWSAccountIds=["1"],
+                           Actions=["DeleteQueue"])
+    assert code(ei.value) == "InvalidParameterValue"
+    sqs.remove_permission(QueueUrl=url, Label="one")
+    sqs.remove_permission(QueueUrl=url, Label="two")
+    assert "Attributes" not in sqs.get_queue_attributes(QueueUrl=url,
+                                                        AttributeNames=["Policy"])
+    with pytest.raises(ClientError) as ei:
+        sqs.remove_permission(QueueUrl=url, Label="one")
+    assert code(ei.value) == "InvalidParameterValue"

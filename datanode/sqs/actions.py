@@ -481,6 +481,92 @@ async def start_message_move_task(ctx: Ctx, doc: dict[str, Any]) -> dict[str, An
     return {"TaskHandle": handle}
 
 
+# AddPermission's actions (the batch forms come with their action); the owner's own are not
+PERMISSION_ACTIONS = {"*", "ChangeMessageVisibility", "DeleteMessage", "GetQueueAttributes",
+                      "GetQueueUrl", "ListDeadLetterSourceQueues", "PurgeQueue",
+                      "ReceiveMessage", "SendMessage"}
+MAX_PERMISSION_ACTIONS = 7
+
+
+def _queue_policy(sqs: dict[str, Any], arn: str) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(sqs.get("Policy") or "{}")
+    except orjson.JSONDecodeError:
+        doc = {}
+    if not isinstance(doc, dict) or not isinstance(doc.get("Statement"), list):
+        doc = {"Version": "2012-10-17", "Id": f"{arn}/SQSDefaultPolicy", "Statement": []}
+    return doc
+
+
+async def add_permission(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
+    """A statement in the queue's Policy, as SQS writes it. Stored and answered, not
+    applied, like Policy itself: squall's roles and groups decide access (docs/sqs.md)."""
+    group, name = _queue_of(ctx, doc)
+    label, accounts, actions = doc.get("Label"), doc.get("AWSAccountIds"), doc.get("Actions")
+    if not isinstance(label, str) or not ENTRY_ID_RE.fullmatch(label):
+        raise SqsError("MissingParameter" if not label else "InvalidParameterValue",
+                       "The request must contain the parameter Label." if not label else
+                       f"Value {str(label)[:100]} for parameter Label is invalid. Reason: "
+                       "1-80 of A-Z a-z 0-9 _ -.")
+    if not isinstance(actions, list) or not actions:
+        raise SqsError("MissingParameter", "The request must contain the parameter Actions.")
+    if not isinstance(accounts, list) or not accounts or not all(
+            isinstance(a, str) and a for a in accounts):
+        raise invalid(f"Value {accounts if isinstance(accounts, list) else ''} for "
+                      "parameter PrincipalId is invalid. Reason: Unable to verify.")
+    if len(actions) > MAX_PERMISSION_ACTIONS:
+        raise SqsError("OverLimit", f"{len(actions)} Actions were found, maximum allowed is "
+                       f"{MAX_PERMISSION_ACTIONS}.")
+    for a in actions:
+        if a not in PERMISSION_ACTIONS:
+            raise invalid(f"Value SQS:{str(a)[:100]} for parameter ActionName is invalid. "
+                          "Reason: Only the queue owner is allowed to invoke this action.")
+    policy = await _policy(ctx, group, name, fresh=True)
+    sqs = dict(policy.get("sqs") or {})
+    arn = Q.arn_of(ctx.region, group, name)
+    qp = _queue_policy(sqs, arn)
+    if any(isinstance(st, dict) and st.get("Sid") == label for st in qp["Statement"]):
+        raise invalid(f"Value {label} for parameter Label is invalid. Reason: Already "
+                      "exists.")
+    principals = [f"arn:aws:iam::{a}:root" for a in accounts]
+    verbs = [f"SQS:{a}" for a in actions]
+    qp["Statement"].append({"Sid": label, "Effect": "Allow",
+                            "Principal": {"AWS": principals[0] if len(principals) == 1
+                                          else principals},
+                            "Action": verbs[0] if len(verbs) == 1 else verbs,
+                            "Resource": arn})
+    sqs["Policy"] = orjson.dumps(qp).decode()
+    if len(sqs["Policy"]) > 20480:
+        raise invalid("The queue's Policy would be longer than 20480 characters.")
+    own = _own(policy)
+    own["sqs"] = sqs
+    await _save(ctx, group, name, own)
+    return {}
+
+
+async def remove_permission(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
+    group, name = _queue_of(ctx, doc)
+    label = doc.get("Label")
+    if not isinstance(label, str) or not label:
+        raise SqsError("MissingParameter", "The request must contain the parameter Label.")
+    policy = await _policy(ctx, group, name, fresh=True)
+    sqs = dict(policy.get("sqs") or {})
+    qp = _queue_policy(sqs, Q.arn_of(ctx.region, group, name))
+    kept = [st for st in qp["Statement"] if not (isinstance(st, dict)
+                                                 and st.get("Sid") == label)]
+    if len(kept) == len(qp["Statement"]):
+        raise invalid(f"Value {label[:100]} for parameter Label is invalid. Reason: can't "
+                      "find label on existing policy.")
+    if kept:
+        sqs["Policy"] = orjson.dumps({**qp, "Statement": kept}).decode()
+    else:
+        sqs.pop("Policy", None)
+    own = _own(policy)
+    own["sqs"] = sqs
+    await _save(ctx, group, name, own)
+    return {}
+
+
 # -- messages ----------------------------------------------------------------------------
 @dataclass
 class _Out:
@@ -940,4 +1026,5 @@ ACTIONS = {
     "ChangeMessageVisibility": change_message_visibility,
     "ChangeMessageVisibilityBatch": change_message_visibility_batch,
     "StartMessageMoveTask": start_message_move_task,
+    "AddPermission": add_permission, "RemovePermission": remove_permission,
 }
