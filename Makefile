@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-server-spark
 
-.PHONY: run test lint typecheck bench bench-small flow-bench profile profile-lease soak clean chromium etcd k8s-dev-keys postgresql
+.PHONY: run test lint typecheck bench bench-small bench-sqs flow-bench profile profile-lease soak clean chromium etcd k8s-dev-keys postgresql
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -75,6 +75,7 @@ bench: $(STAMP) postgresql
 	$(BIN)/python -m bench.client_bench
 	$(BIN)/python -m bench.dashboard_bench
 	$(BIN)/python -m bench.flow_bench
+	$(BIN)/python -m bench.sqs_bench
 	$(BIN)/python -m bench.small_tasks
 
 ## bench-small: small tasks (1 KiB) on squall and a throwaway PostgreSQL (SKIP LOCKED, fsync
@@ -92,11 +93,15 @@ postgresql:
 	  >/dev/null; } || echo "note: no PostgreSQL server (apt-get install postgresql); the \
 	  small-task benchmark will run without its baseline"
 
-
 ## flow-bench: lease throughput with flow control (limits, fairness; 10,000 keys) against
 ##             the same queue without; bench/results/flow.md
 flow-bench: $(STAMP)
 	$(BIN)/python -m bench.flow_bench
+
+## bench-sqs: the SQS endpoint through boto3 against squall's own client, same cluster and
+##            run; prints messages/s and the ratios (recorded in bench/results/sqs-endpoint.md)
+bench-sqs: $(STAMP)
+	$(BIN)/python -m bench.sqs_bench
 
 ## profile: where the client workloads that miss their targets (A.put, B.put, D) spend
 ##          their time: CPU per task by process and thread, and py-spy samples by

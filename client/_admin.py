@@ -179,14 +179,17 @@ class AdminVerbs:
 
     # -- credentials (admin) -------------------------------------------------------------
     def mint_credential(self, roles: Iterable[str], groups: Iterable[str] | None,
-                        node: str | None, ttl_secs: float, note: str) -> Proto[dict[str, Any]]:
+                        node: str | None, ttl_secs: float, note: str, sqs: bool = False,
+                        sqs_key: tuple[str, str] | None = None) -> Proto[dict[str, Any]]:
         body: dict[str, Any] = {"roles": list(roles), "ttl_secs": ttl_secs, "note": note}
         if groups is not None:
             body["groups"] = list(groups)
         if node is not None:
             body["node"] = node
-        ans: dict[str, Any] = yield from self._call("POST", "/v1/auth/credentials", body,
-                                                    idempotent=False)
+        if sqs_key is not None:
+            body["access_key_id"], body["secret_access_key"] = sqs_key
+        path = "/v1/auth/sqs-keys" if sqs or sqs_key else "/v1/auth/credentials"
+        ans: dict[str, Any] = yield from self._call("POST", path, body, idempotent=False)
         return ans
 
     def credentials(self) -> Proto[list[dict[str, Any]]]:

@@ -315,10 +315,14 @@ class Client:
 
     def mint_credential(self, *roles: str, groups: Iterable[str] | None = None,
                         node: str | None = None, ttl_secs: float = 30 * 86400.0,
-                        note: str = "") -> dict[str, Any]:
+                        note: str = "", sqs: bool = False,
+                        sqs_key: tuple[str, str] | None = None) -> dict[str, Any]:
         """Mint a credential (needs an admin one): roles, optional groups, node id (for role
-        node). The answer's ``credential`` is shown once; the master keeps only its claims."""
-        return self._run(self._core.mint_credential(roles, groups, node, ttl_secs, note))
+        node). The answer's ``credential`` is shown once; the master keeps only its claims.
+        `sqs`: an SQS access key instead (``access_key_id``, ``secret_access_key``; see
+        docs/sqs.md); `sqs_key`: import this (access key id, secret) as one."""
+        return self._run(self._core.mint_credential(roles, groups, node, ttl_secs, note,
+                                                        sqs, sqs_key))
 
     def credentials(self) -> list[dict[str, Any]]:
         """Credentials minted through the master (their claims), revoked or not."""

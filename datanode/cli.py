@@ -86,6 +86,10 @@ def register(app: typer.Typer) -> None:
         allowed_hosts: str = typer.Option(
             "", "--allowed-hosts", envvar="SQUALL_ALLOWED_HOSTS",
             help="comma-separated Host names besides loopback and --advertise ('*': any)"),
+        sqs_region: str = typer.Option(
+            "us-east-1", "--sqs-region", envvar="SQUALL_SQS_REGION",
+            help="the region(s) SQS clients sign for, comma-separated ('*': any; "
+                 "docs/sqs.md)"),
         public_metrics: bool = typer.Option(False, "--public-metrics",
                                             envvar="SQUALL_PUBLIC_METRICS",
                                             help="serve /metrics without a credential"),
@@ -161,6 +165,7 @@ def register(app: typer.Typer) -> None:
             copies_max=copies_max, repair_bytes_per_s=repair_bytes_per_s,
             repair_busy_bytes_per_s=repair_busy_bytes_per_s,
             auth_keys=auth_keys,
-            node_credential=node_cred, tls=tls, public=("metrics",) if public_metrics else (),
+            node_credential=node_cred, tls=tls, sqs_region=sqs_region,
+            public=("metrics",) if public_metrics else (),
             allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
         serve(settings, host, port)

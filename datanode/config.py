@@ -42,6 +42,7 @@ class DataNodeSettings:
     repair_busy_bytes_per_s: float = 64e6  # ... and while clients use the node (repairpace)
     forward_queue_chunks: int = 4  # chunks buffered per peer while forwarding
     front_door_max_bytes: int = 64 << 10  # largest payload the front door takes
+    sqs_region: str = "us-east-1"  # the region SigV4 requests to the SQS endpoint name
 
     def resolve_node_id(self) -> str:
         """The configured id, else the one stored in ``data_dir/node_id`` (created once)."""

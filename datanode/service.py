@@ -62,6 +62,8 @@ class DataNode:
         self.heartbeat: Heartbeat | None = None
         self.scrubber: Scrubber | None = None
         self.frontdoor: FrontDoor | None = None
+        self.sqs_keys: Any = None  # the SQS endpoint's access-key cache (datanode/sqs/keys.py)
+        self.sqs_state: Any = None  # and its queue cache and message-id clock
         log.info("data node %s at %s: store %s", self.node_id, self.address,
                  self.store.env.path)
 

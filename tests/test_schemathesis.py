@@ -47,7 +47,8 @@ ROUTES = {
     ("GET", "/metrics"),
 }
 # routes for data nodes' own credentials, which the admin credential does not pass (403)
-NODE_ROUTES = {"/v1/nodes/heartbeat", "/v1/nodes/blocks", "/v1/nodes/commit"}
+NODE_ROUTES = {"/v1/nodes/heartbeat", "/v1/nodes/blocks", "/v1/nodes/commit",
+               "/v1/nodes/sqs-key"}
 FASTAPI_DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 # Error statuses every /v1 operation must document, with the error body's schema.
 DOCUMENTED_ERRORS = ("400", "404", "409", "413")

@@ -46,10 +46,34 @@ def mint(
     key_file: Annotated[Path | None, typer.Option(
         "--key-file", help="sign locally with this private auth key file (the master's) "
         "instead of asking the master")] = None,
+    sqs: Annotated[bool, typer.Option(
+        "--sqs", help="an SQS access key instead: prints AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY lines for the SQS endpoint (docs/sqs.md)")] = False,
+    import_key: Annotated[str | None, typer.Option(
+        "--import-sqs-key", help="with --sqs: import this ID:SECRET as the access key "
+        "instead of minting one (keys a test suite or an application already uses)")
+    ] = None,
     master: MasterOpt = "",
 ) -> None:
     """Mint a credential and print it (once: the master keeps only its claims)."""
     ttl_s = parse_ttl(ttl)
+    if sqs:
+        if key_file is not None:
+            fail("--sqs keys are minted by the master only (no --key-file)", 2)
+        pair = None
+        if import_key is not None:
+            akid, sep, secret = import_key.partition(":")
+            if not sep:
+                fail("--import-sqs-key takes ID:SECRET", 2)
+            pair = (akid, secret)
+        with connect(master or None) as c:
+            ans = c.mint_credential(*role, groups=group or None, node=node, ttl_secs=ttl_s,
+                                    note=note, sqs=True, sqs_key=pair)
+        sys.stdout.write(f"export AWS_ACCESS_KEY_ID={ans['access_key_id']}\n"
+                         f"export AWS_SECRET_ACCESS_KEY={ans['secret_access_key']}\n")
+        until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ans["expires_at"]))
+        sys.stderr.write(f"id {ans['id']} (squall auth revoke {ans['id']}), expires {until}\n")
+        return
     if key_file is not None:
         try:
             keys = auth.parse_keys(key_file.read_bytes())

@@ -134,6 +134,28 @@ class DevCluster:
             self.wait_ready(self.node_url(i), self.node_procs[i], f"node-{i}", timeout_s)
         self.wait_alive(self.n, timeout_s)
 
+    def sqs_profile(self) -> dict[str, str]:
+        """The environment an AWS SDK or the AWS CLI needs to use the SQS endpoint of node 1
+        (an admin SQS access key, minted once and kept in ``keys/sqs.env``, mode 0600)."""
+        path = self.data_dir / "keys" / "sqs.env"
+        env: dict[str, str] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                k, _, v = line.partition("=")
+                env[k.strip()] = v.strip()
+        if not env.get("AWS_ACCESS_KEY_ID"):
+            with Client(self.master_url, token=self.admin) as c:
+                ans = c.mint_credential("admin", ttl_secs=365 * 86400.0, note="squall dev",
+                                        sqs=True)
+            env = {"AWS_ACCESS_KEY_ID": ans["access_key_id"],
+                   "AWS_SECRET_ACCESS_KEY": ans["secret_access_key"]}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            auth.write_secret(str(path), "".join(f"{k}={v}\n" for k, v in env.items())
+                              .encode())
+        return {"AWS_ENDPOINT_URL_SQS": self.node_url(1), "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"],
+                "AWS_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"]}
+
     def start_node(self, i: int, master: str | None = None) -> None:
         """Start data node `i`; `master`: the master URL it is given (tests: a proxy)."""
         self.node_procs[i] = self._spawn(f"node-{i}", [
@@ -326,6 +348,8 @@ def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to st
         if cluster.credential_file is not None:
             say(f"  admin credential  {cluster.credential_file}")
             say(f"use it: export SQUALL_TOKEN=$(cat {cluster.credential_file})")
+        if nodes:
+            _say_sqs(cluster)
         say(f"try: squall put demo#hello 'hi there' --master {cluster.master_url}")
         say(HELP.format(pid=os.getpid()), style="dim")
         say("Ctrl-C to stop", style="dim")
@@ -340,6 +364,17 @@ def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to st
         for s, h in old.items():
             signal.signal(s, h)
     say("stopped; start again to continue with the same data")
+
+
+def _say_sqs(cluster: DevCluster) -> None:
+    try:
+        prof = cluster.sqs_profile()
+    except (SquallError, OSError) as e:
+        say(f"  (no SQS profile: {e})")
+        return
+    say(f"  SQS        {prof['AWS_ENDPOINT_URL_SQS']}   (every data node serves it; "
+        "docs/sqs.md); for boto3, the AWS CLI and the other AWS SDKs:")
+    say("export " + " ".join(f"{k}={v}" for k, v in prof.items()))
 
 
 def register(app: typer.Typer) -> None:

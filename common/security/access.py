@@ -19,6 +19,8 @@ Roles of a :class:`Rule`:
 - ``payload``: data-node blob routes; an ``Authorization: Bearer`` payload token is required
   and its signature and expiry checked before the body is read; the route checks its scope
   (write / read / delete / replicate, blob ids).
+- ``sigv4``: the SQS endpoint of a data node; the route checks the request's AWS Signature
+  Version 4 itself and answers SQS's errors (``datanode/sqs/``).
 
 Group scope (credentials limited to groups): ``path`` checks the ``{group}`` path
 parameter, ``query`` the ``group`` query parameter (which a limited credential must give),
@@ -59,6 +61,7 @@ ADMIN_READ = rule("admin", "all", "none")  # cluster-wide views
 MONITOR_READ = rule("admin monitor", "all", "none")  # metrics, the dashboard's data
 READ = rule("producer consumer monitor", "path", "none")  # group-scoped reads: stats, policies
 PAYLOAD = rule("payload", body="binary")
+SIGV4 = rule("sigv4", body="binary")
 PUBLIC_WHEN_ASKED = {"metrics": (("GET", "/metrics"),),
                      "status": (("GET", "/v1/overview"),
                                 ("GET", "/v1/overview/queues/{group}/{queue}"),

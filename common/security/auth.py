@@ -278,9 +278,12 @@ class Credential:
 
 
 def mint(keys: AuthKeys, roles: Iterable[str], ttl_s: float, now: float, *,
-         groups: Iterable[str] | None = None, node: str | None = None) -> str:
+         groups: Iterable[str] | None = None, node: str | None = None,
+         cid: str | None = None) -> str:
     """A credential with `roles` (limited to `groups`, and to `node` for role node) valid
-    for `ttl_s` seconds from `now`, signed with the first private key of `keys`."""
+    for `ttl_s` seconds from `now`, signed with the first private key of `keys`; `cid`: its
+    id (default: a new one; the SQS endpoint's short-lived credentials share their access
+    key's id, so revoking it revokes them)."""
     rs = sorted(set(roles))
     if not rs or any(r not in ROLES for r in rs):
         raise ValueError(f"roles must be some of {ROLES}, got {rs}")
@@ -290,7 +293,7 @@ def mint(keys: AuthKeys, roles: Iterable[str], ttl_s: float, now: float, *,
         raise ValueError("a node credential names its node id (and only it does)")
     if "node" in rs and len(rs) > 1:
         raise ValueError("a node credential has the node role only")
-    claims: dict[str, object] = {"id": _b64(secrets.token_bytes(16)), "r": rs}
+    claims: dict[str, object] = {"id": cid or _b64(secrets.token_bytes(16)), "r": rs}
     if groups is not None:
         gs = sorted(set(groups))
         if len(gs) > MAX_GROUPS:

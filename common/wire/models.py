@@ -332,6 +332,11 @@ class Policy(_M):
                            Field(max_length=1000)] | None = Field(
         None, description="a fair queue's weight per key: tasks it takes in a turn "
         "(default 1)")
+    sqs: Annotated[dict[Annotated[str, Field(max_length=160)],
+                        Annotated[str, Field(max_length=20480)]],
+                   Field(max_length=1000)] | None = Field(
+        None, description="what the SQS endpoint keeps for the queue: its attributes "
+        "without a squall equivalent, and its tags (docs/sqs.md)")
 
 
 class PauseRequest(_M):

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
-from squall.common.security.access import MONITOR_READ, PAYLOAD, PUBLIC, rule
+from squall.common.security.access import MONITOR_READ, PAYLOAD, PUBLIC, SIGV4, rule
 from squall.common.server.layered import Route, RouteTable, section
 from squall.common.wire.cluster import BatchPutResult, PutResult
 from squall.common.wire.models import EnqueueResponse
-from squall.datanode.http.routes import batch, blobs, frontdoor, health, lease, replicate
+from squall.datanode.http.routes import batch, blobs, frontdoor, health, lease, replicate, sqs
 from squall.datanode.http.routes.blobs import ERRORS, RAW_ANSWER, RAW_BODY
 
 R = Route
@@ -62,6 +62,16 @@ ROUTES = RouteTable([
           responses={503: {"description": "The store is not open"}}),
         R("GET", "/metrics", health.metrics, None, MONITOR_READ, responses={},
           options={"response_class": Response})),
+    # the SQS-compatible endpoint: AWS JSON 1.0, SigV4 checked by the route (datanode/sqs/);
+    # also at a queue URL's path, where some clients post (last: every route above wins)
+    *section(
+        "sqs",
+        R("POST", "/", sqs.endpoint, None, SIGV4,
+          responses={200: {"description": "the action's answer (AWS JSON 1.0)"}},
+          options={"openapi_extra": sqs.BODY}),
+        R("POST", "/{group}/{queue}", sqs.endpoint_at_queue, None, SIGV4,
+          responses={200: {"description": "the action's answer (AWS JSON 1.0)"}},
+          options={"openapi_extra": sqs.BODY})),
     # served by the framework: the API description, its page and assets
     R("GET", "/openapi.json", None, None, PUBLIC),
     R("GET", "/docs", None, None, PUBLIC),

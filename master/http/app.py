@@ -21,6 +21,7 @@ from squall.master.http.routes import status
 from squall.master.http.table import ROUTES
 from squall.master.security import CredentialStore, SecuritySettings
 from squall.master.service import Master, MasterSettings
+from squall.master.sqskeys import SqsKeys
 from squall.master.telemetry import Telemetry
 
 
@@ -45,6 +46,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
         app.state.metrics = Exposition(MasterMetrics(master, telemetry, http, wal_times).collect)
         app.state.credentials = CredentialStore.open(settings.data_dir)
         app.state.peek = Peek()  # the task drawer's payload preview
+        app.state.sqs_keys = SqsKeys.open(settings.data_dir)
         access.cluster_key, access.now = master.key, master.clock.now
         access.revoked = app.state.credentials.is_revoked
         if background:

@@ -42,7 +42,7 @@ from squall.common.wire.models import (
     TaskList,
     UpdateResponse,
 )
-from squall.master import security
+from squall.master import security, sqskeys
 from squall.master.http.answers import ERROR_RESPONSES
 from squall.master.http.routes import (
     config,
@@ -126,7 +126,10 @@ ROUTES = RouteTable([
         # the data nodes' front door: blob-id blocks, and the group commit of enqueues
         R("POST", "/v1/nodes/blocks", frontdoor.blocks, BlockGrant, rule("node")),
         R("POST", "/v1/nodes/commit", frontdoor.commit, NodeCommitResponse, rule("node"),
-          hot=True)),
+          hot=True),
+        # the SQS endpoint of a data node verifying a SigV4 request (master/sqskeys.py)
+        R("POST", "/v1/nodes/sqs-key", sqskeys.lookup_sqs_key, sqskeys.SqsKeyAnswer,
+          rule("node"))),
     *section(
         "health",
         R("GET", "/healthz", health.healthz, None, PUBLIC, responses={}),
@@ -153,7 +156,9 @@ ROUTES = RouteTable([
         R("GET", A, security.list_credentials, security.CredentialList, ADMIN_READ,
           responses=security.RESPONSES),
         R("DELETE", A + "/{cred_id}", security.revoke_credential, security.CredentialInfo,
-          ADMIN_READ, responses=security.RESPONSES)),
+          ADMIN_READ, responses=security.RESPONSES),
+        R("POST", "/v1/auth/sqs-keys", sqskeys.mint_sqs_key, sqskeys.SqsKeyInfo, ADMIN,
+          responses=security.RESPONSES)),
     # served by the framework: the API description and its page, the dashboard's and the
     # API page's assets
     R("GET", "/openapi.json", None, None, PUBLIC),
