@@ -33,11 +33,11 @@ from squall.common.clock import Clock
 from squall.common.errors import BadRequest, LeaseLost, NotFound
 from squall.common.wire.models import (
     EnqueueItem,
+    LeaseRef,
     LeaseRequest,
     PayloadRef,
     ReleaseItem,
     RenewItem,
-    TaskRef,
     TaskSpec,
     UpdateLease,
     UpdateRequest,
@@ -207,7 +207,7 @@ class Engine:
                 ext["ts"] = s.tracestate
         return nb
 
-    def held(self, v: View, ref: TaskRef) -> tuple[QueueRec, list[Any]]:
+    def held(self, v: View, ref: LeaseRef) -> tuple[QueueRec, list[Any]]:
         """The task `ref` names, checked to be held by the caller's lease token, as its
         wire list (read only: see View.wire)."""
         q = v.queue(ref.queue)
@@ -219,7 +219,7 @@ class Engine:
         assert q is not None and w is not None
         return q, w
 
-    def _not_held(self, v: View, ref: TaskRef, t: Task | None) -> NoReturn:
+    def _not_held(self, v: View, ref: LeaseRef, t: Task | None) -> NoReturn:
         """Raise the error that says why `t` (the task `ref` names) is not held by `ref`."""
         where = f"task {ref.pid!r} in queue {join_queue(v.group, ref.queue)}"
         info = {"queue": ref.queue, "pid": ref.pid, "token": ref.token}

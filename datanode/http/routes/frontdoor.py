@@ -18,15 +18,19 @@ from typing import Any
 
 import msgpack
 from fastapi import Request
+from pydantic import ValidationError
 
 from squall.common.errors import BadRequest, PayloadTooLarge, Unavailable
 from squall.common.server.http import JSON
-from squall.common.wire.models import MAX_BATCH
+from squall.common.wire.models import MAX_BATCH, TaskSpec
 from squall.common.wire.names import check_name, check_pid
 from squall.datanode.http.deps import NodeDep
 from squall.datanode.service import DataNode
 
-_FIELDS = {"pid", "payload", "not_before", "delay_secs", "idempotency_key", "key"}
+# extras a task may carry (checked as the master will: a refused item would refuse the
+# node's whole group commit); `batch` is not here: joining a batch can be refused
+_EXTRAS = {"unique", "debounce_secs", "debounce_max_secs", "traceparent", "tracestate"}
+_FIELDS = {"pid", "payload", "not_before", "delay_secs", "idempotency_key", "key", *_EXTRAS}
 BODY = {"requestBody": {"required": True, "content": {"application/msgpack": {
     "schema": {"type": "string", "format": "binary"}}}}}
 
@@ -71,6 +75,11 @@ def _check(i: int, t: Any) -> None:
         check_name("key", fkey)
     if data is not None and not isinstance(data, bytes):
         raise BadRequest(f"task {i}: payload must be binary (msgpack bin)")
+    if _EXTRAS.intersection(t):
+        try:
+            TaskSpec.model_validate({k: v for k, v in t.items() if k != "payload"})
+        except ValidationError as e:
+            raise BadRequest(f"task {i}: {e.errors()[0]['msg']}") from None
     for k in ("not_before", "delay_secs"):
         v = t.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
