@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-server-spark
 
-.PHONY: run test lint typecheck bench profile soak clean chromium
+.PHONY: run test lint typecheck bench flow-bench profile soak clean chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -66,6 +66,12 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.client_bench
 	$(BIN)/python -m bench.dashboard_bench
+	$(BIN)/python -m bench.flow_bench
+
+## flow-bench: lease throughput with flow control (limits, fairness; 10,000 keys) against
+##             the same queue without; bench/results/flow.md
+flow-bench: $(STAMP)
+	$(BIN)/python -m bench.flow_bench
 
 ## profile: where the client workloads that miss their targets (A.put, B.put, D) spend
 ##          their time: CPU per task by process and thread, and py-spy samples by
@@ -86,6 +92,7 @@ soak: $(STAMP)
 	    --hypothesis-seed=$$seed > .model-seed.log 2>&1 || { tail -40 .model-seed.log; \
 	    echo "FAILED: SQUALL_MODEL_EXAMPLES=10 $(BIN)/pytest tests/test_model.py --hypothesis-seed=$$seed replays it"; exit 1; }; \
 	done; rm -f .model-seed.log
+	SQUALL_FLOW_SOAK=1 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_flow_e2e.py
 	$(BIN)/python -m bench.soak --minutes 10
 
 clean:

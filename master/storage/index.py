@@ -121,9 +121,9 @@ class Index:
         # batches, their members' results, unique/debounce holders (master/tasks/batches.py
         # and unique.py document their layouts)
         self.batch_db, self.bresults, self.uniq = db(b"batches"), db(b"bresults"), db(b"uniq")
-        # a keyed task changed state: (queue, key, pidkey, old state, new state), -1 for
-        # none; set by master/tasks/flow.py, which keeps per-key counts in memory
-        self.on_key: Callable[[QueueRec, str, bytes, int, int], None] | None = None
+        # a keyed task changed: (queue, pidkey, old key, old state, new key, new state),
+        # "" / -1 for none; set by master/tasks/flow.py, which keeps per-key counts
+        self.on_key: Callable[[QueueRec, bytes, str, int, str, int], None] | None = None
         # the in-memory state was (re)loaded: flow.py rebuilds its counts from ``keyed``
         self.on_reload: Callable[[], None] | None = None
         self.conf_version = 0  # bumped by every policy or pause change
@@ -341,9 +341,9 @@ class Index:
         fkey = wire_key(w)
         if (fkey or (old is not None and old[4])) and self.on_key is not None:
             if old is not None and old[4]:
-                self.on_key(q, old[4], key[8:], old[0], -1)
-            if fkey:
-                self.on_key(q, fkey, key[8:], -1, state)
+                self.on_key(q, key[8:], old[4], old[0], fkey, state)
+            else:
+                self.on_key(q, key[8:], "", -1, fkey, state)
         if fkey:
             if state != 2:  # not DELAYED
                 _put(txn, keyed_key(key, fkey, state), fkey.encode(), True, True, False,
@@ -373,7 +373,7 @@ class Index:
         self._unindex(txn, key, old)
         q.count(old[0], -1)
         if old[4] and self.on_key is not None:
-            self.on_key(q, old[4], key[8:], old[0], -1)
+            self.on_key(q, key[8:], old[4], old[0], "", -1)
         if old[3] is not None:
             self.ref_blob(txn, old[3], -1)
         if completed:

@@ -15,6 +15,7 @@ STATE_NAMES = {AVAILABLE: "available", LEASED: "leased", DELAYED: "delayed"}
 PIDKEY_CUT = 448
 QG = struct.Struct(">II")
 _packb = msgpack.packb
+_STATE_BYTE = (b"\x00", b"\x01", b"\x02")
 
 
 def pidkey(pid: bytes) -> bytes:
@@ -33,16 +34,25 @@ def task_key(qid: int, gen: int, pid: bytes) -> bytes:
     return QG.pack(qid, gen) + (pid if len(pid) <= PIDKEY_CUT else pidkey(pid))
 
 
+_KEY_HASHES: dict[str, bytes] = {}
+KEY_HASH_CACHE = 100_000
+
+
 def key_hash(key: str) -> bytes:
     """8 bytes standing for a flow-control key in index keys (a key of 128 characters and
-    a 464-byte pidkey would not fit LMDB's 511-byte keys)."""
-    return hashlib.blake2b(key.encode(), digest_size=8).digest()
+    a 464-byte pidkey would not fit LMDB's 511-byte keys). Cached (bounded)."""
+    h = _KEY_HASHES.get(key)
+    if h is None:
+        if len(_KEY_HASHES) >= KEY_HASH_CACHE:
+            _KEY_HASHES.clear()
+        h = _KEY_HASHES[key] = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return h
 
 
 def keyed_key(task_key: bytes, key: str, state: int) -> bytes:
     """A keyed task's entry in ``keyed``: ``qid gen | key hash | state | pidkey`` (state
     AVAILABLE: ready, in pid order per key; LEASED: counted against the key's limit)."""
-    return task_key[:8] + key_hash(key) + bytes((state,)) + task_key[8:]
+    return task_key[:8] + key_hash(key) + _STATE_BYTE[state] + task_key[8:]
 
 
 @dataclass(slots=True)

@@ -229,10 +229,23 @@ class Flow:
         return Bucket(rate, burst, min(burst, max(0, now - self.start_ms) * rate / 1000), now)
 
     # -- the index's hooks -----------------------------------------------------------------
-    def moved(self, q: QueueRec, key: str, pk: bytes, old: int, new: int) -> None:
-        """A keyed task of `q` went from state `old` to `new` (-1: absent)."""
-        qf = self.state(q)
-        assert qf is not None
+    def moved(self, q: QueueRec, pk: bytes, old_key: str, old: int, new_key: str, new: int
+              ) -> None:
+        """A task of `q` went from (`old_key`, state `old`) to (`new_key`, `new`); "" and
+        -1 stand for no key and absent."""
+        qf = self.queues.get(q.qid)
+        if qf is None or qf.gen != q.gen or qf.version != self.index.conf_version:
+            qf = self.state(q)
+            assert qf is not None
+        if old_key and old_key == new_key:
+            self._moved(qf, old_key, pk, old, new)
+            return
+        if old_key:
+            self._moved(qf, old_key, pk, old, -1)
+        if new_key:
+            self._moved(qf, new_key, pk, -1, new)
+
+    def _moved(self, qf: QFlow, key: str, pk: bytes, old: int, new: int) -> None:
         ks = qf.keys.get(key)
         if ks is None:
             ks = qf.keys[key] = KeyState(key)
@@ -251,7 +264,8 @@ class Flow:
                 ks.lb = pk
         elif new == LEASED:
             ks.leased += 1
-        qf.relist(ks, lb if ks.listed else None)
+        if ks.listed or qf.eligible(ks):
+            qf.relist(ks, lb if ks.listed else None)
         if not ks.ready and not ks.leased and not ks.listed and key not in qf.cool \
                 and (ks.bucket is None or ks.bucket.level(self.now_ms()) >= ks.bucket.burst):
             del qf.keys[key]  # an idle key: nothing to remember (a full bucket is a new one)

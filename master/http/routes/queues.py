@@ -61,12 +61,14 @@ async def get_pause(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
 async def pause(group: GroupP, queue: QueueP, body: PauseRequest, m: MasterDep) -> JSON:
     """Pause the queue, or one key in it (`key`): leases skip its tasks, enqueues go on.
     Persisted (it survives restarts); idempotent."""
-    return JSON(await m.pause(group, queue, body.key, True))
+    res = await m.pause(group, queue, body.key, True)
+    return JSON({"paused": res["paused"], "paused_keys": res["paused_keys"]})
 
 
 async def resume(group: GroupP, queue: QueueP, body: PauseRequest, m: MasterDep) -> JSON:
     """Resume the queue, or one key in it (`key`); idempotent."""
-    return JSON(await m.pause(group, queue, body.key, False))
+    res = await m.pause(group, queue, body.key, False)
+    return JSON({"paused": res["paused"], "paused_keys": res["paused_keys"]})
 
 
 async def delete_queue(group: GroupP, queue: QueueP, m: MasterDep) -> JSON:
