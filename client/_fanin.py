@@ -51,10 +51,11 @@ class FaninVerbs:
         group, _ = _queue_in(None, callback.queue, "the callback")
         everyone = [*tasks, callback, *([error_callback] if error_callback else [])]
         names = [_queue_in(group, t.queue, "a member")[1] for t in everyone]
-        specs = yield from self._prepare(everyone, set())
+        n = len(tasks)
+        specs = yield from self._prepare(everyone[:n], set())  # allocations of <= 1,000
+        specs += yield from self._prepare(everyone[n:], set())
         for spec, name in zip(specs, names, strict=True):
             spec["queue"] = name
-        n = len(tasks)
         body: dict[str, Any] = {"id": batch_id or "b" + fifo_pid(), "tasks": specs[:n],
                                 "callback": specs[n], "on_dead": on_dead}
         if error_callback is not None:
