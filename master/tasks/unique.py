@@ -4,9 +4,10 @@ An enqueue with ``unique`` or ``debounce_secs`` (both need the task's flow-contr
 ``key``) registers its task as the *holder* of its key in its queue. A later enqueue of
 the same key:
 
-- ``unique: "queued"`` collapses into the holder while the holder is queued (available or
-  delayed): it answers ``collapsed: true`` with the holder's pid and adds nothing. A holder
-  that is leased does not block: the new task is added and becomes the holder.
+- ``unique: "queued"`` collapses into the holder while the holder is queued (available,
+  delayed, or leased with its lease expired): it answers ``collapsed: true`` with the
+  holder's pid and adds nothing. A holder under a live lease does not block: the new task
+  is added and becomes the holder.
 - ``unique: "active"`` collapses while the holder is queued *or leased* (running). We
   collapse rather than refuse (a 409), as pid dedupe does: a producer that retries or
   fires on every event needs no error handling, and the answer names the task that will
@@ -14,8 +15,9 @@ the same key:
 - ``debounce_secs: D`` replaces a queued holder's payload and pushes its not-before to
   ``now + D``, but never past ``debounce_max_secs`` (default ``10 * D``) after the enqueue
   that started the series; it answers ``collapsed: true`` with the holder's pid. Without a
-  queued debounced holder (none, or it is leased already), the enqueue adds a task held
-  for ``D``, which becomes the holder.
+  queued debounced holder (none, or it has been leased, even if that lease expired: its
+  holder may still ack it), the enqueue adds a task held for ``D``, which becomes the
+  holder.
 
 The check is against the key's holder only: the newest task registered, while it exists.
 A holder that leaves (dequeued, dead-lettered, cancelled, its queue deleted) frees its key.
@@ -40,6 +42,7 @@ from squall.master.storage.records import (
     DELAYED,
     LEASED,
     QG,
+    W_EXPIRY,
     W_EXT,
     W_KEY,
     W_NOT_BEFORE,
@@ -97,7 +100,8 @@ def check(v: View, q: QueueRec, s: TaskSpec, key: str, payload: dict[str, Any] |
         v.put_wire(q, w[0].encode(), new, enqueue=False)
         v.plan.events[(q.group, q.name, "debounce")] += 1
         return {"queue": q.name, "pid": w[0], "collapsed": True}
-    if w[W_STATE] != LEASED or s.unique == "active":
+    running = w[W_STATE] == LEASED and w[W_EXPIRY] > now  # an expired lease: queued
+    if not running or s.unique == "active":
         return {"queue": q.name, "pid": w[0], "collapsed": True}
     return None
 
