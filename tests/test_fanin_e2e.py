@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -170,8 +169,8 @@ def test_trace_context_round_trip(tmp_path: Path) -> None:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
     # the Worker and the client use the global provider: set it for this test only
-    old = trace._TRACER_PROVIDER  # noqa: SLF001
-    trace._TRACER_PROVIDER = provider  # noqa: SLF001
+    old = trace._TRACER_PROVIDER
+    trace._TRACER_PROVIDER = provider
     m = MasterProcess(str(tmp_path / "master")).start()
     try:
         with Client(m.url) as c:
@@ -207,5 +206,48 @@ def test_trace_context_round_trip(tmp_path: Path) -> None:
         # the handler ran inside its span (a sync handler: in the Worker's thread)
         assert seen["a"][0].span_id in {s.context.span_id for s in spans}
     finally:
-        trace._TRACER_PROVIDER = old  # noqa: SLF001
+        trace._TRACER_PROVIDER = old
+        m.stop()
+
+
+def test_cli_batch_and_unique(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from squall.client.cli import app
+
+    runner = CliRunner()
+    m = MasterProcess(str(tmp_path / "master")).start()
+
+    def sq(*args: str, code: int = 0) -> str:
+        r = runner.invoke(app, [*args, "--master", m.url])
+        assert r.exit_code == code, (r.output, r.exception)
+        return r.output
+
+    try:
+        assert "batch cli#b1: 3 member(s)" in sq("batch", "create", "cli#w", "--count", "3",
+                                                 "--callback", "cli#cb", "--id", "b1")
+        info = json.loads(sq("batch", "show", "cli#b1", "--json"))
+        assert (info["total"], info["done"], info["state"]) == (3, 0, "open")
+        assert "b1" in sq("batch", "list", "cli")
+        with Client(m.url) as c:
+            for t in c.lease("cli#w", max_tasks=3):
+                t.set_result({"pid": t.pid})
+                t.done()
+            (cb,) = c.lease("cli#cb")
+            assert cb.batch_id == "cli#b1"
+        rows = json.loads(sq("batch", "results", "cli#b1"))
+        assert len(rows) == 3 and rows[0]["result"] == {"pid": rows[0]["pid"]}
+        assert "open" not in sq("batch", "show", "cli#b1")
+        first = sq("put", "cli#u", "--count", "1", "--key", "k", "--unique", "queued")
+        assert "collapsed" in sq("put", "cli#u", "--count", "1", "--key", "k", "--unique",
+                                 "queued")
+        assert first.split()[1] in sq("put", "cli#u", "--count", "1", "--key", "k",
+                                      "--unique", "active")
+        out = sq("put", "cli#u", "--count", "1", "--unique", "queued", code=2)
+        assert "key" in out
+        assert "deleted batch cli#b1" in sq("batch", "delete", "cli#b1")
+        assert "not" in sq("batch", "show", "cli#b1", code=1)
+    finally:
         m.stop()
