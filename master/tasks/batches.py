@@ -331,6 +331,21 @@ def list_batches(index: Index, group: str, after: str | None, limit: int) -> dic
     return {"batches": out, "next": nxt}
 
 
+def overview(index: Index, limit: int = 20, scan: int = 1000) -> list[dict[str, Any]]:
+    """Up to `limit` batches of any group for the dashboard, open ones first, from the
+    first `scan` records (bounded work per refresh)."""
+    rows: list[dict[str, Any]] = []
+    with index.env.begin() as txn:
+        for i, (k, raw) in enumerate(cast(Iterator[tuple[bytes, bytes]],
+                                          txn.cursor(db=index.batch_db))):
+            if i >= scan:
+                break
+            group, _, bid = bytes(k).decode().partition("\x00")
+            rows.append(info(group, bid, msgpack.unpackb(raw)))
+    rows.sort(key=lambda r: (r["state"] != "open", -r["created_at"]))
+    return rows[:limit]
+
+
 def read_results(index: Index, group: str, bid: str, after: str | None, limit: int
                  ) -> dict[str, Any]:
     """Up to `limit` results of batch `bid`, by queue then pid; `after` is a page's
