@@ -238,3 +238,54 @@ def test_deleting_a_queue_forgets_its_keys(h: Harness) -> None:
     assert len(h.lease(10)) == 2  # the new generation's counts start at zero
     h.restart()
     assert h.lease(10) == []
+
+
+def test_parked_lease_wakes_when_a_token_comes_or_a_slot_frees(h: Harness) -> None:
+    h.run(h.m.set_policy(G, Q, Policy(rate=1, burst=1)))
+    h.run(h.m.set_policy(G, "lim", Policy(key_limit=1)))
+    h.enqueue([TaskSpec(pid="a"), TaskSpec(pid="b")])
+    h.enqueue(keyed(2, 1), queue="lim")
+    h.clock.advance(1)
+    assert len(h.lease(5)) == 1  # the one token
+    [held] = h.lease(5, queue="lim")
+
+    async def parked(queue: str) -> list[dict[str, Any]]:
+        res = await h.m.lease(G, queue, LeaseRequest(max_tasks=5, wait_secs=30), "")
+        return list(res["tasks"])
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        rate = asyncio.ensure_future(parked(Q))
+        limit = asyncio.ensure_future(parked("lim"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not rate.done() and not limit.done()
+        h.clock.advance(1)
+        await h.m.tick()  # the background tick: a token came due
+        await asyncio.wait_for(asyncio.shield(rate), 10)
+        assert not limit.done()
+        await h.m.update(G, UpdateRequest(dequeue=[TaskRef(queue="lim", pid=held["pid"],
+                                                           token=held["token"])]))
+        return await asyncio.wait_for(rate, 10), await asyncio.wait_for(limit, 10)
+
+    by_rate, by_limit = h.run(scenario())
+    assert [t["pid"] for t in by_rate] == ["b"]
+    assert [t["pid"] for t in by_limit] == ["000001"]
+
+
+def test_a_lease_does_not_rescan_keys_it_cannot_take(h: Harness,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys whose next task is above max_pid are looked at once, then skipped for free."""
+    h.run(h.m.set_policy(G, Q, Policy(key_limit=10)))
+    h.enqueue([TaskSpec(pid=f"{band}-{i:04d}", key=f"k{i}") for band in "az"
+               for i in range(500)])
+    h.ack(h.lease(500, max_pid="m"))  # every key's first task: their bounds go stale
+    flow = h.m.engine.flow
+    calls = []
+    real = flow._head
+    monkeypatch.setattr(flow, "_head", lambda *a: calls.append(1) or real(*a))
+    assert h.lease(10, max_pid="m") == []
+    first = len(calls)
+    assert first >= 500  # every stale bound looked at once
+    assert h.lease(10, max_pid="m") == []
+    assert len(calls) == first  # bounds were tightened: nothing looked at again
+    assert len(h.lease(10)) == 10

@@ -53,6 +53,9 @@ def test_rest_keys_limits_pause_and_openapi(master: str) -> None:
             "paused": False, "paused_keys": ["k1"]}
         assert h.post(q + "/pause", json={}).json()["paused"] is True
         assert h.get(q + "/pause").json() == {"paused": True, "paused_keys": ["k1"]}
+        page = h.get("/v1/overview/queues/r/q").json()  # the dashboard's queue page
+        assert (page["queue_paused"], page["paused_keys"], page["paused"]) == (
+            True, ["k1"], 4)
         assert h.post(q + "/resume", json={}).json()["paused"] is False
         assert h.get("/v1/cluster/stats").json()["blocked"] >= 2
         # bad input: a 400 that says what is wrong, nothing applied
@@ -115,6 +118,8 @@ def test_cli_key_policy_and_pause(master: str) -> None:
     assert "not paused" in sq(master, "resume", "cli#q", "--key", "a")
     rows = json.loads(sq(master, "lease", "cli#q", "-n", "5", "--json"))
     assert len(rows) == 2  # the key's limit
+    assert "key" in sq(master, "task", "cli#q", rows[0]["pid"])
+    assert " a " in sq(master, "tasks", "cli#q")
     sq(master, "policy", "set", "cli#q", "--weight", "nonsense", code=2)
 
 

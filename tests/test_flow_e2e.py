@@ -174,6 +174,7 @@ def test_rate_limit_held_for_a_minute_by_four_workers(tmp_path: Path) -> None:
             time.sleep(60)
             n = len(intervals(tmp_path / "logs")) - start
             secs = time.monotonic() - t0
+            print(f"rate limit 50/s: {n} tasks in {secs:.1f} s = {n / secs:.2f}/s")
             assert abs(n / secs - 50) <= 5, (n, secs)
     finally:
         stop(procs)

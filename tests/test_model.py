@@ -855,6 +855,14 @@ class FlowMachine(RuleBasedStateMachine):
         mem = {k: [ks.ready, ks.leased] for k, ks in (qf.keys.items() if qf else ())
                if ks.ready or ks.leased}
         assert mem == recount
+        if qf is not None:  # the held counts, kept as keys change, equal a recount
+            qf = m.engine.flow.state(q)
+            assert qf is not None
+            assert qf.paused_ready == sum(ks.ready for ks in qf.keys.values()
+                                          if ks.key in qf.paused_keys)
+            assert qf.held_ready == sum(ks.ready for ks in qf.keys.values()
+                                        if ks.key not in qf.paused_keys and not ks.listed)
+            assert all(ks.listed == qf.eligible(ks) for ks in qf.keys.values())
         assert m.pause_state(G, FQ) == {"paused": self.paused,
                                         "paused_keys": sorted(self.paused_keys)}
 

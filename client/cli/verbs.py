@@ -231,7 +231,7 @@ def task(queue: QueueArg, pid: PidArg, as_json: JsonOpt = False,
         print_json(t)
         return
     now = time.time()
-    rows: list[list[Any]] = [["state", t.state], ["attempts", t.attempts],
+    rows: list[list[Any]] = [["state", t.state], ["key", t.key], ["attempts", t.attempts],
             ["enqueued", ago(t.enqueued_at, now)], ["lease expires", ago(t.expires_at, now)],
             ["not before", ago(t.not_before, now)], ["worker", t.worker],
             ["worker address", t.worker_addr], ["origin", t.origin], ["last error", t.error]]
@@ -256,8 +256,9 @@ def tasks(queue: QueueArg,
         say(f"no tasks in {queue}" + (f" after {after}" if after else ""))
         return
     now = time.time()
-    show(f"tasks of {queue}", ["pid", "state", "attempts", "enqueued", "worker", "last error"],
-         [[t.pid, t.state, t.attempts, ago(t.enqueued_at, now), t.worker or "",
+    show(f"tasks of {queue}", ["pid", "state", "key", "attempts", "enqueued", "worker",
+                               "last error"],
+         [[t.pid, t.state, t.key or "", t.attempts, ago(t.enqueued_at, now), t.worker or "",
            (t.error or "").splitlines()[0][:80] if t.error else ""] for t in ts])
     if len(ts) == limit:
         say(f"(first {limit}; more with --after {ts[-1].pid})", style="dim")

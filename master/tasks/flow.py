@@ -119,6 +119,16 @@ class QFlow:
         self.turn_used = 0  # tasks the ring's front key took in its current turn
         self.cooling: list[tuple[int, str]] = []  # (next token due ms, key) heap
         self.cool: dict[str, int] = {}
+        # ready keyed tasks a lease may not take now, kept as keys change (O(1) to read):
+        # of keys that are paused, and of other keys out of the eligible set
+        self.paused_ready = 0
+        self.held_ready = 0
+
+    def _count(self, ks: KeyState, sign: int) -> None:
+        if ks.key in self.paused_keys:
+            self.paused_ready += sign * ks.ready
+        elif not ks.listed:
+            self.held_ready += sign * ks.ready
 
     @property
     def configured(self) -> bool:
@@ -130,8 +140,16 @@ class QFlow:
         return (ks.ready > 0 and (self.key_limit is None or ks.leased < self.key_limit)
                 and ks.key not in self.paused_keys and ks.key not in self.cool)
 
-    def relist(self, ks: KeyState, old_lb: bytes | None = None) -> None:
-        """Put `ks` in or out of the eligible set (`old_lb`: its bound when listed)."""
+    def relist(self, ks: KeyState, old_lb: bytes | None = None, counted: bool = True
+               ) -> None:
+        """Put `ks` in or out of the eligible set (`old_lb`: its bound when listed;
+        `counted`: its part of the held counts is in them, else the caller took it out)."""
+        if counted:
+            self._count(ks, -1)
+        self._relist(ks, old_lb)
+        self._count(ks, +1)
+
+    def _relist(self, ks: KeyState, old_lb: bytes | None) -> None:
         want = self.eligible(ks)
         if self.fair:
             if want and not ks.listed:
@@ -152,9 +170,10 @@ class QFlow:
         self.turn_used = 0
         if self.fair:
             self.ring[""] = None  # the keyless tasks take turns as one key
+        self.paused_ready = self.held_ready = 0
         for ks in self.keys.values():
             ks.listed = False
-            self.relist(ks)
+            self.relist(ks, counted=False)
 
     def uncool(self, now_ms: int) -> int:
         """Keys whose next token came due go back to the eligible set; how many."""
@@ -182,6 +201,7 @@ class Flow:
         self.now_ms = now_ms  # the master's clock
         self.start_ms = now_ms()  # buckets made later start as if drained then
         self.queues: dict[int, QFlow] = {}
+        self.timed: set[int] = set()  # qids with a rate limit: due() looks at these only
         index.on_key = self.moved
         index.on_reload = self.rebuild
         self.rebuild()
@@ -211,6 +231,8 @@ class Flow:
         qf.weights = dict(pol.get("key_weights") or {})
         qf.paused = bool(pause.get("paused"))
         qf.paused_keys = frozenset(pause.get("keys") or ())
+        if qf.rate is not None or qf.key_rate is not None:
+            self.timed.add(q.qid)
         if qf.rate is None:
             qf.bucket = None
         elif qf.bucket is None:
@@ -250,6 +272,7 @@ class Flow:
         if ks is None:
             ks = qf.keys[key] = KeyState(key)
         lb = ks.lb
+        qf._count(ks, -1)
         if old == AVAILABLE:
             ks.ready -= 1
             qf.ready_total -= 1
@@ -264,8 +287,7 @@ class Flow:
                 ks.lb = pk
         elif new == LEASED:
             ks.leased += 1
-        if ks.listed or qf.eligible(ks):
-            qf.relist(ks, lb if ks.listed else None)
+        qf.relist(ks, lb if ks.listed else None, counted=False)
         if not ks.ready and not ks.leased and not ks.listed and key not in qf.cool \
                 and (ks.bucket is None or ks.bucket.level(self.now_ms()) >= ks.bucket.burst):
             del qf.keys[key]  # an idle key: nothing to remember (a full bucket is a new one)
@@ -410,22 +432,23 @@ class Flow:
             if max_key is not None and lb > max_key:
                 pending[0] = None  # sorted: every later bound is larger
                 return
-            head = self._head(txn, prefix, key, lb, max_key)
+            head = self._head(txn, prefix, key, lb)
             if head is not None:
-                if head[0] != lb:
+                if head[0] != lb:  # even above max_key: the next lease skips it at once
                     raise_lb.append((qf.keys[key], head[0]))
-                heapq.heappush(heap, (head[0], key, head[1], head[2]))
+                if max_key is None or head[0] <= max_key:
+                    heapq.heappush(heap, (head[0], key, head[1], head[2]))
 
-    def _head(self, txn: lmdb.Transaction, prefix: bytes, key: str, lb: bytes,
-              max_key: bytes | None) -> tuple[bytes, Any, bytes] | None:
+    def _head(self, txn: lmdb.Transaction, prefix: bytes, key: str, lb: bytes
+              ) -> tuple[bytes, Any, bytes] | None:
         """(pidkey, cursor on it, entry prefix) of `key`'s first ready task at or after
-        `lb` (and <= max_key), or None."""
+        `lb`, or None."""
         kp = prefix + key_hash(key) + b"\x00"
         c = txn.cursor(db=self.index.keyed)
         if not c.set_range(kp + lb):
             return None
         k = bytes(c.key())
-        if not k.startswith(kp) or (max_key is not None and k[17:] > max_key):
+        if not k.startswith(kp):
             return None
         return k[17:], c, kp
 
@@ -508,7 +531,7 @@ class Flow:
     def held_back(self, q: QueueRec, now_ms: int | None = None) -> tuple[int, int]:
         """(paused, blocked): available tasks of `q` a lease would not take now because
         the queue or their key is paused, or because a limit (concurrency or rate) holds
-        them. O(keys)."""
+        them. O(1)."""
         qf = self.queues.get(q.qid)
         if (qf is None or qf.gen != q.gen) and (q.group, q.name) not in self.index.pauses \
                 and not _has_flow(self.index, q):
@@ -519,13 +542,11 @@ class Flow:
             return q.available, 0
         now = self.now_ms() if now_ms is None else now_ms
         qf.uncool(now)
-        paused = sum(ks.ready for ks in qf.keys.values() if ks.key in qf.paused_keys)
+        paused = qf.paused_ready
         if (qf.queue_limit is not None and q.leased >= qf.queue_limit) or (
                 qf.bucket is not None and qf.bucket.level(now) < 1):
             return paused, q.available - paused
-        blocked = sum(ks.ready for ks in qf.keys.values()
-                      if ks.key not in qf.paused_keys and not qf.eligible(ks) and ks.ready)
-        return paused, blocked
+        return paused, qf.held_ready
 
     def leasable(self, q: QueueRec) -> int:
         paused, blocked = self.held_back(q)
@@ -535,9 +556,18 @@ class Flow:
         """Queues where a key's or the queue's next token came due since the last look
         (their parked leases should look again)."""
         out = []
-        for qf in self.queues.values():
-            q = self.index.by_qid.get(qf.qid)
-            if q is None or q.gen != qf.gen or not q.available:
+        for qid in list(self.timed):
+            qf = self.queues.get(qid)
+            q = self.index.by_qid.get(qid)
+            if qf is None or q is None or q.gen != qf.gen:
+                self.timed.discard(qid)
+                continue
+            if qf.version != self.index.conf_version:
+                self.state(q)  # configuration changed: still rate-limited?
+                if qf.rate is None and qf.key_rate is None and not qf.cool:
+                    self.timed.discard(qid)
+                    continue
+            if not q.available:
                 continue
             if qf.uncool(now_ms) or (qf.bucket is not None and qf.bucket.tokens < 1
                                      and qf.bucket.level(now_ms) >= 1):
