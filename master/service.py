@@ -35,6 +35,7 @@ import msgpack
 from squall.common.clock import Clock, SystemClock
 from squall.common.errors import StatusError
 from squall.common.security.tokens import load_cluster_key
+from squall.common.server.tracing import Spans
 from squall.common.wire.models import (
     BatchRequest,
     LeaseRequest,
@@ -115,6 +116,7 @@ class Master(Housekeeping):
                              self.placement.verify)
         self.dedup = self.engine.dedup = Dedup(self.index.dedup, settings.dedup_retention_s)
         self.meters = Meters()
+        self.spans = Spans("master")  # enqueue/lease/ack spans, if OTEL_TRACES_EXPORTER says
         self.waiters = Waiters(settings.lease_wait_max_s, settings.lease_waiters_per_queue,
                                settings.lease_waiters_max, self._available)
         records, tail = read_records(self.wal_dir, after=self.index.applied)
@@ -483,3 +485,4 @@ class Master(Housekeeping):
         self.wal.close()
         self.index.sync()
         self.index.close()
+        self.spans.close()

@@ -251,3 +251,32 @@ def test_cli_batch_and_unique(tmp_path: Path) -> None:
         assert "not" in sq("batch", "show", "cli#b1", code=1)
     finally:
         m.stop()
+
+
+def test_master_spans_when_an_exporter_is_configured(tmp_path: Path) -> None:
+    from squall.common.server.tracing import Spans
+
+    assert Spans("master", env={}).tracer is None  # the default: nothing at all
+    assert Spans("master", env={"OTEL_TRACES_EXPORTER": "none"}).tracer is None
+    env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "50",
+           "OTEL_SERVICE_NAME": "squall-test-master"}
+    m = MasterProcess(str(tmp_path / "master"), env=env).start()
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    try:
+        with Client(m.url) as c:
+            c.put("sp#q", pid="x", traceparent=tp)
+            (t,) = c.lease("sp#q")
+            t.done()
+
+        def spans() -> list[str]:
+            text = Path(m.log_path).read_text(errors="replace")
+            return [n for n in ("squall enqueue sp#q", "squall lease sp#q", "squall update sp")
+                    if f'"name": "{n}"' in text]
+
+        assert len(wait_for(lambda: len(spans()) == 3 and spans(), 30,
+                            what="three spans in the log")) == 3
+        text = Path(m.log_path).read_text(errors="replace")
+        assert "0x4bf92f3577b34da6a3ce929d0e0e4736" in text  # linked to the producer
+        assert "squall-test-master" in text
+    finally:
+        m.stop()
