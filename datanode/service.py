@@ -20,6 +20,7 @@ from squall.common.security.tokens import (
     sign_receipt,
     verify,
 )
+from squall.common.server.tracing import Spans
 from squall.datanode.config import DataNodeSettings
 from squall.datanode.replication.peers import Peers
 from squall.datanode.replication.repairpace import RepairPace
@@ -42,6 +43,7 @@ class DataNode:
         self.address = settings.advertise_url.rstrip("/")
         self.key = settings.cluster_key
         self.started_at = time.time()
+        self.spans = Spans("datanode")  # front-door enqueue spans, if OTEL_* asks for them
         self.store = BlobStore(os.path.join(settings.data_dir, "blobs"),
                                chunk_bytes=settings.chunk_bytes, txn_bytes=settings.txn_bytes,
                                map_size=settings.map_size, map_size_max=settings.map_size_max)
@@ -118,6 +120,7 @@ class DataNode:
 
     def close(self) -> None:
         self.store.close()
+        self.spans.close()
 
     def ready(self) -> bool:
         return not self.store.env._closed and self.store.env._thread.is_alive()

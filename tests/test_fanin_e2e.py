@@ -280,3 +280,70 @@ def test_master_spans_when_an_exporter_is_configured(tmp_path: Path) -> None:
         assert "squall-test-master" in text
     finally:
         m.stop()
+
+
+def test_async_client_batch_unique_and_results(tmp_path: Path) -> None:
+    import asyncio
+
+    from squall.client import AsyncClient
+
+    m = MasterProcess(str(tmp_path / "master")).start()
+
+    async def main() -> None:
+        async with AsyncClient(m.url) as c:
+            r = await c.batch([NewTask(pid=f"p{i}", queue="as#w") for i in range(3)],
+                              NewTask(pid="cb", queue="as#cb"), on_dead="ignore")
+            assert r.batch.startswith("as#b") and len(r.enqueued) == 3
+            assert (await c.batch_info(r.batch)).pending == 3
+            assert [b.batch for b in await c.list_batches("as")] == [r.batch[3:]]
+            for t in await c.lease("as#w", max_tasks=3):
+                assert t.batch == r.batch[3:]
+                t.set_result([t.pid])
+                await t.done()
+            (cb,) = await c.lease("as#cb")
+            assert cb.batch_id == r.batch
+            assert await c.batch_results(r.batch) == {("w", f"p{i}"): [f"p{i}"]
+                                                      for i in range(3)}
+            await cb.done()
+            with pytest.raises(NotFound):
+                await c.batch_info(r.batch)
+            a = await c.put("as#u", key="k", unique="queued")
+            assert (await c.put("as#u", key="k", unique="queued")).pid == a.pid
+
+    try:
+        asyncio.run(main())
+    finally:
+        m.stop()
+
+
+def test_front_door_extras_and_data_node_spans(tmp_path: Path) -> None:
+    """Payloads through a data node's front door: debounce replaces the payload, unique
+    and trace context pass through, and the node emits its enqueue span."""
+    from tests.helpers import DataNodeProcess
+
+    key_env = {"SQUALL_CLUSTER_KEY": "test-cluster-key-0123456789abcdef"}
+    otel = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    m = MasterProcess(str(tmp_path / "master"), env=key_env, extra=[
+        "--replication-factor", "1", "--heartbeat-interval-s", "0.2"]).start()
+    dn = DataNodeProcess(str(tmp_path / "dn"), env={**key_env, **otel}, extra=[
+        "--master", m.url, "--heartbeat-interval-s", "0.2"]).start()
+    tp = "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    try:
+        with Client(m.url) as c:
+            wait_for(lambda: any(n.state == "alive" for n in c.cluster().nodes),
+                     what="the data node alive")
+            first = c.put("dn#d", b"v1", key="doc", debounce=0.3, traceparent=tp)
+            for v in (b"v2", b"v3"):
+                r = c.put("dn#d", v, key="doc", debounce=0.3)
+                assert r.collapsed and r.pid == first.pid
+            got = wait_for(lambda: c.lease("dn#d", payloads=True), 30, what="the task")
+            assert [t.payload() for t in got] == [b"v3"] and got[0].traceparent == tp
+            got[0].done()
+            a = c.put("dn#u", b"x", key="k", unique="active")
+            assert c.put("dn#u", b"y", key="k", unique="active").pid == a.pid
+        wait_for(lambda: '"name": "squall enqueue dn#d"' in Path(dn.log_path).read_text(
+            errors="replace"), 30, what="the data node's enqueue span")
+        assert "0x5bf92f3577b34da6a3ce929d0e0e4736" in Path(dn.log_path).read_text()
+    finally:
+        dn.stop()
+        m.stop()

@@ -14,13 +14,14 @@ the master's fsynced WAL and their payloads on the write quorum.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgpack
 from fastapi import Request
 from pydantic import ValidationError
 
-from squall.common.errors import BadRequest, PayloadTooLarge, Unavailable
+from squall.common.errors import BadRequest, PayloadTooLarge, StatusError, Unavailable
 from squall.common.server.http import JSON
 from squall.common.wire.models import MAX_BATCH, TaskSpec
 from squall.common.wire.names import check_name, check_pid
@@ -102,5 +103,18 @@ async def serve(node: DataNode, group: str, queue: str, body: bytes, content_typ
     if fd is None:
         raise Unavailable("the front door is not running on this node")
     tasks = parse(body, content_type, node.settings.front_door_max_bytes)
-    return await fd.enqueue(group, queue, tasks)
+    if node.spans.tracer is None:
+        return await fd.enqueue(group, queue, tasks)
+    t0 = time.time_ns()
+    attrs = {"messaging.operation.type": "send", "messaging.operation.name": "enqueue",
+             "messaging.destination.name": f"{group}#{queue}",
+             "messaging.batch.message_count": len(tasks)}
+    try:
+        res = await fd.enqueue(group, queue, tasks)
+    except StatusError as e:
+        node.spans.record(f"squall enqueue {group}#{queue}", t0, attrs, (), e.code)
+        raise
+    node.spans.record(f"squall enqueue {group}#{queue}", t0, attrs,
+                      (t.get("traceparent") for t in tasks))
+    return res
 
