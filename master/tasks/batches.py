@@ -184,6 +184,7 @@ def failed(v: View, t: Task) -> None:
     """Member `t` was dead-lettered or cancelled: it leaves its batch (``t.ext`` loses
     the batch id), counted as failed, and the batch's ``on_dead`` says what follows."""
     assert t.ext is not None
+    t.ext = dict(t.ext)  # its own copy: the dict may be a pending op's
     bid = t.ext.pop("b", None)
     if bid is not None:
         _count_failed(v, bid)
