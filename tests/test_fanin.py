@@ -1,6 +1,7 @@
 """Batches, unique tasks, debounce and trace context in process (master/tasks/batches.py,
 unique.py): callbacks after the last member, dead-lettered members, nesting, results,
-restarts. Real processes: tests/test_fanin_e2e.py; the model: tests/test_model_fanin.py."""
+restarts. Real processes: tests/test_fanin_e2e.py and test_fanin_fronts.py; the model:
+tests/test_model_fanin.py."""
 
 from __future__ import annotations
 
