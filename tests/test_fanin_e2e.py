@@ -155,11 +155,9 @@ def test_unique_and_debounce_through_http(tmp_path: Path) -> None:
         m.stop()
 
 
-otel_sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk "
-                               "(the dev extra) is not installed")
-
-
 def test_trace_context_round_trip(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk.trace",
+                        reason="opentelemetry-sdk (the dev extra) is not installed")
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

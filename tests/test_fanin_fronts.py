@@ -57,6 +57,8 @@ def test_cli_batch_and_unique(tmp_path: Path) -> None:
 
 
 def test_master_spans_when_an_exporter_is_configured(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk.trace",
+                        reason="opentelemetry-sdk (the dev extra) is not installed")
     from squall.common.server.tracing import Spans
 
     assert Spans("master", env={}).tracer is None  # the default: nothing at all
@@ -122,6 +124,8 @@ def test_async_client_batch_unique_and_results(tmp_path: Path) -> None:
 def test_front_door_extras_and_data_node_spans(tmp_path: Path) -> None:
     """Payloads through a data node's front door: debounce replaces the payload, unique
     and trace context pass through, and the node emits its enqueue span."""
+    pytest.importorskip("opentelemetry.sdk.trace",
+                        reason="opentelemetry-sdk (the dev extra) is not installed")
     from tests.helpers import DataNodeProcess
 
     key_env = {"SQUALL_CLUSTER_KEY": "test-cluster-key-0123456789abcdef"}
