@@ -30,6 +30,8 @@ from squall.common.security.tls import TLSConfig
 from squall.common.transport.adapters import AsyncTransport
 from squall.common.transport.http1 import Broken
 from squall.common.wire.models import (
+    BatchInfo,
+    BatchResponse,
     CancelResponse,
     ClusterInfo,
     ClusterStats,
@@ -263,14 +265,25 @@ class AsyncClient:
     # -- tasks ---------------------------------------------------------------------------
     async def put(self, queue: str, payload: Payload = None, *, pid: str | None = None,
                   not_before: float | None = None, delay: float | None = None,
-                  idempotency_key: str | None = None, key: str | None = None
+                  idempotency_key: str | None = None, key: str | None = None,
+                  unique: str | None = None, debounce: float | None = None,
+                  debounce_max: float | None = None, batch: str | None = None,
+                  traceparent: str | None = None, tracestate: str | None = None
                   ) -> EnqueueResult:
         """Enqueue one task (its payload goes to data nodes first). `idempotency_key`: apply
         it at most once per group and key within the master's window (5 min by default),
         even if the task was dequeued since. `key`: its flow-control key (a tenant, a
-        domain), which the queue's policy may limit, rate or lease fairly."""
+        domain), which the queue's policy may limit, rate or lease fairly. With the key:
+        `unique` ("queued" or "active": collapse into the key's queued, or queued or
+        leased, task), `debounce` (seconds: replace the key's queued debounced task's
+        payload and push it back, up to `debounce_max` after the first). `batch`: join
+        that open batch (its id in the queue's group). `traceparent`/`tracestate`: W3C
+        trace context (default: the current OpenTelemetry context, if installed)."""
         return await self._run(self._core.put(queue, payload, pid, not_before, delay,
-                                              idempotency_key, key))
+                                              idempotency_key, key, unique=unique,
+                                              debounce=debounce, debounce_max=debounce_max,
+                                              batch=batch,
+                                              traceparent=traceparent, tracestate=tracestate))
 
     async def put_many(self, queue: str, items: Iterable[Payload | NewTask], *,
                        batch_size: int = 100,
@@ -379,6 +392,32 @@ class AsyncClient:
 
     async def pause_state(self, queue: str) -> PauseState:
         return await self._run(self._core.pause_state(queue))
+
+    async def batch(self, tasks: Sequence[NewTask], callback: NewTask, *,
+              error_callback: NewTask | None = None, on_dead: str = "fail",
+              batch_id: str | None = None) -> BatchResponse:
+        """Enqueue a batch of `tasks` (``NewTask(payload, queue=...)``, at most 1,000, in one
+        group) and a `callback` enqueued once every member is done (in the same WAL record
+        as the last member's dequeue). `on_dead`: a dead-lettered member fails the batch
+        (``"fail"``: `error_callback` runs instead) or is counted and ignored
+        (``"ignore"``). The answer's ``batch`` is ``group#id``."""
+        return await self._run(self._core.batch(list(tasks), callback, error_callback, on_dead,
+                                         batch_id))
+
+    async def batch_info(self, batch: str) -> BatchInfo:
+        """Progress of batch ``group#id`` (NotFound once its callback is done)."""
+        return await self._run(self._core.batch_info(batch))
+
+    async def batch_results(self, batch: str) -> dict[tuple[str, str], Any]:
+        """The results its members set (``task.set_result``), by (queue, pid): what a
+        callback reads (``task.batch_id`` names its batch)."""
+        return await self._run(self._core.batch_results(batch))
+
+    async def list_batches(self, group: str = "default") -> list[BatchInfo]:
+        return await self._run(self._core.list_batches(group))
+
+    async def delete_batch(self, batch: str) -> None:
+        await self._run(self._core.delete_batch(batch))
 
     async def redrive(self, queue: str, max_tasks: int = 1000) -> RedriveResponse:
         return await self._run(self._core.redrive(queue, max_tasks))

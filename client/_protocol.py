@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any, TypeVar
 
+from squall.client import _trace
 from squall.client._admin import AdminVerbs
 from squall.client._blobs import BATCH_BLOB_BYTES, Blobs, NodeBook
 from squall.client._effects import Call, Gather, Proto, Retry, call, lost_answer, may_have_applied
+from squall.client._fanin import FaninVerbs
 from squall.client._frontdoor import FrontDoor
 from squall.client._nodelease import NodeLease, checked
 from squall.client._paths import qpath
@@ -73,7 +75,8 @@ WAVE_BYTES = 64 << 20  # payload bytes put_many holds at once (at least one batc
 LEASE_VIA_NODE = False
 
 
-def _spec(t: NewTask, generated: set[str], fifo: Iterator[str]) -> dict[str, Any]:
+def _spec(t: NewTask, generated: set[str], fifo: Iterator[str],
+          trace_ctx: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
     """A TaskSpec dict; a task without a pid gets the next client-made FIFO pid of `fifo`
     (so a retried enqueue collapses instead of enqueueing twice)."""
     pid = t.pid
@@ -89,7 +92,29 @@ def _spec(t: NewTask, generated: set[str], fifo: Iterator[str]) -> dict[str, Any
         spec["idempotency_key"] = t.idempotency_key
     if t.key is not None:
         spec["key"] = t.key
+    if (t.unique or t.debounce or t.batch or t.traceparent or trace_ctx[0]) is not None:
+        _extras(t, spec, trace_ctx)
     return spec
+
+
+def _extras(t: NewTask, spec: dict[str, Any], trace_ctx: tuple[str | None, str | None]
+            ) -> None:
+    if t.unique is not None:
+        spec["unique"] = t.unique
+    if t.debounce is not None:
+        spec["debounce_secs"] = t.debounce
+    if t.debounce_max is not None:
+        spec["debounce_max_secs"] = t.debounce_max
+    if t.batch is not None:
+        spec["batch"] = t.batch
+    if t.traceparent is not None:
+        spec["traceparent"] = t.traceparent
+        if t.tracestate is not None:
+            spec["tracestate"] = t.tracestate
+    elif trace_ctx[0] is not None:
+        spec["traceparent"] = trace_ctx[0]
+        if trace_ctx[1] is not None:
+            spec["tracestate"] = trace_ctx[1]
 
 
 def _specs(tasks: list[NewTask], generated: set[str] | None = None
@@ -98,7 +123,8 @@ def _specs(tasks: list[NewTask], generated: set[str] | None = None
     added to `generated`, also returned."""
     generated = set() if generated is None else generated
     fifo = iter(fifo_pids(sum(1 for t in tasks if t.pid is None)))
-    return [_spec(t, generated, fifo) for t in tasks], generated
+    ctx = _trace.current()  # once per batch: the producer's context
+    return [_spec(t, generated, fifo, ctx) for t in tasks], generated
 
 
 def first_failure(outcomes: list[Any]) -> list[Any]:
@@ -117,7 +143,7 @@ def _results(items: list[dict[str, Any]], generated: set[str], group: str
             for r in items]
 
 
-class Core(AdminVerbs, PayloadVerbs):
+class Core(AdminVerbs, PayloadVerbs, FaninVerbs):
     """Configuration and shared state of one client, and its verbs as generators."""
 
     def __init__(self, retry: Retry | None = None, blob_timeout_s: float = 300.0,
@@ -154,10 +180,12 @@ class Core(AdminVerbs, PayloadVerbs):
 
     def put(self, queue: str, payload: Payload = None, pid: str | None = None,
             not_before: float | None = None, delay: float | None = None,
-            idempotency_key: str | None = None, key: str | None = None
-            ) -> Proto[EnqueueResult]:
+            idempotency_key: str | None = None, key: str | None = None,
+            **extras: Any) -> Proto[EnqueueResult]:
+        """`extras`: NewTask's unique, debounce, debounce_max, batch, traceparent,
+        tracestate."""
         res = yield from self._enqueue(queue, [NewTask(payload, pid, None, not_before, delay,
-                                                       idempotency_key, key)])
+                                                       idempotency_key, key, **extras)])
         return res[0]
 
     def _enqueue(self, queue: str, tasks: list[NewTask]) -> Proto[list[EnqueueResult]]:
@@ -169,7 +197,8 @@ class Core(AdminVerbs, PayloadVerbs):
         specs, generated = made
         sources = [as_source(t.payload) for t in tasks]
         unknown: str | None = None  # a front-door attempt that may have been applied
-        if self.front is not None and self.front.eligible(sources):
+        if (self.front is not None and self.front.eligible(sources)
+                and not any("batch" in spec for spec in specs)):  # a join may be refused
             got, unknown = yield from self.front.enqueue(group, name, specs, sources)
             if got is not None:
                 return _results(got, generated, group)

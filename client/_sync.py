@@ -29,6 +29,8 @@ from squall.client._tasks import NewTask, Payload, TaskBase, Tasks, TxBuilder, a
 from squall.common.masters import Masters
 from squall.common.security.tls import TLSConfig
 from squall.common.wire.models import (
+    BatchInfo,
+    BatchResponse,
     CancelResponse,
     ClusterInfo,
     ClusterStats,
@@ -151,13 +153,24 @@ class Client:
     # -- tasks ---------------------------------------------------------------------------
     def put(self, queue: str, payload: Payload = None, *, pid: str | None = None,
             not_before: float | None = None, delay: float | None = None,
-            idempotency_key: str | None = None, key: str | None = None) -> EnqueueResult:
+            idempotency_key: str | None = None, key: str | None = None,
+            unique: str | None = None, debounce: float | None = None,
+            debounce_max: float | None = None, batch: str | None = None,
+            traceparent: str | None = None, tracestate: str | None = None
+            ) -> EnqueueResult:
         """Enqueue one task (its payload goes to data nodes first). `idempotency_key`: apply
         it at most once per group and key within the master's window (5 min by default),
         even if the task was dequeued since. `key`: its flow-control key (a tenant, a
-        domain), which the queue's policy may limit, rate or lease fairly."""
+        domain), which the queue's policy may limit, rate or lease fairly. With the key:
+        `unique` ("queued" or "active": collapse into the key's queued, or queued or
+        leased, task), `debounce` (seconds: replace the key's queued debounced task's
+        payload and push it back, up to `debounce_max` after the first). `batch`: join
+        that open batch (its id in the queue's group). `traceparent`/`tracestate`: W3C
+        trace context (default: the current OpenTelemetry context, if installed)."""
         return self._run(self._core.put(queue, payload, pid, not_before, delay,
-                                         idempotency_key, key))
+                                         idempotency_key, key, unique=unique, debounce=debounce,
+                                         debounce_max=debounce_max, batch=batch,
+                                         traceparent=traceparent, tracestate=tracestate))
 
     def put_many(self, queue: str, items: Iterable[Payload | NewTask], *, batch_size: int = 100,
                  progress: Callable[[list[EnqueueResult]], Any] | None = None,
@@ -265,6 +278,32 @@ class Client:
 
     def pause_state(self, queue: str) -> PauseState:
         return self._run(self._core.pause_state(queue))
+
+    def batch(self, tasks: Sequence[NewTask], callback: NewTask, *,
+              error_callback: NewTask | None = None, on_dead: str = "fail",
+              batch_id: str | None = None) -> BatchResponse:
+        """Enqueue a batch of `tasks` (``NewTask(payload, queue=...)``, at most 1,000, in one
+        group) and a `callback` enqueued once every member is done (in the same WAL record
+        as the last member's dequeue). `on_dead`: a dead-lettered member fails the batch
+        (``"fail"``: `error_callback` runs instead) or is counted and ignored
+        (``"ignore"``). The answer's ``batch`` is ``group#id``."""
+        return self._run(self._core.batch(list(tasks), callback, error_callback, on_dead,
+                                         batch_id))
+
+    def batch_info(self, batch: str) -> BatchInfo:
+        """Progress of batch ``group#id`` (NotFound once its callback is done)."""
+        return self._run(self._core.batch_info(batch))
+
+    def batch_results(self, batch: str) -> dict[tuple[str, str], Any]:
+        """The results its members set (``task.set_result``), by (queue, pid): what a
+        callback reads (``task.batch_id`` names its batch)."""
+        return self._run(self._core.batch_results(batch))
+
+    def list_batches(self, group: str = "default") -> list[BatchInfo]:
+        return self._run(self._core.list_batches(group))
+
+    def delete_batch(self, batch: str) -> None:
+        self._run(self._core.delete_batch(batch))
 
     def redrive(self, queue: str, max_tasks: int = 1000) -> RedriveResponse:
         return self._run(self._core.redrive(queue, max_tasks))

@@ -4,6 +4,7 @@ sources and client-made FIFO pids. No I/O here."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import secrets
 import threading
@@ -35,6 +36,13 @@ class NewTask:
     delay: float | None = None
     idempotency_key: str | None = None  # at most once per group and key (master's window)
     key: str | None = None  # flow-control key: limits, fairness, pause (docs/concepts.md)
+    # unique while "queued" or "active" (queued or leased), for its key
+    unique: str | None = None
+    debounce: float | None = None  # seconds; a later enqueue of the key replaces it
+    debounce_max: float | None = None  # latest run, seconds after the series' first enqueue
+    batch: str | None = None  # join this open batch (an id in the task's group)
+    traceparent: str | None = None  # W3C trace context (default: the current OpenTelemetry
+    tracestate: str | None = None  # context when opentelemetry-api is installed)
 
 
 # -- FIFO pids ----------------------------------------------------------------------------
@@ -167,8 +175,26 @@ def _read_path(p: Path) -> Iterator[bytes]:
 class TaskBase:
     """A leased task's data. ``LeasedTask`` / ``AsyncLeasedTask`` add the verbs."""
 
-    __slots__ = ("_client", "_data", "attempts", "enqueued_at", "expires_at", "finished", "group",
-                 "key", "leased_at", "name", "payload_ref", "pid", "token")
+    __slots__ = (
+        "_client",
+        "_data",
+        "attempts",
+        "batch",
+        "callback_of",
+        "enqueued_at",
+        "expires_at",
+        "finished",
+        "group",
+        "key",
+        "leased_at",
+        "name",
+        "payload_ref",
+        "pid",
+        "result",
+        "token",
+        "traceparent",
+        "tracestate",
+    )
 
     def __init__(self, client: Any, wire: WireTask, group: str) -> None:
         self._client = client
@@ -180,6 +206,11 @@ class TaskBase:
         self.attempts = wire.attempts
         self.enqueued_at = wire.enqueued_at
         self.key: str | None = wire.key  # the task's flow-control key, if it has one
+        self.batch: str | None = wire.batch  # the batch it is a member of
+        self.callback_of: str | None = wire.callback_of  # the batch it is the callback of
+        self.traceparent: str | None = wire.traceparent  # the producer's trace context
+        self.tracestate: str | None = wire.tracestate
+        self.result: str | None = None  # sent with its dequeue (see set_result)
         self.payload_ref: PayloadRef | None = wire.payload
         self._data: bytes | None = None  # the payload, once read (lease(payloads=True))
         self.leased_at = time.monotonic()  # local clock: when to renew
@@ -208,6 +239,16 @@ class TaskBase:
     def size(self) -> int:
         """Payload size in bytes (0 without a payload)."""
         return self.payload_ref.size if self.payload_ref else 0
+
+    def set_result(self, value: Any) -> None:
+        """Keep `value` (JSON-encoded; at most 64 KiB) as this task's result: its dequeue
+        carries it, and the callback of its batch can read it (ignored outside a batch)."""
+        self.result = json.dumps(value, separators=(",", ":"))
+
+    @property
+    def batch_id(self) -> str | None:
+        """``group#id`` of the batch whose callback this task is (for ``batch_results``)."""
+        return f"{self.group}#{self.callback_of}" if self.callback_of else None
 
     def ref(self) -> dict[str, Any]:
         return {"queue": self.name, "pid": self.pid, "token": self.token}
@@ -251,7 +292,10 @@ class TxBuilder:
 
     def dequeue(self, task: TaskBase) -> TxBuilder:
         self._in_group(task.group, f"task {task.queue} {task.pid!r}")
-        self.dequeues.append(task.ref())
+        ref = task.ref()
+        if task.result is not None:
+            ref["result"] = task.result
+        self.dequeues.append(ref)
         self._tasks.append(task)
         return self
 

@@ -166,7 +166,8 @@ class FrontDoor:
     # -- one client request ----------------------------------------------------------------
     async def enqueue(self, group: str, queue: str, tasks: list[dict[str, Any]]
                       ) -> dict[str, Any]:
-        fields = ("pid", "not_before", "delay_secs", "idempotency_key", "key")
+        fields = ("pid", "not_before", "delay_secs", "idempotency_key", "key", "unique",
+                  "debounce_secs", "debounce_max_secs", "traceparent", "tracestate")
         items = [{k: t[k] for k in fields if t.get(k) is not None} for t in tasks]
         update: dict[str, Any] = {"group": group, "enqueue": items}
         with_payload = [i for i, t in enumerate(tasks) if t.get("payload") is not None]

@@ -21,6 +21,7 @@ from squall.common.security.tokens import (
     sign_receipt,
     verify,
 )
+from squall.common.server.tracing import Spans
 from squall.datanode.config import DataNodeSettings
 from squall.datanode.replication.peers import Peers
 from squall.datanode.replication.repairpace import RepairPace
@@ -45,6 +46,7 @@ class DataNode:
             raise ValueError("a data node needs the master's cluster key (--cluster-key-file)")
         self.key: bytes = settings.cluster_key
         self.started_at = time.time()
+        self.spans = Spans("datanode")  # front-door enqueue spans, if OTEL_* asks for them
         self.store = BlobStore(os.path.join(settings.data_dir, "blobs"),
                                chunk_bytes=settings.chunk_bytes, txn_bytes=settings.txn_bytes,
                                map_size=settings.map_size, map_size_max=settings.map_size_max)
@@ -125,6 +127,7 @@ class DataNode:
 
     def close(self) -> None:
         self.store.close()
+        self.spans.close()
 
     def ready(self) -> bool:
         return not self.store.env._closed and self.store.env._thread.is_alive()

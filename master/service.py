@@ -37,7 +37,9 @@ from squall.common.errors import StatusError
 from squall.common.security.auth import new_key, write_secret
 from squall.common.security.files import private_dir
 from squall.common.security.tokens import load_cluster_key
+from squall.common.server.tracing import Spans
 from squall.common.wire.models import (
+    BatchRequest,
     LeaseRequest,
     PayloadRef,
     Policy,
@@ -58,12 +60,12 @@ from squall.master.storage.ops import apply, replay
 from squall.master.storage.records import LEASED, QueueRec
 from squall.master.storage.wal import WAL
 from squall.master.storage.walfile import Tail, read_records
-from squall.master.tasks import admin
+from squall.master.tasks import admin, batches
 from squall.master.tasks.dedup import Dedup
 from squall.master.tasks.engine import Engine
 from squall.master.tasks.leasetokens import LeaseTokens, load_or_make_key
 from squall.master.tasks.stats import Meters
-from squall.master.tasks.view import Plan
+from squall.master.tasks.view import Plan, View
 from squall.master.tasks.waiters import Waiters
 
 log = logging.getLogger("squall.master")
@@ -134,6 +136,7 @@ class Master(Housekeeping):
                              self.placement.verify)
         self.dedup = self.engine.dedup = Dedup(self.index.dedup, settings.dedup_retention_s)
         self.meters = Meters()
+        self.spans = Spans("master")  # enqueue/lease/ack spans, if OTEL_TRACES_EXPORTER says
         self.waiters = Waiters(settings.lease_wait_max_s, settings.lease_waiters_per_queue,
                                settings.lease_waiters_max, self._available)
         records, tail = read_records(self.wal_dir, after=self.index.applied)
@@ -406,6 +409,31 @@ class Master(Housekeeping):
         return {"forgotten": node_id}
 
     # -- reads ---------------------------------------------------------------------------
+    # -- batches (master/tasks/batches.py) ------------------------------------------------
+    async def create_batch(self, group: str, req: BatchRequest, *,
+                           answer_when_durable: bool = False) -> dict[str, Any]:
+        items = [*req.tasks, req.callback, *([req.error_callback] if req.error_callback else [])]
+        refs = [t.payload for t in items if t.payload is not None]
+        res = await self._execute_proven(
+            refs, lambda txn: batches.plan_create(View(self.engine, txn, group), req),
+            early=answer_when_durable)
+        self._woke(group, {t.queue for t in req.tasks})
+        return res
+
+    async def delete_batch(self, group: str, bid: str) -> dict[str, Any]:
+        return await self._execute(
+            lambda txn: batches.plan_delete(View(self.engine, txn, group), bid))
+
+    def batch_info(self, group: str, bid: str) -> dict[str, Any]:
+        return batches.read_info(self.index, group, bid)
+
+    def list_batches(self, group: str, after: str | None, limit: int) -> dict[str, Any]:
+        return batches.list_batches(self.index, group, after, limit)
+
+    def batch_results(self, group: str, bid: str, after: str | None, limit: int
+                      ) -> dict[str, Any]:
+        return batches.read_results(self.index, group, bid, after, limit)
+
     def task_info(self, group: str, queue: str, pid: str) -> dict[str, Any]:
         with self.index.env.begin() as txn:
             t = self.engine.task_info(txn, group, queue, pid)
@@ -483,3 +511,4 @@ class Master(Housekeeping):
         self.wal.close()
         self.index.sync()
         self.index.close()
+        self.spans.close()

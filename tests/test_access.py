@@ -30,7 +30,8 @@ DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "security.md")
 ROLES = ("producer", "consumer", "admin", "monitor")
 MASTER_RULES, DATANODE_RULES = MASTER_ROUTES.rules(), DATANODE_ROUTES.rules()
 PARAMS = {"group": "g", "queue": "q", "pid": "p1", "name": "s1", "blob_id": "b1",
-          "cred_id": "A" * 22, "node_id": "dn-x", "path": "dashboard/dashboard.css"}
+          "cred_id": "A" * 22, "node_id": "dn-x", "path": "dashboard/dashboard.css",
+          "batch": "b1"}
 
 
 def doc_table() -> dict[tuple[str, str, str], tuple[frozenset[str], str]]:

@@ -115,6 +115,16 @@ async def test_overview_matches_the_api(api: Api) -> None:
     qo = await ok(await c.get("/v1/overview/queues/g/a"))
     assert len(qo["leased_sample"]) == 2 and [h["pid"] for h in qo["head"]][:2] == ["0", "1"]
     assert (await c.get("/v1/overview/queues/g/nope")).status_code == 404
+    assert o["batches"] == []
+    await ok(await c.post("/v1/groups/g/batches", json={
+        "id": "b1", "tasks": [{"queue": "m", "pid": "x"}, {"queue": "m", "pid": "y"}],
+        "callback": {"queue": "cb"}}))
+    [t] = await lease(c, "m", 1)
+    await update(c, dequeue=[{"queue": "m", "pid": t["pid"], "token": t["token"]}])
+    assert (await ok(await c.get("/v1/groups/g/batches/b1")))["done"] == 1  # (index read)
+    [b] = (await ok(await c.get("/v1/overview")))["batches"]  # the dashboard's batch row
+    assert (b["batch"], b["group"], b["state"], b["done"], b["total"]) == ("b1", "g", "open",
+                                                                          1, 2)
     page = await c.get("/")
     assert page.status_code == 200 and "dashboard.js" in page.text
     assert (await c.get("/static/dashboard/vendor/uPlot.iife.min.js")).status_code == 200

@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from squall.client.cli import admin, auth, dev, nodes, verbs
+from squall.client.cli import admin, auth, batches, dev, nodes, verbs
 from squall.client.cli.common import SERVER_EXTRA_HINT, fail, missing_server_deps
 
 app = typer.Typer(help="squall: a distributed, durable, priority task queue.",
@@ -53,6 +53,7 @@ def _root(_v: Annotated[bool, typer.Option(
 verbs.register(app)
 admin.register(app)
 app.add_typer(nodes.app, name="nodes")
+app.add_typer(batches.app, name="batch")
 dev.register(app)
 auth.register(app)
 _plugins_loaded = False

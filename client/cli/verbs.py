@@ -98,19 +98,32 @@ def put(queue: QueueArg,
         batch: Annotated[int, typer.Option(min=1, max=1000, help="tasks per request")] = 100,
         key: Annotated[str | None, typer.Option(
             "--key", "-k", help="flow-control key of the tasks (a tenant, a domain)")] = None,
+        unique: Annotated[str | None, typer.Option(
+            help="with --key: queued | active (collapse into the key's queued, or queued or "
+                 "running, task)")] = None,
+        debounce: Annotated[float | None, typer.Option(
+            help="with --key: seconds; replaces the key's queued debounced task")] = None,
+        debounce_max: Annotated[float | None, typer.Option(
+            help="latest run of a debounced series, seconds after its first")] = None,
+        in_batch: Annotated[str | None, typer.Option(
+            help="join this open batch (its id in the queue's group)")] = None,
+        traceparent: Annotated[str | None, typer.Option(
+            help="W3C traceparent to store with the tasks")] = None,
         master: MasterOpt = "http://127.0.0.1:7070") -> None:
     """Enqueue tasks: payloads from arguments, files or lines (a progress bar for many)."""
     check_queue(queue)
+    extra: dict[str, Any] = {"unique": unique, "debounce": debounce, "debounce_max": debounce_max,
+             "batch": in_batch, "traceparent": traceparent}
     items, count = _items(payloads or [], file or [], lines, count)
     with connect(master) as c:
         if count == 1:
             only = next(items)
-            r = c.put(queue, only, pid=pid, delay=delay, key=key)
+            r = c.put(queue, only, pid=pid, delay=delay, key=key, **extra)
             say(f"{r.queue} {r.pid}" + (" (already queued: collapsed)" if r.collapsed else ""))
             return
         if pid is not None:
             fail("--pid names one task; give exactly one payload", 2)
-        tasks = (NewTask(p, delay=delay, key=key) for p in items)
+        tasks = (NewTask(p, delay=delay, key=key, **extra) for p in items)
         added, seen = _put_with_progress(c, queue, tasks, count, batch)
         say(f"enqueued {added} task(s) into {queue}"
             + (f" ({seen - added} collapsed)" if seen > added else ""))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import re
 import signal
@@ -44,6 +45,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from squall.client import _trace
 from squall.client._tasks import TaskBase
 from squall.client.worker.acker import Acker
 from squall.client.worker.handlers import Handler, describe_error, followups, is_async
@@ -368,10 +370,14 @@ class Worker:
     async def _handle(self, task: TaskBase) -> None:
         assert self._loop is not None
         try:
-            if self._async_handler:
-                result = await self.handler(task)
-            else:
-                result = await self._loop.run_in_executor(self._pool, self.handler, task)
+            with _trace.consumer_span(task.queue, task.pid, task.attempts, task.traceparent,
+                                      task.tracestate):
+                if self._async_handler:
+                    result = await self.handler(task)
+                else:  # the span is current in the handler's thread too
+                    ctx = contextvars.copy_context()
+                    result = await self._loop.run_in_executor(self._pool, ctx.run,
+                                                              self.handler, task)
             if task.finished or id(task) in self._lost:
                 return  # the handler dequeued or released it itself, or the lease is gone
             assert self._acker is not None

@@ -7,9 +7,10 @@ update are bare names (``fetch``); the group is in the path.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from squall.common.wire.names import PID_MAX_BYTES
 
@@ -70,6 +71,42 @@ FlowKey = Annotated[str, Field(
                 "digit")]
 
 
+# W3C Trace Context (https://www.w3.org/TR/trace-context/), version 00 only: a
+# traceparent is exactly 55 characters; a tracestate at most 32 list members of at most
+# 512 characters in all (the spec's limit for what a vendor must propagate)
+TRACEPARENT_PATTERN = r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+TRACESTATE_MAX_CHARS, TRACESTATE_MAX_MEMBERS = 512, 32
+_TS_MEMBER = re.compile(r"[a-z0-9][a-z0-9_\-*/]{0,240}(@[a-z][a-z0-9_\-*/]{0,13})?="
+                        r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+Traceparent = Annotated[str, Field(
+    min_length=55, max_length=55, pattern=TRACEPARENT_PATTERN,
+    description="W3C traceparent of the producer's span (`00-<trace id>-<span id>-<flags>`, "
+                "lower-case hex, ids not all zero): handed back with every lease of the task")]
+Tracestate = Annotated[str, Field(
+    max_length=TRACESTATE_MAX_CHARS,
+    description="W3C tracestate going with `traceparent` (at most 32 `key=value` members)")]
+RESULT_MAX_BYTES = 64 * 1024  # a batch member's result (UTF-8), see master/tasks/batches.py
+MAX_DEBOUNCE_SECS = 86400.0
+
+
+def check_traceparent(tp: str) -> str:
+    """A traceparent that matched TRACEPARENT_PATTERN, refused when an id is all zeros."""
+    if tp[3:35] == "0" * 32 or tp[36:52] == "0" * 16:
+        raise ValueError("traceparent: the trace id and the parent id must not be all zeros")
+    return tp
+
+
+def check_tracestate(ts: str) -> str:
+    members = [m.strip(" \t") for m in ts.split(",")]
+    members = [m for m in members if m]
+    if len(members) > TRACESTATE_MAX_MEMBERS:
+        raise ValueError(f"tracestate: at most {TRACESTATE_MAX_MEMBERS} members")
+    for m in members:
+        if not _TS_MEMBER.fullmatch(m):
+            raise ValueError(f"tracestate: {m[:40]!r} is not a W3C list member (key=value)")
+    return ts
+
+
 class TaskSpec(_M):
     """One task to enqueue. Without `pid` the master assigns a FIFO pid."""
 
@@ -82,23 +119,82 @@ class TaskSpec(_M):
         None, description="apply this enqueue at most once per group and key within the "
         "master's retention window (5 min), even if its task was dequeued since; a repeat "
         "answers collapsed with the first enqueue's queue and pid")
+    batch: Name | None = Field(
+        None, description="add this task to the open batch with this id (same group): the "
+        "batch's callback waits for it too")
+    unique: Literal["queued", "active"] | None = Field(
+        None, description="needs `key`: while a task of this key that was enqueued unique "
+        "is queued (`queued`), or queued or leased (`active`), this enqueue collapses into "
+        "it (answers collapsed with its pid) instead of adding a task")
+    debounce_secs: Annotated[float, Field(gt=0, le=MAX_DEBOUNCE_SECS)] | None = Field(
+        None, description="needs `key`: hold the task this long; an enqueue of the same key "
+        "with debounce while it is still queued replaces its payload and pushes it back by "
+        "this long again (up to `debounce_max_secs` after the first)")
+    debounce_max_secs: Annotated[float, Field(gt=0, le=MAX_DELAY_SECS)] | None = Field(
+        None, description="latest time to run a debounced task, counted from the first "
+        "enqueue of the series (default: 10 times debounce_secs)")
+    traceparent: Traceparent | None = None
+    tracestate: Tracestate | None = None
+
+    @field_validator("traceparent")
+    @classmethod
+    def _tp(cls, v: str | None) -> str | None:
+        return None if v is None else check_traceparent(v)
+
+    @field_validator("tracestate")
+    @classmethod
+    def _ts(cls, v: str | None) -> str | None:
+        return None if v is None else check_tracestate(v)
+
+    @model_validator(mode="after")
+    def _extras(self) -> TaskSpec:
+        if (self.unique or self.debounce_secs is not None) and self.key is None:
+            raise ValueError("`unique` and `debounce_secs` need the task's `key`")
+        if self.debounce_secs is not None and (
+                self.unique or self.not_before is not None or self.delay_secs is not None):
+            raise ValueError("`debounce_secs` sets the task's time itself: not with "
+                             "`unique`, `not_before` or `delay_secs`")
+        if self.debounce_max_secs is not None and (
+                self.debounce_secs is None or self.debounce_max_secs < self.debounce_secs):
+            raise ValueError("`debounce_max_secs` needs `debounce_secs` and must be at least "
+                             "as long")
+        if self.batch is not None and (self.unique or self.debounce_secs is not None):
+            raise ValueError("a batch member cannot be `unique` or debounced (it must run)")
+        if self.tracestate is not None and self.traceparent is None:
+            raise ValueError("`tracestate` goes with a `traceparent`")
+        return self
 
 
 class EnqueueItem(TaskSpec):
     queue: Name
 
 
-class TaskRef(_M):
+class LeaseRef(_M):
     queue: Name
     pid: Pid
     token: Token
 
 
-class RenewItem(TaskRef):
+class TaskRef(LeaseRef):
+    """A dequeue (ack): the task held with `token` is done."""
+
+    result: Annotated[str, Field(max_length=RESULT_MAX_BYTES)] | None = Field(
+        None, description="the handler's result (text, JSON by convention; at most 64 KiB "
+        "UTF-8), kept for the callback of the task's batch; ignored for a task in no batch")
+
+    @field_validator("result")
+    @classmethod
+    def _result_bytes(cls, v: str | None) -> str | None:
+        if v is not None and len(v.encode()) > RESULT_MAX_BYTES:
+            raise ValueError(f"result: at most {RESULT_MAX_BYTES} bytes of UTF-8")
+        return v
+
+
+class RenewItem(LeaseRef):
     lease_secs: LeaseSecs = 60.0
 
 
-class ReleaseItem(TaskRef):
+class ReleaseItem(LeaseRef):
     delay_secs: DelaySecs | None = Field(
         None, description="keep the task invisible this long (default: none, or the queue's "
         "retry backoff when `error` is given)")
@@ -170,6 +266,11 @@ class LeasedTask(_M):
     enqueued_at: float
     payload: PayloadRef | None = None
     key: str | None = Field(None, description="the task's flow-control key, if it has one")
+    batch: str | None = Field(None, description="the batch this task is a member of")
+    callback_of: str | None = Field(None, description="this task is the callback (or error "
+                                    "callback) of this batch: read its members' results")
+    traceparent: str | None = Field(None, description="W3C trace context of the producer")
+    tracestate: str | None = None
 
 
 class UpdateResponse(_M):
@@ -223,6 +324,10 @@ class TaskInfo(_M):
     worker_addr: str | None = None
     payload: PayloadRef | None = None
     key: str | None = Field(None, description="flow-control key")
+    batch: str | None = Field(None, description="batch this task is a member of")
+    callback_of: str | None = Field(None, description="batch this task is the callback of")
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class CancelResponse(_M):
@@ -348,6 +453,87 @@ class PauseState(_M):
 
     paused: bool = Field(description="the whole queue is paused")
     paused_keys: list[str] = Field(description="keys paused in it (at most 1,000)")
+
+
+class BatchRequest(_M):
+    """Enqueue a batch: its members, and a callback enqueued (in the same WAL record as the
+    last member's dequeue) once every member is done."""
+
+    id: Name | None = Field(None, description="the batch's id in its group (default: one "
+                            "the master assigns); an id in use is a 409")
+    tasks: Annotated[list[EnqueueItem], Field(max_length=MAX_BATCH)] = Field(
+        description="the members (a member whose pid is already queued collapses and is "
+        "not a member); more may join later with an enqueue's `batch`")
+    callback: EnqueueItem = Field(description="enqueued when every member is done (at "
+                                  "once for a batch with no members). With `batch`, it is a "
+                                  "member of that (parent) batch from now on")
+    error_callback: EnqueueItem | None = Field(
+        None, description="with on_dead `fail`: enqueued (instead of the callback) when a "
+        "member is dead-lettered")
+    on_dead: Literal["fail", "ignore"] = Field(
+        "fail", description="a dead-lettered (or cancelled) member: `fail` the batch (the "
+        "callback never runs; the error callback does), or `ignore` it (counted in "
+        "`failed`; the callback runs once every member is done or failed)")
+    traceparent: Traceparent | None = None
+    tracestate: Tracestate | None = None
+
+    @model_validator(mode="after")
+    def _members(self) -> BatchRequest:
+        if any(t.batch is not None for t in self.tasks):
+            raise ValueError("members of a new batch cannot name a `batch`: they are this "
+                             "batch's")
+        for cb in (self.callback, self.error_callback):
+            if cb is not None and (cb.unique or cb.debounce_secs is not None):
+                raise ValueError("a callback cannot be `unique` or debounced")
+        if self.error_callback is not None and self.error_callback.batch is not None:
+            raise ValueError("the error callback cannot join a batch (a failed child batch "
+                             "counts as a failed member of its parent)")
+        if self.traceparent is not None:
+            check_traceparent(self.traceparent)
+        if self.tracestate is not None:
+            check_tracestate(self.tracestate)
+        return self
+
+
+class BatchResponse(_M):
+    ticket: int
+    batch: str
+    enqueued: list[EnqueueResult]
+
+
+class BatchInfo(_M):
+    batch: str
+    group: str
+    state: str = Field(description="open | done (callback enqueued) | failed (a member "
+                       "was dead-lettered with on_dead `fail`)")
+    total: int = Field(description="members")
+    done: int = Field(description="members dequeued")
+    failed: int = Field(description="members dead-lettered or cancelled")
+    pending: int
+    on_dead: str
+    callback_queue: str
+    parent: str | None = Field(None, description="the batch the callback is a member of")
+    created_at: float
+    finished_at: float | None = None
+    results: int = Field(description="members' results kept")
+    results_dropped: int = Field(0, description="results not kept: the batch's bound (8 MiB)"
+                                 " was reached")
+
+
+class BatchResult(_M):
+    queue: str
+    pid: str
+    result: str
+
+
+class BatchResults(_M):
+    results: list[BatchResult]
+    next: str | None = Field(None, description="pass as `after` for the next page")
+
+
+class BatchList(_M):
+    batches: list[BatchInfo]
+    next: str | None = None
 
 
 class RedriveRequest(_M):

@@ -21,6 +21,10 @@ from squall.common.wire.cluster import (
     NodeCommitResponse,
 )
 from squall.common.wire.models import (
+    BatchInfo,
+    BatchList,
+    BatchResponse,
+    BatchResults,
     CancelResponse,
     ClusterInfo,
     ClusterStats,
@@ -45,6 +49,7 @@ from squall.common.wire.models import (
 from squall.master import security, sqskeys
 from squall.master.http.answers import ERROR_RESPONSES
 from squall.master.http.routes import (
+    batches,
     config,
     frontdoor,
     health,
@@ -81,6 +86,15 @@ ROUTES = RouteTable([
         R("DELETE", Q + "/tasks/{pid:path}", tasks.cancel_task, CancelResponse,
           rule("admin", "path", "none")),
         R("GET", Q + "/tasks", tasks.list_tasks, TaskList, rule("admin", "path", "none"))),
+    *section(
+        "batches",
+        R("POST", G + "/batches", batches.create_batch, BatchResponse, rule("producer", "path")),
+        R("GET", G + "/batches", batches.list_batches, BatchList, READ),
+        R("GET", G + "/batches/{batch}", batches.get_batch, BatchInfo, READ),
+        R("GET", G + "/batches/{batch}/results", batches.batch_results, BatchResults,
+          rule("producer consumer", "path", "none")),  # handlers' results: not monitor's
+        R("DELETE", G + "/batches/{batch}", batches.delete_batch, None,
+          rule("producer", "path", "none"))),
     *section(
         "queues",
         R("GET", Q, queues.queue_stats, QueueStats, READ),

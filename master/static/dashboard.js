@@ -249,6 +249,24 @@ function renderWorkers(w) {
     return tr;
   }) : [trMsg("no lease held in the largest queues", 7)]);
 }
+function renderBatches(o) {
+  const rows = (o.batches || []).map((b) => {
+    const tr = el("tr");
+    tr.append(el("td", b.group + "#" + b.batch));
+    tr.append(el("td", b.state, b.state === "failed" ? "bad" : ""));
+    const td = el("td");
+    const bar = document.createElement("progress");
+    bar.max = Math.max(1, b.total); bar.value = b.done + b.failed;
+    bar.title = (b.done + b.failed) + " of " + b.total;
+    td.append(bar); tr.append(td);
+    tr.append(el("td", fmt(b.done)));
+    tr.append(el("td", fmt(b.failed), b.failed ? "warn" : ""));
+    tr.append(el("td", fmt(b.total)));
+    tr.append(el("td", b.group + "#" + b.callback_queue));
+    return tr;
+  });
+  fill($("#batches tbody"), rows.length ? rows : [trMsg("no batches", 7)]);
+}
 function trMsg(text, span) {
   const tr = el("tr"); const td = el("td", text, "muted"); td.colSpan = span; tr.append(td);
   return tr;
@@ -269,6 +287,7 @@ async function refreshHome() {
   } catch (e) {
     fill($("#workers tbody"), [trMsg("cannot list workers: " + e.message, 7)]);
   }
+  renderBatches(o);
   plot("c-rates", ["enqueue", "lease", "dequeue"], ["#1d5fd1", "#a86200", "#1a7f37"],
        st.hist, ["t", "enqueue", "lease", "dequeue"]);
   plot("c-depth", ["available", "leased", "delayed", "dead letters"],

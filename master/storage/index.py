@@ -142,7 +142,7 @@ class Index:
         # loss cannot leave a half-flushed B-tree behind. sync=False (--no-index-sync):
         # checkpoints sync LMDB, and a power loss can corrupt it (docs/master.md).
         private_dir(path)  # lmdb would make it with the files' mode
-        self.env = lmdb.open(path, map_size=map_size, max_dbs=16, sync=sync, metasync=False,
+        self.env = lmdb.open(path, map_size=map_size, max_dbs=32, sync=sync, metasync=False,
                              writemap=False, readahead=False, max_readers=256, mode=FILE_MODE)
         db = self.env.open_db
         self.meta, self.queues_db, self.qids_db = db(b"meta"), db(b"queues"), db(b"qids")
@@ -151,6 +151,9 @@ class Index:
         self.blobs = db(b"blobs")
         self.dedup = db(b"dedup")  # enqueue idempotency keys (master/tasks/dedup.py)
         self.keyed = db(b"keyed")  # tasks with a flow-control key (master/tasks/flow.py)
+        # batches, their members' results, unique/debounce holders (master/tasks/batches.py
+        # and unique.py document their layouts)
+        self.batch_db, self.bresults, self.uniq = db(b"batches"), db(b"bresults"), db(b"uniq")
         # a keyed task changed: (queue, pidkey, old key, old state, new key, new state),
         # "" / -1 for none; set by master/tasks/flow.py, which keeps per-key counts
         self.on_key: Callable[[QueueRec, bytes, str, int, str, int], None] | None = None
@@ -391,6 +394,9 @@ class Index:
         payload, state = w[W_PAYLOAD], w[W_STATE]
         if payload and (old is None or old[3] != payload["blob_id"]):
             self.ref_blob(txn, payload["blob_id"], +1)
+        if old is not None and old[3] is not None and (
+                not payload or old[3] != payload["blob_id"]):  # a debounce replaced it
+            self.ref_blob(txn, old[3], -1)
         fkey = wire_key(w)
         if (fkey or (old is not None and old[4])) and self.on_key is not None:
             if old is not None and old[4]:
@@ -519,7 +525,7 @@ class Index:
                 n += 1
                 if not cur.delete():
                     break
-        for db in (self.ready, self.avail, self.keyed):
+        for db in (self.ready, self.avail, self.keyed, self.uniq):
             c = txn.cursor(db=db)
             m = 0
             if c.set_range(prefix):

@@ -16,6 +16,9 @@ same :func:`apply` runs live (inside the request's LMDB transaction) and on repl
                                            group "", name = node id)
     ("K", group, key, queue, pid, exp_ms)  an enqueue's idempotency key (see dedup.py;
                                            a plain put: replays idempotently)
+    ("B", group, id, record|None)          a batch's record (see batches.py)
+    ("BR", group, id, queue, pid, result)  a batch member's result (batches.py)
+    ("U", qid, gen, key, pid)              a unique/debounce key's holder (unique.py)
 
 An op naming a generation that is no longer current does nothing, so a record that raced
 with a queue deletion replays the same way it applied.
@@ -23,7 +26,7 @@ with a queue deletion replays the same way it applied.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import lmdb
@@ -31,7 +34,7 @@ import msgpack
 
 from squall.master.storage.index import Index
 from squall.master.storage.records import AVAILABLE, LEASED, QueueRec, Task, qprefix
-from squall.master.tasks import dedup
+from squall.master.tasks import batches, dedup, unique
 
 Op = tuple[Any, ...]
 
@@ -124,13 +127,16 @@ def _apply_op(index: Index, txn: lmdb.Transaction, op: Op, touched: dict[int, Qu
             touched[q.qid] = q
     elif kind == "C":
         index.set_conf(txn, op[1].encode(), op[2], op[3], op[4])
-    elif kind == "K":
-        dedup.apply_op(index, txn, op)
+    elif kind in _PLAIN_OPS:
+        _PLAIN_OPS[kind](index, txn, op)
     else:
         raise ValueError(f"unknown op {kind!r}")
     return None
 
 
+# ops whose module applies them (plain puts and deletes of its own databases)
+_PLAIN_OPS: dict[str, Callable[[Index, lmdb.Transaction, Op], None]] = {
+    "K": dedup.apply_op, "B": batches.apply_op, "BR": batches.apply_op, "U": unique.apply_op}
 _packb = msgpack.packb
 
 

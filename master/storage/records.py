@@ -74,6 +74,10 @@ class Task:
     error: str = ""  # last failure, or why the task was dead-lettered
     origin: str = ""  # for a dead-lettered task: the queue it came from
     key: str = ""  # flow-control key (a tenant, a domain; see master/tasks/flow.py)
+    # rarely set extras (master/tasks/batches.py, unique.py): "b" batch id it is a member
+    # of, "cb" batch id it is the callback of, "u" unique mode, "dl" debounce deadline ms,
+    # "tp"/"ts" W3C trace context
+    ext: dict[str, Any] | None = None
 
     def due_ms(self) -> int:
         return self.expiry_ms if self.state == LEASED else self.not_before_ms
@@ -85,7 +89,10 @@ class Task:
         w = [self.pid, self.state, self.token, self.live, self.expiry_ms,
              self.not_before_ms, self.attempts, self.enqueued_ms, self.leased_ms,
              self.worker, self.worker_addr, self.payload, self.error, self.origin]
-        if self.key:
+        if self.ext:
+            w.append(self.key)
+            w.append(self.ext)
+        elif self.key:
             w.append(self.key)
         return w
 
@@ -103,10 +110,12 @@ class Task:
 _TASK_FIELDS = tuple(f.name for f in fields(Task))
 assert _TASK_FIELDS == ("pid", "state", "token", "live", "expiry_ms", "not_before_ms",
                         "attempts", "enqueued_ms", "leased_ms", "worker", "worker_addr",
-                        "payload", "error", "origin", "key"), "Task.to_wire and W_* are out of date"
+                        "payload", "error", "origin", "key", "ext"), (
+                            "Task.to_wire and W_* are out of date")
 # positions in a task's wire list (Task.to_wire), for code that works on the list itself
 W_PID, W_STATE, W_EXPIRY, W_NOT_BEFORE, W_ENQUEUED, W_PAYLOAD = 0, 1, 4, 5, 7, 11
-W_KEY = 14  # only in a keyed task's list (len(w) > W_KEY)
+W_KEY = 14  # only in a keyed task's list (len(w) > W_KEY), or "" before an ext
+W_EXT = 15  # only in a list with extras (len(w) > W_EXT): a dict (see Task.ext)
 # (state, due_ms, enqueued_ms, blob id, key or "") of a task
 Old = tuple[int, int, int, str | None, str]
 

@@ -24,7 +24,7 @@ from squall.master.storage.records import (
     pidkey,
     qprefix,
 )
-from squall.master.tasks import policies, schedules
+from squall.master.tasks import batches, policies, schedules
 from squall.master.tasks.engine import Engine
 from squall.master.tasks.view import Plan, View
 
@@ -67,6 +67,8 @@ def plan_cancel(e: Engine, txn: lmdb.Transaction, group: str, queue: str, pid: s
                        "reset the queue's leases, or cancel it after the lease ends.")
     state = "available" if t.state == LEASED else STATE_NAMES[t.state]
     v.delete(q, t.pid, completed=False)
+    if t.ext and "b" in t.ext:  # a batch member: counted failed (batches.py)
+        batches.failed(v, t)
     v.plan.events[(q.group, q.name, "cancel")] += 1
     return v.finish({"cancelled": t.pid, "state": state})
 

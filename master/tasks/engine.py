@@ -33,11 +33,11 @@ from squall.common.clock import Clock
 from squall.common.errors import BadRequest, LeaseLost, NotFound
 from squall.common.wire.models import (
     EnqueueItem,
+    LeaseRef,
     LeaseRequest,
     PayloadRef,
     ReleaseItem,
     RenewItem,
-    TaskRef,
     TaskSpec,
     UpdateLease,
     UpdateRequest,
@@ -49,13 +49,14 @@ from squall.master.storage.records import (
     DELAYED,
     LEASED,
     STATE_NAMES,
+    W_EXT,
     W_KEY,
     QueueRec,
     Task,
     pidkey,
     qprefix,
 )
-from squall.master.tasks import policies
+from squall.master.tasks import batches, policies, unique
 from squall.master.tasks.dedup import Dedup
 from squall.master.tasks.flow import Flow
 from squall.master.tasks.leasetokens import LeaseTokens
@@ -67,6 +68,20 @@ LEASE_SCAN_FACTOR = 4  # a lease looks at most this many times max_tasks ready t
 
 def ms(t: float) -> int:
     return int(t * 1000)
+
+
+def extras(ext: dict[str, Any]) -> dict[str, Any]:
+    """A task's extras (Task.ext) as lease answers and task lookups give them."""
+    out = {}
+    if "b" in ext:
+        out["batch"] = ext["b"]
+    if "cb" in ext:
+        out["callback_of"] = ext["cb"]
+    if "tp" in ext:
+        out["traceparent"] = ext["tp"]
+        if "ts" in ext:
+            out["tracestate"] = ext["ts"]
+    return out
 
 
 def _plain_payload(p: PayloadRef) -> dict[str, Any]:
@@ -101,6 +116,8 @@ class Engine:
         for d in req.dequeue:
             q, w = self.held(v, d)
             v.delete(q, w[0])  # pid
+            if len(w) > W_EXT:  # a batch member or callback (batches.py)
+                batches.dequeued(v, q, w[W_EXT], w[0], d.result)
             k = (q.group, q.name)
             total, n = held_ms.get(k, (0, 0))
             held_ms[k] = (total + now - w[8], n + 1)  # leased at
@@ -122,7 +139,9 @@ class Engine:
         return v.finish({"enqueued": [self.enqueue(v, queue, s, now) for s in tasks]})
 
     def enqueue(self, v: View, queue: str, s: TaskSpec | EnqueueItem, now: int,
-                stored_payload: dict[str, Any] | None = None) -> dict[str, Any]:
+                stored_payload: dict[str, Any] | None = None,
+                ext: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Enqueue one task; `ext`: extras a batch gives its members and callbacks."""
         q = v.queue(queue, create=True)
         assert q is not None
         if s.pid is None:
@@ -149,16 +168,46 @@ class Engine:
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)
         payload = stored_payload or (self.store_payload(s.payload)
                                      if s.payload is not None else None)
+        if (s.unique is not None or s.debounce_secs is not None or s.batch is not None
+                or s.traceparent is not None):  # extras (batches.py, unique.py)
+            ext = dict(ext or {})
+            hit = self._extras(v, q, s, pid, payload, now, ext)
+            if isinstance(hit, dict):
+                return hit
+            nb = hit or nb
         # the new task's wire list (Task.to_wire: pid, state, token, live, expiry,
         # not_before, attempts, enqueued, leased, worker, worker_addr, payload, error, origin)
         w = ([pid, DELAYED, 0, False, 0, nb, 0, now, 0, "", "", payload, "", ""] if nb > now
              else [pid, AVAILABLE, 0, False, 0, 0, 0, now, 0, "", "", payload, "", ""])
-        if fkey:
+        if ext:
+            w.append(fkey or "")  # W_KEY
+            w.append(ext)  # W_EXT
+        elif fkey:
             w.append(fkey)  # W_KEY
         v.put_wire(q, raw, w, enqueue=True)
         return {"queue": queue, "pid": pid, "collapsed": False}
 
-    def held(self, v: View, ref: TaskRef) -> tuple[QueueRec, list[Any]]:
+    def _extras(self, v: View, q: QueueRec, s: TaskSpec, pid: str,
+                payload: dict[str, Any] | None, now: int, ext: dict[str, Any]
+                ) -> dict[str, Any] | int | None:
+        """Fill a new task's extras from its spec; the answer of an enqueue that collapses
+        into a unique key's holder, else a debounced task's not-before (ms) or None."""
+        nb = None
+        if s.key is not None and (s.unique is not None or s.debounce_secs is not None):
+            hit = unique.check(v, q, s, s.key, payload, now)
+            if hit is not None:
+                return hit
+            nb = unique.register(v, q, s, s.key, pid, ext, now)
+        if s.batch is not None:
+            batches.join(v, s.batch)
+            ext["b"] = s.batch
+        if s.traceparent is not None:
+            ext["tp"] = s.traceparent
+            if s.tracestate is not None:
+                ext["ts"] = s.tracestate
+        return nb
+
+    def held(self, v: View, ref: LeaseRef) -> tuple[QueueRec, list[Any]]:
         """The task `ref` names, checked to be held by the caller's lease token, as its
         wire list (read only: see View.wire)."""
         q = v.queue(ref.queue)
@@ -170,7 +219,7 @@ class Engine:
         assert q is not None and w is not None
         return q, w
 
-    def _not_held(self, v: View, ref: TaskRef, t: Task | None) -> NoReturn:
+    def _not_held(self, v: View, ref: LeaseRef, t: Task | None) -> NoReturn:
         """Raise the error that says why `t` (the task `ref` names) is not held by `ref`."""
         where = f"task {ref.pid!r} in queue {join_queue(v.group, ref.queue)}"
         info = {"queue": ref.queue, "pid": ref.pid, "token": ref.token}
@@ -270,7 +319,10 @@ class Engine:
                            "expires_at": expires_at, "attempts": attempts,
                            "enqueued_at": w[7] / 1000, "payload": w[11]})
             if len(w) > W_KEY:
-                leased[-1]["key"] = w[W_KEY]
+                if w[W_KEY]:
+                    leased[-1]["key"] = w[W_KEY]
+                if len(w) > W_EXT:
+                    leased[-1].update(extras(w[W_EXT]))
         v.plan.events[(group, queue, "lease")] += len(leased)
         return leased
 
@@ -319,7 +371,7 @@ class Engine:
             "worker": t.worker if state == LEASED else None,
             "worker_addr": t.worker_addr if state == LEASED else None,
             "payload": t.payload, "error": t.error or None, "origin": t.origin or None,
-            "key": t.key or None,
+            "key": t.key or None, **extras(t.ext or {}),
         }
 
     def task_info(self, txn: lmdb.Transaction, group: str, queue: str, pid: str

@@ -18,7 +18,7 @@ import lmdb
 from squall.common.wire.names import check_name
 from squall.master.storage.ops import Op
 from squall.master.storage.records import AVAILABLE, QueueRec, Task
-from squall.master.tasks import policies
+from squall.master.tasks import batches, policies
 
 if TYPE_CHECKING:
     from squall.master.tasks.engine import Engine
@@ -47,6 +47,10 @@ class View:
         self.lease_seq = engine.index.lease_seq
         self.auto_pid = engine.index.auto_pid
         self.keys: dict[str, tuple[str, str]] = {}  # idempotency keys used by this request
+        # batches read or changed by this request (batches.py), unique holders (unique.py)
+        self.batches: dict[str, dict[str, Any] | None] = {}
+        self.batches_dirty: set[str] = set()
+        self.uniq: dict[tuple[int, str], str] = {}
 
     def queue(self, name: str, create: bool = False) -> QueueRec | None:
         q = self.new_queues.get(name) or self.e.index.queues.get((self.group, name))
@@ -102,11 +106,15 @@ class View:
         d = t.copy()
         d.state, d.live, d.expiry_ms, d.not_before_ms = AVAILABLE, False, 0, 0
         d.error, d.origin = reason, q.name
+        if d.ext and "b" in d.ext:  # a batch member: counted failed, it leaves the batch
+            batches.failed(self, d)
         self.put(dlq, d, enqueue=True)
         self.plan.events[(q.group, q.name, "dead_letter")] += 1
 
     def finish(self, result: dict[str, Any]) -> Plan:
         idx = self.e.index
+        if self.batches_dirty:
+            batches.flush(self)
         if self.lease_seq != idx.lease_seq or self.auto_pid != idx.auto_pid:
             self.plan.ops.append(("M", self.lease_seq, self.auto_pid))
         self.plan.result = result

@@ -14,19 +14,24 @@ the master's fsynced WAL and their payloads on the write quorum.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgpack
 from fastapi import Request
+from pydantic import ValidationError
 
-from squall.common.errors import BadRequest, PayloadTooLarge, Unavailable
+from squall.common.errors import BadRequest, PayloadTooLarge, StatusError, Unavailable
 from squall.common.server.http import JSON
-from squall.common.wire.models import MAX_BATCH
+from squall.common.wire.models import MAX_BATCH, TaskSpec
 from squall.common.wire.names import check_name, check_pid
 from squall.datanode.http.deps import NodeDep
 from squall.datanode.service import DataNode
 
-_FIELDS = {"pid", "payload", "not_before", "delay_secs", "idempotency_key", "key"}
+# extras a task may carry (checked as the master will: a refused item would refuse the
+# node's whole group commit); `batch` is not here: joining a batch can be refused
+_EXTRAS = {"unique", "debounce_secs", "debounce_max_secs", "traceparent", "tracestate"}
+_FIELDS = {"pid", "payload", "not_before", "delay_secs", "idempotency_key", "key", *_EXTRAS}
 BODY = {"requestBody": {"required": True, "content": {"application/msgpack": {
     "schema": {"type": "string", "format": "binary"}}}}}
 
@@ -71,6 +76,11 @@ def _check(i: int, t: Any) -> None:
         check_name("key", fkey)
     if data is not None and not isinstance(data, bytes):
         raise BadRequest(f"task {i}: payload must be binary (msgpack bin)")
+    if _EXTRAS.intersection(t):
+        try:
+            TaskSpec.model_validate({k: v for k, v in t.items() if k != "payload"})
+        except ValidationError as e:
+            raise BadRequest(f"task {i}: {e.errors()[0]['msg']}") from None
     for k in ("not_before", "delay_secs"):
         v = t.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
@@ -93,5 +103,18 @@ async def serve(node: DataNode, group: str, queue: str, body: bytes, content_typ
     if fd is None:
         raise Unavailable("the front door is not running on this node")
     tasks = parse(body, content_type, node.settings.front_door_max_bytes)
-    return await fd.enqueue(group, queue, tasks)
+    if node.spans.tracer is None:
+        return await fd.enqueue(group, queue, tasks)
+    t0 = time.time_ns()
+    attrs = {"messaging.operation.type": "send", "messaging.operation.name": "enqueue",
+             "messaging.destination.name": f"{group}#{queue}",
+             "messaging.batch.message_count": len(tasks)}
+    try:
+        res = await fd.enqueue(group, queue, tasks)
+    except StatusError as e:
+        node.spans.record(f"squall enqueue {group}#{queue}", t0, attrs, (), e.code)
+        raise
+    node.spans.record(f"squall enqueue {group}#{queue}", t0, attrs,
+                      (t.get("traceparent") for t in tasks))
+    return res
 

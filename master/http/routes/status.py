@@ -32,7 +32,7 @@ from squall.master.http.metrics import wal_error
 from squall.master.http.routes.tasks import GroupP, QueueP
 from squall.master.service import Master
 from squall.master.storage.records import STATE_NAMES
-from squall.master.tasks import admin, policies
+from squall.master.tasks import admin, batches, policies
 from squall.master.telemetry import TOP_QUEUES, Telemetry, is_dead_letter_queue
 
 STATIC = Path(__file__).resolve().parents[2] / "static"
@@ -106,6 +106,7 @@ async def overview(request: Request, m: MasterDep,
         "rows_age_secs": round(now - t.rows_at, 3),
         "queues": t.rows[:limit],
         "dead_letter_queues": t.dead_rows,
+        "batches": batches.overview(m.index),
         "history": [p for p in t.history if p["t"] > since],
     })
 

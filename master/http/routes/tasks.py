@@ -18,6 +18,7 @@ from squall.common.wire.models import (
 )
 from squall.master.http.answers import JSON
 from squall.master.http.deps import MasterDep, ReadMasterDep, client_addr
+from squall.master.http.routes.traced import traced_enqueue, traced_lease, traced_update
 from squall.master.security import check_update
 
 GroupP = Annotated[str, Path(description="consistency group", pattern=NAME_PATTERN)]
@@ -31,17 +32,23 @@ async def update(group: GroupP, body: UpdateRequest, m: MasterDep, request: Requ
     the producer role, the others the consumer role."""
     check_update(request.scope.get(PRINCIPAL), bool(body.enqueue),
                  bool(body.dequeue or body.renew or body.release or body.lease))
+    if m.spans.tracer is not None:
+        return JSON(await traced_update(m, group, body, client_addr(request)))
     return JSON(await m.update(group, body, client_addr(request), answer_when_durable=True))
 
 
 async def enqueue(group: GroupP, queue: QueueP, body: EnqueueRequest, m: MasterDep) -> JSON:
     """Enqueue a batch of tasks into one queue (a pid already queued collapses)."""
+    if m.spans.tracer is not None:
+        return JSON(await traced_enqueue(m, group, queue, body))
     return JSON(await m.enqueue(group, queue, body.tasks, answer_when_durable=True))
 
 
 async def lease(group: GroupP, queue: QueueP, body: LeaseRequest, m: MasterDep,
                 request: Request) -> JSON:
     """Lease up to `max_tasks` available tasks, smallest pid first, for `lease_secs`."""
+    if m.spans.tracer is not None:
+        return JSON(await traced_lease(m, group, queue, body, client_addr(request)))
     return JSON(await m.lease(group, queue, body, client_addr(request),
                                 answer_when_durable=True))
 
