@@ -291,3 +291,35 @@ def test_wiped_journal_is_unformatted_and_does_not_count() -> None:
         assert dict(journals["b"].log.records)[2] == b"x"  # caught up in recovery
         await ql.close()
     asyncio.run(go())
+
+
+def test_a_longer_stale_log_loses_to_a_newer_epoch() -> None:
+    """A deposed leader's unacknowledged group on one journal is longer than what the next
+    leader acknowledged on the other two: recovery must prefer the newer epoch, not the
+    longest log (HDFS compares lastWriterEpoch first)."""
+    async def go() -> None:
+        journals = make_journals()
+        first = QuorumLog("a", clients(journals, Faults()), MEMBERS)
+        await first.recover(epoch_start)
+        # b and c drop the group: only a's journal holds it (3 records, never acknowledged)
+        plan = Faults({("b", 0): "before", ("c", 0): "before"})
+        first.clients = clients(journals, plan)
+        with pytest.raises(QuorumLost):
+            await first.append([(first.last + i, b"stale%d" % i) for i in (1, 2, 3)])
+        await first.close()
+        assert len(journals["a"].log.records) == 4
+        # the next leader reaches b and c only, and acknowledges one record
+        second = QuorumLog("b", clients(journals, Down("a")), MEMBERS)
+        await second.recover(epoch_start)
+        acked = [(second.last + 1, b"acked")]
+        await second.append(acked)
+        await second.close()
+        assert len(journals["b"].log.records) == 3  # shorter than a's 4
+        # a third leadership with c down: it must keep b's acknowledged log
+        third = QuorumLog("a", clients(journals, Down("c")), MEMBERS)
+        await third.recover(epoch_start)
+        held = dict(journals["a"].log.records)
+        assert held[acked[0][0]] == b"acked"
+        assert b"stale3" not in held.values()
+        await third.close()
+    asyncio.run(go())

@@ -252,7 +252,8 @@ class QuorumLog:
             recs = await self._call(self.me, "read", after=cur,
                                     max_records=self.chunk_records,
                                     max_bytes=self.chunk_bytes)
-            recs = [(int(t), bytes(b)) for t, b in recs]
+            # only what the log acknowledged: a group in flight travels with its append
+            recs = [(int(t), bytes(b)) for t, b in recs if int(t) <= self.last]
             end = recs[-1][0] if recs else cur
             final = end >= self.last
             got = await self._call(m, "sync", cluster=self.cluster, epoch=self.epoch,
