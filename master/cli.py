@@ -115,6 +115,18 @@ def register(app: typer.Typer) -> None:
         tls_require_client_cert: bool = typer.Option(
             False, "--tls-require-client-cert", envvar="SQUALL_TLS_REQUIRE_CLIENT_CERT",
             help="mutual TLS: refuse connections without a certificate from --tls-ca"),
+        members: str = typer.Option(
+            "", "--members", envvar="SQUALL_MASTER_MEMBERS",
+            help="a master set: every member's advertised base URL, comma-separated (3 or "
+                 "5); empty: a single master"),
+        advertise_url: str = typer.Option(
+            "", "--advertise-url", envvar="SQUALL_ADVERTISE_URL",
+            help="this member's base URL as the other members reach it (one of --members; "
+                 "default http://<host>:<port>)"),
+        elector: str = typer.Option(
+            "", "--elector", envvar="SQUALL_ELECTOR",
+            help="who tries to lead a master set: static:<url>, etcd:..., kubernetes:..., "
+                 "file:<path> (one machine, dev); default static:<first member>"),
     ) -> None:
         """Run a master: task metadata, leases, WAL + LMDB index, data-node placement."""
         try:
@@ -130,6 +142,18 @@ def register(app: typer.Typer) -> None:
             data_dir=str(data_dir), fsync=fsync, checkpoint_interval_s=checkpoint_interval_s,
             index_sync=index_sync, lease_wait_max_s=lease_wait_max_s,
             cluster=cluster, cluster_key_file=str(cluster_key_file) if cluster_key_file else None)
+        if members:
+            from squall.master.ha.members import parse_members
+            from squall.master.ha.role import SetSettings
+
+            try:
+                listed = parse_members(members)
+                me = parse_members(advertise_url or f"http://{host}:{port}")[0]
+            except ValueError as e:
+                raise typer.BadParameter(str(e)) from None
+            if me not in listed:
+                raise typer.BadParameter(f"--advertise-url {me} is not one of --members")
+            settings.master_set = SetSettings(me=me, members=listed, elector=elector)
         check_bind(host, cluster_key_configured(settings.cluster_key_file),
                    load_auth_keys(str(auth_key_file) if auth_key_file else None) is not None,
                    insecure, "master")

@@ -220,4 +220,4 @@ class Housekeeping:
 
     def ready(self) -> str | None:
         """Why this master cannot accept writes right now, or None."""
-        return self.commit.stalled or self.wal.failure()
+        return self.commit.stalled or self.commit.wal.failure()

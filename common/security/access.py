@@ -13,6 +13,8 @@ Roles of a :class:`Rule`:
   (``common/security/auth.py``) with one of these roles; ``admin`` passes every non-node rule;
 - ``node`` also accepts a heartbeat token signed with the cluster key (``tokens.py``); the
   route checks that it speaks for the node id in the body;
+- ``member``: a master set's journal calls, only with a token signed with the cluster key
+  (op ``journal``); no credential passes, not even admin's;
 - ``payload``: data-node blob routes; the route checks the master-signed payload token
   (write / read / delete / replicate, scoped to blob ids), as before.
 

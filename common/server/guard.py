@@ -152,13 +152,15 @@ class Guard:
             return
         authz = headers.get(b"authorization")
         header = authz.decode("latin-1") if authz is not None else None
-        if "node" in rule.roles and header and header.partition(" ")[2].startswith(
-                tokens.TOKEN_PREFIX):
+        if ("node" in rule.roles or "member" in rule.roles) and header and \
+                header.partition(" ")[2].startswith(tokens.TOKEN_PREFIX):
             if access.cluster_key is None:
                 raise Unauthorized("no cluster key to check node tokens")
             claims = tokens.decode(access.cluster_key, tokens.bearer(header), access.now())
-            if claims.op != "heartbeat":
-                raise Forbidden(f"a {claims.op!r} token is not a node credential")
+            want = "journal" if "member" in rule.roles else "heartbeat"
+            if claims.op != want:
+                raise Forbidden(f"a {claims.op!r} token is not a "
+                                f"{'member' if want == 'journal' else 'node'} credential")
             scope[PRINCIPAL] = claims
             return
         cred = access.credential(header)
@@ -167,6 +169,9 @@ class Guard:
 
 
 def _allow(rule: Rule, cred: auth.Credential, params: dict[str, str], scope: Scope) -> None:
+    if "member" in rule.roles:  # a master set's journal calls: the cluster key's token only
+        raise Forbidden("this route is for the members of a master set (a token signed "
+                        "with the cluster key); no credential opens it")
     if "node" in rule.roles:
         if "node" not in cred.roles:
             raise Forbidden("this route is for data nodes; the credential has no node role")

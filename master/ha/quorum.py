@@ -153,40 +153,9 @@ class QuorumLog:
 
     async def _recover(self, epoch_start: Callable[[int], bytes],
                        bootstrap: Callable[[], list[Record]] | None) -> int:
-        states = await self._gather(self.members, "state")
-        mine = states[self.me]
-        if isinstance(mine, BaseException):
-            raise QuorumLost(f"this member's own journal failed: {mine}")
-        boot: list[Record] = []
-        if not mine["formatted"]:
-            if not all(isinstance(s, dict) and not s["formatted"] for s in states.values()):
-                raise QuorumLost("this member's journal is unformatted (new or wiped disk) "
-                                 "and other members are formatted: it cannot lead until an "
-                                 "operator re-adds it (squall master members add)")
-            await self._bootstrap(states)
-            if bootstrap is not None:
-                boot = bootstrap()
-            states = await self._gather(self.members, "state")
-            if not isinstance(states[self.me], dict):
-                raise QuorumLost(f"this member's own journal failed: {states[self.me]}")
-        self.cluster = states[self.me]["cluster"]
-        ok = {m: s for m, s in states.items()
-              if isinstance(s, dict) and s["formatted"] and s["cluster"] == self.cluster}
-        for m, s in states.items():
-            if m not in ok:
-                self.status[m] = _why(s, self.cluster)
-        if len(ok) < self.majority:
-            raise QuorumLost(f"only {len(ok)} of {len(self.members)} journals answered "
-                             f"formatted; a majority is {self.majority}")
-        epoch = max(int(s["promised"]) for s in ok.values()) + 1
-        answers = await self._gather(list(ok), "new_epoch", cluster=self.cluster, epoch=epoch)
-        promised = {m: a for m, a in answers.items() if isinstance(a, dict)}
-        fenced = [a for a in answers.values() if isinstance(a, Refused) and a.kind == "fenced"]
-        if len(promised) < self.majority or self.me not in promised:
-            why = (f"epoch {epoch} was promised by {len(promised)} journals "
-                   f"({', '.join(sorted(promised)) or 'none'}); a majority is {self.majority}")
-            raise Fenced(why) if fenced else QuorumLost(why)
-        self.epoch = epoch
+        ok, boot = await self._formatted(bootstrap)
+        promised = await self._promise(ok)
+        epoch = self.epoch
         src = max(promised, key=lambda m: (promised[m]["accepted"], promised[m]["last"],
                                            m == self.me))
         log.info("epoch %d: promised by %s; recovering from %s (accepted %d, last %d)",
@@ -218,6 +187,50 @@ class QuorumLog:
             if m not in self.in_sync:
                 self._catch_up_later(m)
         return epoch
+
+    async def _formatted(self, bootstrap: Callable[[], list[Record]] | None
+                         ) -> tuple[dict[str, Any], list[Record]]:
+        """The states of the journals formatted into this cluster (a majority), after a
+        bootstrap when every member was unformatted; and the bootstrap's records."""
+        states = await self._gather(self.members, "state")
+        mine = states[self.me]
+        if isinstance(mine, BaseException):
+            raise QuorumLost(f"this member's own journal failed: {mine}")
+        boot: list[Record] = []
+        if not mine["formatted"]:
+            if not all(isinstance(s, dict) and not s["formatted"] for s in states.values()):
+                raise QuorumLost("this member's journal is unformatted (new or wiped disk) "
+                                 "and other members are formatted: it cannot lead until an "
+                                 "operator re-adds it (squall master members add)")
+            await self._bootstrap(states)
+            if bootstrap is not None:
+                boot = bootstrap()
+            states = await self._gather(self.members, "state")
+            if not isinstance(states[self.me], dict):
+                raise QuorumLost(f"this member's own journal failed: {states[self.me]}")
+        self.cluster = states[self.me]["cluster"]
+        ok = {m: s for m, s in states.items()
+              if isinstance(s, dict) and s["formatted"] and s["cluster"] == self.cluster}
+        for m, s in states.items():
+            if m not in ok:
+                self.status[m] = _why(s, self.cluster)
+        if len(ok) < self.majority:
+            raise QuorumLost(f"only {len(ok)} of {len(self.members)} journals answered "
+                             f"formatted; a majority is {self.majority}")
+        return ok, boot
+
+    async def _promise(self, ok: dict[str, Any]) -> dict[str, Any]:
+        """createNewUniqueEpoch: max promised + 1, promised by a majority incl. this one."""
+        epoch = max(int(s["promised"]) for s in ok.values()) + 1
+        answers = await self._gather(list(ok), "new_epoch", cluster=self.cluster, epoch=epoch)
+        promised = {m: a for m, a in answers.items() if isinstance(a, dict)}
+        fenced = [a for a in answers.values() if isinstance(a, Refused) and a.kind == "fenced"]
+        if len(promised) < self.majority or self.me not in promised:
+            why = (f"epoch {epoch} was promised by {len(promised)} journals "
+                   f"({', '.join(sorted(promised)) or 'none'}); a majority is {self.majority}")
+            raise Fenced(why) if fenced else QuorumLost(why)
+        self.epoch = epoch
+        return promised
 
     async def _bootstrap(self, states: dict[str, Any]) -> None:
         cluster = uuid.uuid4().hex
@@ -389,7 +402,7 @@ class QuorumLog:
                     return
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - keep trying, say why
+            except Exception as e:
                 log.warning("catching up journal %s failed: %s", m, e)
                 self.status[m] = f"catch-up failed: {e}"
             await asyncio.sleep(pause)

@@ -45,6 +45,7 @@ from squall.master.http.answers import ERROR_RESPONSES
 from squall.master.http.routes import (
     config,
     frontdoor,
+    ha,
     health,
     nodes,
     nodes_admin,
@@ -115,6 +116,15 @@ ROUTES = RouteTable([
         R("POST", "/v1/nodes/blocks", frontdoor.blocks, BlockGrant, rule("node")),
         R("POST", "/v1/nodes/commit", frontdoor.commit, NodeCommitResponse, rule("node"),
           hot=True)),
+    *section(
+        "master set",
+        # between members only: a token signed with the cluster key (op "journal")
+        R("POST", "/v1/journal/{method}", ha.journal, None, rule("member", body="binary"),
+          responses={}, options={"include_in_schema": False}),
+        R("GET", "/v1/leader", ha.leader, None, PUBLIC, responses={}),
+        R("GET", "/v1/master/members", ha.members, None, ADMIN_READ),
+        R("POST", "/v1/master/members", ha.change_members, None, ADMIN),
+        R("POST", "/v1/master/step-down", ha.step_down, None, ADMIN_READ)),
     *section(
         "health",
         R("GET", "/healthz", health.healthz, None, PUBLIC, responses={}),

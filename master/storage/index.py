@@ -141,6 +141,7 @@ class Index:
                 group, name = bytes(k).decode().split("\x00", 1)
                 queues[(group, name)] = QueueRec(group, name, *msgpack.unpackb(v))
             self.policies, self.schedules, self.node_marks = {}, {}, {}
+            self.ha_conf: dict[tuple[str, str], dict[str, Any]] = {}  # a master set's members
             for k, v in txn.cursor(db=self.conf):
                 group, name = bytes(k[1:]).decode().split("\x00", 1)
                 self._conf(bytes(k[:1]))[(group, name)] = msgpack.unpackb(v)
@@ -346,7 +347,8 @@ class Index:
             target[(group, name)] = value
 
     def _conf(self, kind: bytes) -> dict[tuple[str, str], dict[str, Any]]:
-        return {b"P": self.policies, b"N": self.node_marks}.get(kind, self.schedules)
+        return {b"P": self.policies, b"N": self.node_marks,
+                b"H": self.ha_conf}.get(kind, self.schedules)
 
     def ref_blob(self, txn: lmdb.Transaction, blob_id: str, delta: int) -> None:
         """Count a reference to a payload up or down; at zero it is freed for blob GC."""
