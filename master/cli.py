@@ -127,6 +127,10 @@ def register(app: typer.Typer) -> None:
             "", "--elector", envvar="SQUALL_ELECTOR",
             help="who tries to lead a master set: static:<url>, etcd:..., kubernetes:..., "
                  "file:<path> (one machine, dev); default static:<first member>"),
+        elector_lease_s: float = typer.Option(
+            0.0, "--elector-lease-s", envvar="SQUALL_ELECTOR_LEASE_S", min=0.0, max=600.0,
+            help="the leadership lease (0: the elector's default); a failover takes about "
+                 "one lease"),
     ) -> None:
         """Run a master: task metadata, leases, WAL + LMDB index, data-node placement."""
         try:
@@ -153,7 +157,8 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(str(e)) from None
             if me not in listed:
                 raise typer.BadParameter(f"--advertise-url {me} is not one of --members")
-            settings.master_set = SetSettings(me=me, members=listed, elector=elector)
+            settings.master_set = SetSettings(me=me, members=listed, elector=elector,
+                                              lease_secs=elector_lease_s or None)
         check_bind(host, cluster_key_configured(settings.cluster_key_file),
                    load_auth_keys(str(auth_key_file) if auth_key_file else None) is not None,
                    insecure, "master")

@@ -135,6 +135,7 @@ class Journal:
         self.accepted = int(m.get("accepted", 0))
         self.committed = min(int(m.get("committed", 0)), log.last_ticket)
         self.appends = 0
+        self.writer: str | None = None  # the leader whose groups this journal takes now
 
     # -- helpers -------------------------------------------------------------------------
     def _save(self) -> None:
@@ -203,11 +204,12 @@ class Journal:
                 raise Refused("fenced", f"epoch {epoch} was not above the promised "
                               f"{self.promised}", self._state().wire())
             self.promised = epoch
+            self.writer = None  # a new epoch: its leader is not known yet
             self._save()
             return self._state().wire()
 
     def append(self, cluster: str, epoch: int, prev: int, records: list[Record],
-               committed: int) -> dict[str, Any]:
+               committed: int, leader: str = "") -> dict[str, Any]:
         """A leader's group, following ticket `prev`. Empty `records`: a heartbeat that
         only carries the committed ticket."""
         with self._lock:
@@ -219,6 +221,7 @@ class Journal:
             if records:
                 self.log.write(records)
                 self.appends += 1
+            self.writer = leader or None
             advanced = self._advance(committed)
             if advanced:
                 self._save()
@@ -227,7 +230,7 @@ class Journal:
         return out
 
     def sync(self, cluster: str, epoch: int, base: int, records: list[Record],
-             committed: int, final: bool) -> dict[str, Any]:
+             committed: int, final: bool, leader: str = "") -> dict[str, Any]:
         """Make this log equal the leader's: `records` are the leader's records after
         `base`, `final` says they end its log. Records equal to the leader's are kept (a
         record acknowledged by a majority is never cut, not even for a moment); the first
@@ -259,6 +262,7 @@ class Journal:
                 self.log.truncate_after(end)  # past the leader's end: never committed
             if self.log.last_ticket == end:  # a prefix of the leader's log, all compared
                 self.accepted = epoch
+            self.writer = leader or None
             self.committed = min(self.committed, self.log.last_ticket)
             self._advance(min(committed, end))
             self._save()

@@ -42,6 +42,7 @@ from squall.master.storage.wal import WALFailed
 log = logging.getLogger("squall.master.ha")
 CHUNK_RECORDS = 2000
 CHUNK_BYTES = 4 << 20
+GRACE_S = 0.25  # how long recovery waits for the rest once a majority answered
 MAX_QUEUED = 64  # groups queued to one slow journal before it is caught up instead
 
 
@@ -126,13 +127,35 @@ class QuorumLog:
 
     async def _gather(self, members: list[str], method: str, **args: Any
                       ) -> dict[str, Any]:
-        """Call `method` on each member; member -> answer or the exception."""
-        outs = await asyncio.gather(*(self._call(m, method, **args) for m in members),
-                                    return_exceptions=True)
-        for o in outs:
-            if isinstance(o, BaseException) and not isinstance(o, Exception | Refused):
+        """Call `method` on each member: member -> answer or the exception. Returns once
+        all answered, or a short grace after a majority answered (a stopped member must
+        not hold a recovery up for a whole timeout)."""
+        tasks = {asyncio.ensure_future(self._call(m, method, **args)): m for m in members}
+        out: dict[str, Any] = {}
+        pending = set(tasks)
+        grace_until: float | None = None
+        try:
+            while pending:
+                left = None if grace_until is None else grace_until - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                done, pending = await asyncio.wait(pending, timeout=left,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    exc = t.exception()
+                    out[tasks[t]] = exc if exc is not None else t.result()
+                answered = sum(1 for v in out.values() if isinstance(v, dict))
+                if grace_until is None and answered >= self.majority:
+                    grace_until = time.monotonic() + GRACE_S
+        finally:
+            for t in pending:
+                t.cancel()
+                out[tasks[t]] = Unreachable(f"{tasks[t]}: no answer to {method} while a "
+                                            "majority did")
+        for o in out.values():
+            if isinstance(o, BaseException) and not isinstance(o, Exception):
                 raise o
-        return dict(zip(members, outs, strict=True))
+        return out
 
     # -- leadership ------------------------------------------------------------------------
     async def recover(self, epoch_start: Callable[[int], bytes],
@@ -198,10 +221,13 @@ class QuorumLog:
             raise QuorumLost(f"this member's own journal failed: {mine}")
         boot: list[Record] = []
         if not mine["formatted"]:
-            if not all(isinstance(s, dict) and not s["formatted"] for s in states.values()):
+            if any(isinstance(s, dict) and s["formatted"] for s in states.values()):
                 raise QuorumLost("this member's journal is unformatted (new or wiped disk) "
                                  "and other members are formatted: it cannot lead until an "
                                  "operator re-adds it (squall master members add)")
+            if not all(isinstance(s, dict) for s in states.values()):
+                raise QuorumLost("a new master set is formed once every member answers "
+                                 "(all are unformatted)")
             await self._bootstrap(states)
             if bootstrap is not None:
                 boot = bootstrap()
@@ -271,7 +297,7 @@ class QuorumLog:
             final = end >= self.last
             got = await self._call(m, "sync", cluster=self.cluster, epoch=self.epoch,
                                    base=cur, records=recs, committed=self.committed,
-                                   final=final)
+                                   final=final, leader=self.me)
             self.match[m] = int(got["last"])
             if final:
                 return bool(got["accepted"] == self.epoch and got["last"] == self.last)
@@ -342,7 +368,8 @@ class QuorumLog:
                 t0 = time.monotonic()
                 try:
                     got = await self._call(m, "append", cluster=self.cluster, epoch=self.epoch,
-                                           prev=prev, records=records, committed=committed)
+                                           prev=prev, records=records, committed=committed,
+                                           leader=self.me)
                 except Refused as e:
                     if e.kind == "fenced":
                         self.fenced = True

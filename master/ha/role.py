@@ -122,10 +122,12 @@ class MasterSet:
                                                      "journal.json")),
                                on_committed=self._on_committed)
         self.elector: Elector = make_elector(settings.elector or f"static:{self.members[0]}")
-        self.lease_secs = settings.lease_secs or self.elector.lease_secs
+        if settings.lease_secs:
+            self.elector.lease_secs = settings.lease_secs
+        self.lease_secs = self.elector.lease_secs
         self.pool = Pool(idle_s=30.0)
         self.role = "standby"
-        self.leader: str | None = None
+        self._elected: str | None = None  # who the elector names (a hint)
         self.ql: QuorumLog | None = None
         self.lease_until = 0.0
         self.counters = Counters()
@@ -154,6 +156,17 @@ class MasterSet:
         if time.monotonic() > self.lease_until:
             return "this master's leadership lease ran out: it is stepping down"
         return self.master.wal.failure()
+
+    @property
+    def leader(self) -> str | None:
+        """The leader as this member knows it: the writer of its journal's current epoch
+        (authoritative), else the elector's holder (a hint)."""
+        if self.role == "leader":
+            return self.me
+        w = self.journal.writer
+        if w is not None and w != self.me:
+            return w
+        return self._elected if self._elected != self.me else None
 
     def standby_reason(self) -> str:
         return (f"standby of {self.leader or 'an unknown leader'} "
@@ -260,11 +273,14 @@ class MasterSet:
 
     async def _round(self) -> None:
         t0 = time.monotonic()
-        try:
-            held = await asyncio.wait_for(self.elector.try_acquire(self.me),
-                                          self.lease_secs / 3)
-        except (TimeoutError, OSError):
-            held = False
+        may_lead = self.me in self.members and t0 >= self._hold_until
+        held = False
+        if self.role == "leader" or may_lead:
+            try:
+                held = await asyncio.wait_for(self.elector.try_acquire(self.me),
+                                              self.lease_secs / 3)
+            except (TimeoutError, OSError):
+                held = False
         if held:
             self.lease_until = t0 + self.lease_secs * (1 - SKEW)
         if self.role == "leader":
@@ -280,14 +296,12 @@ class MasterSet:
                 except QuorumLost as e:
                     await self.step_down(str(e))
             return
-        if held and self.me in self.members and time.monotonic() >= self._hold_until:
+        if held:
             await self._try_lead()
         else:
             with contextlib.suppress(Exception):
-                self.leader = await asyncio.wait_for(self.elector.holder(),
-                                                     self.lease_secs / 3)
-            if self.leader == self.me:
-                self.leader = None
+                self._elected = await asyncio.wait_for(self.elector.holder(),
+                                                       self.lease_secs / 3)
 
     async def _try_lead(self) -> None:
         self.role = "candidate"
@@ -308,12 +322,18 @@ class MasterSet:
             await self.elector.release(self.me)
             self._hold_until = time.monotonic() + self.lease_secs / 3
             return
+        if time.monotonic() > self.lease_until - self.lease_secs / 3:  # renew it first
+            t0 = time.monotonic()
+            with contextlib.suppress(TimeoutError, OSError):
+                if await asyncio.wait_for(self.elector.try_acquire(self.me),
+                                          self.lease_secs / 3):
+                    self.lease_until = t0 + self.lease_secs * (1 - SKEW)
         if time.monotonic() > self.lease_until:
             log.warning("recovered epoch %d after the lease ran out: standing down", epoch)
             self.role, self.ql = "standby", None
             await ql.close()
             return
-        self.role, self.leader = "leader", self.me
+        self.role = "leader"
         self.last_group_at = time.monotonic()
         self.counters.failovers += 1
         self.master.start()
@@ -332,7 +352,7 @@ class MasterSet:
             if ql is not None and ql.failed is None:
                 ql.failed = f"stepped down: {reason}"
             self.role = "standby"
-            self.leader = None
+            self._elected = None
             self.counters.step_downs += 1
             for t in self.master._tasks:
                 t.cancel()
