@@ -187,6 +187,9 @@ class Housekeeping:
         return await asyncio.to_thread(self._checkpoint_through, upto)
 
     def _checkpoint_through(self, upto: int) -> int:
+        ha = getattr(self, "ha", None)
+        if ha is not None:  # a master set: keep what a lagging member still needs
+            upto = min(upto, ha.droppable())
         self.index.sync()
         dropped = self.wal.drop_through(upto)
         self.last_checkpoint = time.monotonic()

@@ -133,6 +133,7 @@ class MasterSet:
         self.counters = Counters()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        self._checkpoints: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._closed = False
         self._stepping_down = False
@@ -236,6 +237,34 @@ class MasterSet:
                 self.ql.set_members(members, self._clients(members))
         return n
 
+    def droppable(self) -> int:
+        """The highest ticket a checkpoint may drop from this member's WAL: what the index
+        holds, and (on the leader) what every formatted member's journal already has, so
+        a lagging member is caught up from the log (an unformatted one is not waited for:
+        re-adding it after that needs a copy of a standby's volume)."""
+        upto = self.master.index.applied
+        ql = self.ql
+        if ql is not None and self.role == "leader":
+            for m in ql.members:
+                if m != self.me and not ql.status.get(m, "").startswith(("unformatted",
+                                                                          "foreign")):
+                    upto = min(upto, ql.match.get(m, 0))
+        return upto
+
+    async def _standby_checkpoints(self) -> None:
+        """A standby's checkpoint: sync the index, drop the WAL segments it covers."""
+        s = self.master.settings
+        while not self._closed:
+            await asyncio.sleep(s.checkpoint_interval_s)
+            if self.role == "leader":
+                continue
+            try:
+                self.master.wal.request_roll()
+                await asyncio.to_thread(self.master._checkpoint_through,
+                                        self.master.index.applied)
+            except Exception:
+                log.exception("standby checkpoint failed")
+
     # -- journal calls from other members ------------------------------------------------
     async def rpc(self, method: str, args: dict[str, Any]) -> Any:
         if method not in JOURNAL_METHODS:
@@ -257,6 +286,8 @@ class MasterSet:
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="master-set")
+        self._checkpoints = asyncio.create_task(self._standby_checkpoints(),
+                                                name="standby-checkpoints")
 
     async def _run(self) -> None:
         while not self._closed:
@@ -372,10 +403,11 @@ class MasterSet:
 
     async def close(self) -> None:
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+        for task in (self._task, self._checkpoints):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         if self.ql is not None:
             await self.ql.close()
         if self.role == "leader":

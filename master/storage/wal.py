@@ -419,15 +419,16 @@ class WAL:
     # -- checkpoint ------------------------------------------------------------------------
     def drop_through(self, ticket: int) -> int:
         """Delete segments whose records all have tickets <= `ticket`. Returns how many."""
-        segs = segments(self.dir)
-        dropped = 0
-        for (_, path), (nxt_first, _) in itertools.pairwise(segs):
-            if nxt_first - 1 <= ticket and path != self._path:
-                os.unlink(path)
-                dropped += 1
-        if dropped:
-            self._fsync_dir()
-        return dropped
+        with self._cv:  # not while read_after reads them
+            segs = segments(self.dir)
+            dropped = 0
+            for (_, path), (nxt_first, _) in itertools.pairwise(segs):
+                if nxt_first - 1 <= ticket and path != self._path:
+                    os.unlink(path)
+                    dropped += 1
+            if dropped:
+                self._fsync_dir()
+            return dropped
 
     def request_roll(self) -> None:
         """Start a new segment after the next write, so a checkpoint can drop this one."""
