@@ -14,7 +14,7 @@ from squall.master.storage.walfile import read_records
 
 
 def open_wal(d: str) -> WAL:
-    records, tail = read_records(d)
+    _, tail = read_records(d)
     return WAL(d, tail, segment_bytes=4096)
 
 

@@ -20,8 +20,8 @@ from squall.master.ha.quorum import QuorumLog, QuorumLost
 from tests.test_ha_quorum import (
     MEMBERS,
     Down,
-    Faults,
     FakeClient,
+    Faults,
     clone,
     epoch_start,
     make_journals,

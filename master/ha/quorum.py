@@ -104,8 +104,9 @@ class QuorumLog:
         self._catching: dict[str, asyncio.Task[None]] = {}
         self.closed = False
         # metrics
-        self.append_secs: list[float] = []  # per journal append, bounded (recent)
-        self.quorum_wait_secs: list[float] = []
+        # metrics hooks: one journal's append (secs), a group's wait for its majority
+        self.on_append: Callable[[float], None] | None = None
+        self.on_quorum_wait: Callable[[float], None] | None = None
         self.groups = 0
         self.status: dict[str, str] = {}  # member -> "in sync" / why not
 
@@ -341,8 +342,8 @@ class QuorumLog:
                         errors[m] = str(exc) if exc else "dropped"
                 if self.me in errors or len(self.members) - len(errors) < self.majority:
                     break
-            self.quorum_wait_secs.append(time.monotonic() - t0)
-            del self.quorum_wait_secs[:-1000]
+            if self.on_quorum_wait is not None and records:
+                self.on_quorum_wait(time.monotonic() - t0)
             if self.me in acks and len(acks) >= self.majority:
                 self.last = last
                 self.committed = max(self.committed, last)
@@ -379,9 +380,8 @@ class QuorumLog:
                 except Unreachable as e:
                     self._drop(m, str(e))
                     raise
-                if records:
-                    self.append_secs.append(time.monotonic() - t0)
-                    del self.append_secs[:-1000]
+                if records and self.on_append is not None:
+                    self.on_append(time.monotonic() - t0)
                 self.match[m] = int(got["last"])
                 return True
         finally:

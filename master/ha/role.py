@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from squall.common.server.metrics import Hist
 from squall.common.transport.aio import Pool
 from squall.master.ha.elector import Elector, make_elector
 from squall.master.ha.journal import FileMeta, Journal, Record, Refused
@@ -131,6 +132,7 @@ class MasterSet:
         self.ql: QuorumLog | None = None
         self.lease_until = 0.0
         self.counters = Counters()
+        self.append_hist, self.quorum_hist = Hist(), Hist()  # metrics (seconds)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._checkpoints: asyncio.Task[None] | None = None
@@ -338,6 +340,7 @@ class MasterSet:
         self.role = "candidate"
         ql = QuorumLog(self.me, self._clients(self.members), self.members,
                        timeout=self.settings.journal_timeout_s)
+        ql.on_append, ql.on_quorum_wait = self.append_hist.observe, self.quorum_hist.observe
         members = list(self.members)
         try:
             epoch = await ql.recover(
