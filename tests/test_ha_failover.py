@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +19,7 @@ import pytest
 
 from squall.client import Client, SquallError
 from tests.ha_kit import Ledger, MasterSetProcs, stats_total
-from tests.helpers import ADMIN, wait_for
+from tests.helpers import ADMIN, ADMIN_TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -76,6 +78,16 @@ def test_standby_answers_503_naming_the_leader(ms: MasterSetProcs) -> None:
     info = ms.info(standby)
     assert info is not None and info["role"] == "standby" and info["leader"] == ms.urls[lead]
     assert info["elector"] == "file" and info["me"] == ms.urls[standby]
+    # `squall master members list` on a standby answers from the leader it names
+    squall = os.path.join(os.path.dirname(sys.executable), "squall")
+    out = subprocess.run([squall, "master", "members", "list", "--master",
+                          ms.urls[standby]], capture_output=True,
+                         timeout=60, env={**os.environ, "SQUALL_TOKEN": ADMIN_TOKEN})
+    assert out.returncode == 0, out.stderr
+    view = json.loads(out.stdout)
+    assert view["role"] == "leader" and view["me"] == ms.urls[lead]
+    assert view["members"] == ms.urls and view["elector"] == "file"
+    assert {m["in_sync"] for m in view["log"]["members"].values()} == {True}
     # journal calls need a member token: no credential, an admin credential -> refused
     for headers in ({}, ADMIN):
         req = urllib.request.Request(f"{ms.urls[lead]}/v1/journal/state", data=b"\x80",
