@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-server-spark
 
-.PHONY: run test lint typecheck bench profile soak clean chromium
+.PHONY: run test lint typecheck bench profile soak clean chromium etcd
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,7 +30,7 @@ MODEL_SEEDS ?= 200
 
 ## test: lint and typecheck, then the test suite (real servers on 127.0.0.1; a short chaos
 ##       soak and the model test on one seed); `make soak` runs the long ones
-test: $(STAMP) lint typecheck chromium
+test: $(STAMP) lint typecheck chromium etcd
 	@echo "hypothesis seed: $(HYPOTHESIS_SEED)"
 	$(BIN)/pytest -q --hypothesis-seed=$(HYPOTHESIS_SEED)
 
@@ -41,6 +41,14 @@ chromium:
 	  >/dev/null 2>&1 && apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -q chromium >/dev/null; } || echo "note: no chromium (apt-get \
 	  install chromium); the dashboard's browser test will be skipped"
+
+# the etcd elector's tests run a real etcd (Debian's etcd-server): installed here when
+# missing and apt-get can (as root); otherwise those tests are skipped and say why
+etcd:
+	@command -v etcd >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get \
+	  >/dev/null 2>&1 && apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -q etcd-server >/dev/null; } || echo "note: no etcd (apt-get \
+	  install etcd-server); the etcd elector's tests will be skipped"
 
 # lint-imports: the rooms' boundaries, [tool.importlinter] in pyproject.toml
 lint: $(STAMP)

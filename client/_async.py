@@ -18,6 +18,7 @@ from squall.client._effects import Call, Close, Emit, Gather, Join, Read, Reply,
 from squall.client._protocol import IN_FLIGHT, Core, default_master, first_failure, held_wire
 from squall.client._tasks import NewTask, Payload, TaskBase, Tasks, TxBuilder, as_list
 from squall.common.errors import SquallError
+from squall.common.masters import Masters
 from squall.common.security.tls import TLSConfig
 from squall.common.transport.adapters import AsyncTransport
 from squall.common.transport.http1 import Broken
@@ -53,10 +54,12 @@ class _AsyncDriver:
     """Runs protocol generators over an ``httpx.AsyncClient``."""
 
     def __init__(self, http: httpx.AsyncClient, lean: AsyncTransport | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, masters: Masters | None = None) -> None:
         self.http = http
+        masters = masters or Masters(str(http.base_url))
+        self.masters = masters  # where a master's path goes (the leader of a master set)
         self.lean = lean  # the engine's transport (the default): calls may go direct
-        self.shortcut = Shortcut(http, token, lean is not None)
+        self.shortcut = Shortcut(http, token, lean is not None, masters)
 
     async def run(self, gen: Generator[Any, Any, T]) -> T:
         out: list[T] = []
@@ -100,7 +103,7 @@ class _AsyncDriver:
             try:
                 return await anext(parts, b"")
             except httpx.HTTPError as e:
-                raise _http.transport_error(e, c, self.http.base_url) from e
+                raise _http.transport_error(e, c, self.masters.current) from e
         if t is Close:
             await eff.reply.stream[0].aclose()
             return None
@@ -114,8 +117,20 @@ class _AsyncDriver:
         raise TypeError(f"unknown effect {eff!r}")  # pragma: no cover
 
     async def _call(self, c: Call, streams: list[httpx.Response]) -> Any:
-        base = self.http.base_url
-        direct = self.shortcut.prepare(c)  # None unless the default transport may take it
+        if not c.url.startswith("/"):  # a data node's URL
+            return await self._send(c, streams, "")
+        hops = 0
+        while True:  # a master's path: to the leader (see common/masters.py)
+            base = self.masters.current
+            try:
+                return await self._send(c, streams, base)
+            except SquallError as e:
+                if not _http.resend_elsewhere(self.masters, base, e, e.__cause__, c, hops):
+                    raise
+            hops += 1
+
+    async def _send(self, c: Call, streams: list[httpx.Response], base: str) -> Any:
+        direct = self.shortcut.prepare(c, base)  # None unless the default transport may take it
         if direct is not None:
             assert self.lean is not None
             try:
@@ -123,6 +138,8 @@ class _AsyncDriver:
             except Broken as e:
                 raise _http.transport_error(e, c, base) from e
         args = _http.request_args(c)
+        if base:
+            args["url"] = base + c.url
         content = args.get("content")
         if content is not None and not isinstance(content, bytes | bytearray):
             args["content"] = _aiter(content)
@@ -194,13 +211,14 @@ class AsyncClient:
     verify servers with, a certificate and key for mutual TLS) defaults to ``$SQUALL_TLS_CA``,
     ``$SQUALL_TLS_CERT`` and ``$SQUALL_TLS_KEY``."""
 
-    def __init__(self, master: str | None = None, *,
+    def __init__(self, master: str | Sequence[str] | None = None, *,
                  transport: httpx.AsyncBaseTransport | None = None, timeout: float = 30.0,
                  blob_timeout: float = 300.0, retries: int = 30, worker: str | None = None,
                  max_connections: int = 100, retry_budget_s: float = 30.0,
                  front_door: bool = True,
                  token: str | None = None, tls: TLSConfig | None = None) -> None:
-        self.master = (master or default_master()).rstrip("/")
+        self.masters = Masters(master, default_master())
+        self.master = ",".join(self.masters.configured)
         self.transport = transport
         self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
                         "worker": worker, "max_connections": max_connections,
@@ -208,15 +226,15 @@ class AsyncClient:
                         "token": token, "tls": tls}
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
-        auth = _http.MasterAuth(self.master, token)
+        auth = _http.MasterAuth(self.masters, token)
         self.token = auth.token
         self._core = Core(Retry(attempts=retries, budget_s=retry_budget_s), blob_timeout,
                           worker, timeout, front_door, auth.token)
         lean = None if transport else _http.async_transport(limits, tls)
-        self._http = httpx.AsyncClient(base_url=self.master, transport=transport or lean,
+        self._http = httpx.AsyncClient(base_url=self.masters.current, transport=transport or lean,
                                        timeout=timeout, limits=limits, auth=auth,
                                        verify=_http.tls_verify(tls))
-        driver = _AsyncDriver(self._http, lean, auth.token)
+        driver = _AsyncDriver(self._http, lean, auth.token, self.masters)
         self._run = driver.run
         self._iter = driver.iterate
 

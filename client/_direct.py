@@ -33,6 +33,7 @@ import httpx
 import orjson
 
 from squall.client._effects import Call
+from squall.common.masters import Masters
 from squall.common.transport.adapters import Direct, Plain
 
 __all__ = ["Direct", "Plain", "Shortcut"]
@@ -45,22 +46,21 @@ _JSON = ("Content-Type", "application/json")
 
 class Shortcut:
     def __init__(self, http: httpx.Client | httpx.AsyncClient, token: str | None,
-                 enabled: bool) -> None:
+                 enabled: bool, masters: Masters | None = None) -> None:
         self.http, self.enabled = http, enabled
-        base = http.base_url
-        self.master: Key = (base.scheme, base.host, base.port or _default_port(base.scheme))
-        self.host = base.netloc.decode("ascii")
-        self.base_path = base.raw_path.decode("ascii").rstrip("/")
+        self.masters = masters or Masters(str(http.base_url))
         self.auth = ("Authorization", f"Bearer {token}") if token else None
         self.timeout = http.timeout.as_dict()
 
-    def prepare(self, c: Call) -> Direct | None:
+    def prepare(self, c: Call, base: str | None = None) -> Direct | None:
+        """`c` as a :class:`Direct`, a master's path going to the master at `base` (else
+        the one in use)."""
         if not self.enabled or c.stream or c.params or self.http.is_closed:
             return None  # (closed: httpx's path raises its own error)
         hooks = self.http.event_hooks
         if hooks["request"] or hooks["response"]:
             return None
-        headers = [("Host", self.host), _AGENT]
+        headers = [("Host", ""), _AGENT]
         body: Any = c.content
         if c.json is not None:
             body = orjson.dumps(c.json)
@@ -69,20 +69,18 @@ class Shortcut:
             return None  # an iterable: streamed by httpx's path
         url = c.url
         if url.startswith("/"):
-            key, target = self.master, self.base_path + url
-        else:
-            scheme, sep, rest = url.partition("://")
-            netloc, slash, path = rest.partition("/")
-            where = _origin(scheme, netloc) if sep else None
-            if where is None:
-                return None
-            key, target = where, slash + path
-            if key != self.master:
-                headers[0] = ("Host", netloc)
+            url = (base or self.masters.current) + url
+        scheme, sep, rest = url.partition("://")
+        netloc, slash, path = rest.partition("/")
+        where = _origin(scheme, netloc) if sep else None
+        if where is None:
+            return None
+        key, target = where, slash + path
+        headers[0] = ("Host", netloc)
         if not _PLAIN.fullmatch(target) or not target.startswith("/"):
             return None
         own = c.headers
-        if self.auth is not None and key == self.master and not (
+        if self.auth is not None and self.masters.has_origin(key) and not (
                 own and any(k.lower() == "authorization" for k in own)):
             headers.append(self.auth)
         if own:

@@ -16,7 +16,14 @@ import httpx
 import orjson
 
 from squall.client._effects import Call, ConnectError, Reply
-from squall.common.errors import ServerError, StatusError, TransportError, from_response
+from squall.common.errors import (
+    ServerError,
+    SquallError,
+    StatusError,
+    TransportError,
+    from_response,
+)
+from squall.common.masters import Masters, Standby, standby_error
 from squall.common.security.tls import TLSConfig
 from squall.common.transport.adapters import AsyncTransport, Plain, SyncTransport
 from squall.common.transport.http1 import Broken
@@ -25,22 +32,61 @@ _CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.U
 
 
 class MasterAuth(httpx.Auth):
-    """Adds ``Authorization: Bearer <credential>`` to requests for the master only (blob
+    """Adds ``Authorization: Bearer <credential>`` to requests for the masters only (blob
     requests to data nodes carry the payload tokens the master hands out; the front door
     sets the credential itself, ``client/_frontdoor.py``). The credential is `token`, else
     ``$SQUALL_TOKEN``."""
 
-    def __init__(self, master: str, token: str | None) -> None:
+    def __init__(self, masters: Masters | str, token: str | None) -> None:
         self.token = token or os.environ.get("SQUALL_TOKEN") or None
-        self.origin = httpx.URL(master).copy_with(path="/", query=None, fragment=None)
+        self.masters = masters if isinstance(masters, Masters) else Masters(masters)
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         u = request.url
         if (self.token and "authorization" not in request.headers
-                and (u.scheme, u.host, u.port) == (self.origin.scheme, self.origin.host,
-                                                   self.origin.port)):
+                and self.masters.has_origin((u.scheme, u.host, u.port or
+                                             (443 if u.scheme == "https" else 80)))):
             request.headers["Authorization"] = f"Bearer {self.token}"
         yield request
+
+
+_OWN_ANSWER = frozenset({"/readyz", "/healthz", "/v1/leader"})
+
+
+def resend_elsewhere(masters: Masters, base: str, err: SquallError, cause: BaseException | None,
+                     c: Call, hops: int) -> bool:
+    """After `err` from the master at `base`, whether to resend `c` at once to
+    ``masters.current`` (the leader a standby named, or the next address). Only for what
+    was never applied: a standby's refusal, a connection never made; at most one round
+    of the addresses per call (then the retry policy waits and resends, under its budget).
+    A connection lost after sending moves the next request on (not this one: it may have
+    been applied; the retry policy decides whether it may be resent)."""
+    if c.url in _OWN_ANSWER:
+        return False  # each member answers these itself: ask the one asked
+    resendable = c.content is None or isinstance(c.content, bytes | bytearray)
+    if isinstance(err, Standby):
+        if masters.follow(base, err.leader) is not None:
+            return resendable and hops <= len(masters)
+        if masters.several:
+            masters.advance(base)
+            return resendable and hops < len(masters) - 1
+        return False
+    if isinstance(err, ConnectError):
+        if not masters.several:
+            return False
+        masters.advance(base)
+        return resendable and hops < len(masters) - 1
+    if isinstance(err, TransportError) and masters.several and not timed_out(cause):
+        masters.advance(base)
+    return False
+
+
+def timed_out(e: BaseException | None) -> bool:
+    """Whether an engine or httpx failure was a timeout (a slow master, not a dead one)."""
+    broken = e if isinstance(e, Broken) else getattr(e, "__cause__", None)
+    if isinstance(broken, Broken):
+        return bool(broken.timeout)
+    return isinstance(e, httpx.TimeoutException)
 
 
 def sync_transport(limits: httpx.Limits, tls: TLSConfig | None = None) -> SyncTransport:
@@ -124,6 +170,9 @@ def status_error(r: httpx.Response | Plain, c: Call, base: httpx.URL | str) -> S
         body: Any = orjson.loads(r.content)
     except orjson.JSONDecodeError:
         body = None
+    standby = standby_error(r.status_code, r.headers, body, retry_after)
+    if standby is not None:
+        return standby
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return from_response(r.status_code, body, retry_after)
     # not a squall answer: a wrong URL, a proxy, another server on that port

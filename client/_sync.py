@@ -25,6 +25,7 @@ from squall.client._protocol import (
 )
 from squall.client._syncdriver import Driver
 from squall.client._tasks import NewTask, Payload, TaskBase, Tasks, TxBuilder, as_list
+from squall.common.masters import Masters
 from squall.common.security.tls import TLSConfig
 from squall.common.wire.models import (
     CancelResponse,
@@ -103,12 +104,14 @@ class Client:
     verify servers with, a certificate and key for mutual TLS) defaults to ``$SQUALL_TLS_CA``,
     ``$SQUALL_TLS_CERT`` and ``$SQUALL_TLS_KEY``. Thread-safe (one connection pool)."""
 
-    def __init__(self, master: str | None = None, *, transport: httpx.BaseTransport | None = None,
+    def __init__(self, master: str | Sequence[str] | None = None, *,
+                 transport: httpx.BaseTransport | None = None,
                  timeout: float = 30.0, blob_timeout: float = 300.0, retries: int = 30,
                  worker: str | None = None, max_connections: int = 100,
                  retry_budget_s: float = 30.0, front_door: bool = True,
                  token: str | None = None, tls: TLSConfig | None = None) -> None:
-        self.master = (master or default_master()).rstrip("/")
+        self.masters = Masters(master, default_master())
+        self.master = ",".join(self.masters.configured)
         self.transport = transport
         self.options = {"timeout": timeout, "blob_timeout": blob_timeout, "retries": retries,
                         "worker": worker, "max_connections": max_connections,
@@ -116,15 +119,15 @@ class Client:
                         "token": token, "tls": tls}
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
-        auth = _http.MasterAuth(self.master, token)
+        auth = _http.MasterAuth(self.masters, token)
         self.token = auth.token
         self._core = Core(Retry(attempts=retries, budget_s=retry_budget_s), blob_timeout,
                           worker, timeout, front_door, auth.token)
         lean = None if transport else _http.sync_transport(limits, tls)
-        self._http = httpx.Client(base_url=self.master, timeout=timeout, limits=limits,
+        self._http = httpx.Client(base_url=self.masters.current, timeout=timeout, limits=limits,
                                   transport=transport or lean, auth=auth,
                                   verify=_http.tls_verify(tls))
-        self._driver = Driver(self._http, lean, auth.token)
+        self._driver = Driver(self._http, lean, auth.token, self.masters)
         self._run = self._driver.run
         self._iter = self._driver.iterate
 

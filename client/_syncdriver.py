@@ -18,6 +18,7 @@ from squall.client._direct import Shortcut
 from squall.client._effects import Call, Close, Emit, Gather, Join, Read, Reply, Sleep, Spawn
 from squall.client._protocol import MAX_IN_FLIGHT, first_failure
 from squall.common.errors import SquallError
+from squall.common.masters import Masters
 from squall.common.transport.adapters import SyncTransport
 from squall.common.transport.http1 import Broken
 
@@ -35,10 +36,12 @@ class Driver:
     waits on itself. A ``Spawn`` runs its verb on the same pool (a ``Future`` to ``Join``)."""
 
     def __init__(self, http: httpx.Client, lean: SyncTransport | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, masters: Masters | None = None) -> None:
         self.http = http
+        masters = masters or Masters(str(http.base_url))
+        self.masters = masters  # where a master's path goes (the leader of a master set)
         self.lean = lean  # the engine's transport (the default): calls may go direct
-        self.shortcut = Shortcut(http, token, lean is not None)
+        self.shortcut = Shortcut(http, token, lean is not None, masters)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -90,7 +93,7 @@ class Driver:
             try:
                 return next(parts, b"")
             except httpx.HTTPError as e:
-                raise _http.transport_error(e, c, self.http.base_url) from e
+                raise _http.transport_error(e, c, self.masters.current) from e
         if t is Close:
             eff.reply.stream[0].close()
             return None
@@ -128,15 +131,30 @@ class Driver:
             _GATHERED.on = False
 
     def _call(self, c: Call, streams: list[httpx.Response]) -> Any:
-        base = self.http.base_url
-        direct = self.shortcut.prepare(c)  # None unless the default transport may take it
+        if not c.url.startswith("/"):  # a data node's URL
+            return self._send(c, streams, "")
+        hops = 0
+        while True:  # a master's path: to the leader (see common/masters.py)
+            base = self.masters.current
+            try:
+                return self._send(c, streams, base)
+            except SquallError as e:
+                if not _http.resend_elsewhere(self.masters, base, e, e.__cause__, c, hops):
+                    raise
+            hops += 1
+
+    def _send(self, c: Call, streams: list[httpx.Response], base: str) -> Any:
+        direct = self.shortcut.prepare(c, base)  # None unless the default transport may take it
         try:
             if direct is not None:
                 assert self.lean is not None
                 return _http.result(c, self.lean.exchange(direct), base)
+            args = _http.request_args(c)
+            if base:
+                args["url"] = base + c.url
             if not c.stream:
-                return _http.result(c, self.http.request(**_http.request_args(c)), base)
-            r = self.http.send(self.http.build_request(**_http.request_args(c)), stream=True)
+                return _http.result(c, self.http.request(**args), base)
+            r = self.http.send(self.http.build_request(**args), stream=True)
             streams.append(r)
             if r.status_code >= 400:
                 r.read()

@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
     @app.command("datanode")
     def datanode(
         master: str = typer.Option("", "--master", envvar="SQUALL_MASTER",
-                                   help="master base URL for heartbeats (empty: none)"),
+                                   help="master base URL for heartbeats; a master set's "
+                                        "members comma-separated (empty: none)"),
         data_dir: Path = typer.Option(Path(".squall/datanode"), "--data-dir",
                                       envvar="SQUALL_DATA_DIR", help="where blobs live"),
         host: str = typer.Option("127.0.0.1", envvar="SQUALL_HOST", help="address to bind"),

@@ -40,8 +40,10 @@ import orjson
 
 from squall.common.checksum import crc32c
 from squall.common.errors import OutcomeUnknown, StatusError, Unavailable, from_response
+from squall.common.masters import standby_error
 from squall.common.wire.cluster import BlockGrant, PeerError
 from squall.common.wire.payload import Frame, encode_frame
+from squall.datanode import masterlink
 from squall.datanode.replication.peers import PeerUnreachable
 from squall.datanode.replication.pipeline import forward_batch, quorum_message
 from squall.datanode.store.blobstore import BlobMeta
@@ -118,18 +120,20 @@ class FrontDoor:
             raise Unavailable("this data node has no master (--master): no front door")
         # the lean keep-alive client (datanode/replication/peers.py)
         assert self.node.peers is not None
-        try:
-            r = await self.node.peers.post(self.master + path, content=orjson.dumps(body),
-                                           headers={**self._auth(),
-                                                    "Content-Type": "application/json"},
-                                           replay=False)  # a commit may have been applied
+        assert self.node.masters is not None
+        try:  # never resent once sent: a commit may have been applied
+            r = await masterlink.post(self.node.peers, self.node.masters, path,
+                                      orjson.dumps(body),
+                                      {**self._auth(), "Content-Type": "application/json"})
         except PeerUnreachable as e:
             if e.sent:
                 raise OutcomeUnknown(_UNKNOWN.format(e)) from e
             raise Unavailable(f"the master is unreachable from this node ({e}); nothing "
                               "was applied, retry", retry_after=1) from e
         if r.status_code >= 400:
-            raise from_response(r.status_code, _json(r.content), None)
+            body = _json(r.content)
+            raise (standby_error(r.status_code, r.headers, body, 1.0)
+                   or from_response(r.status_code, body, None))
         return _json(r.content, unknown=True)
 
     # -- blob ids --------------------------------------------------------------------------

@@ -4,7 +4,9 @@ Every ``heartbeat_interval_s`` (first beat at once) the node POSTs a
 :class:`~squall.common.wire.cluster.HeartbeatRequest` to ``{master}/v1/nodes/heartbeat`` with
 ``Authorization: Bearer <heartbeat token>`` (op ``heartbeat``, scoped to its node id, signed
 with the cluster key), through the node's HTTP client (``replication/peers.py``, the
-engine's pool; a beat is never resent). See ``common/wire/cluster.py`` for the fields:
+engine's pool; a beat is never resent after it was sent). Of a master set, the beat goes to
+the leader (``masterlink.py``: a standby's refusal or a refused connection sends it on at
+once). See ``common/wire/cluster.py`` for the fields:
 space, blob count, an incremental block report (added / deleted since the last good beat),
 a full inventory on the first beat, after a failed one, every ``full_report_every`` beats
 and when the master asks; corrupt replicas dropped; outcomes of replicate commands.
@@ -40,6 +42,7 @@ from squall.common.wire.cluster import (
     ReplicateCommand,
     ReplicationReport,
 )
+from squall.datanode import masterlink
 from squall.datanode.replication.pipeline import copy_batch, copy_blob
 from squall.datanode.service import DataNode
 
@@ -50,6 +53,7 @@ REPORTS_PER_BEAT = 250  # more wait for the next beat, which comes early (bounde
 DELETE_TXN_IDS = 1000
 NUDGE_GAP_S = 0.1  # the shortest pause between two beats when copies finished early
 MAX_REVOKED = 100_000
+PATH = "/v1/nodes/heartbeat"
 CONNECT_S, TIMEOUT_S = 2.0, 30.0  # a beat's connect and answer timeouts (never resent)
 
 
@@ -58,7 +62,6 @@ class Heartbeat:
         self.node = node
         s = node.settings
         self.interval_s = s.heartbeat_interval_s
-        self.url = (s.master_url.rstrip("/") + "/v1/nodes/heartbeat") if s.master_url else ""
         self.seq = 0
         self.timed = 0  # successful beats on the regular schedule (full report cadence)
         self.nudged = 0  # early beats that reported finished copies
@@ -72,6 +75,12 @@ class Heartbeat:
         self._reports: list[ReplicationReport] = []
         self._copies: dict[tuple[str, str], asyncio.Task[None]] = {}  # (blob or batch, target)
         self._sem = asyncio.Semaphore(max(1, s.copies_max))
+
+    @property
+    def url(self) -> str:
+        """Where the next beat goes (the master that answered last, of a master set)."""
+        m = self.node.masters
+        return m.current + PATH if m is not None else ""
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -137,15 +146,15 @@ class Heartbeat:
         on the regular schedule (else an early one reporting finished copies)."""
         req = await self.build(timed)
         try:
-            peers = self.node.peers
-            if peers is None:
-                raise RuntimeError("the node's HTTP client is not open")
-            r = await peers.post(
-                self.url, orjson.dumps(req.model_dump()),
+            peers, masters = self.node.peers, self.node.masters
+            if peers is None or masters is None:
+                raise RuntimeError("the node's HTTP client is not open, or it has no master")
+            r = await masterlink.post(
+                peers, masters, PATH, orjson.dumps(req.model_dump()),
                 {"Content-Type": "application/json", "Authorization": "Bearer "
                  + (self.node.settings.node_credential
                     or self.node.node_token("heartbeat", [self.node.node_id]))},
-                replay=False, connect_timeout=CONNECT_S, timeout=TIMEOUT_S)
+                connect_timeout=CONNECT_S, timeout=TIMEOUT_S)
             if r.status_code != 200:
                 raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
             body = orjson.loads(r.content)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from squall.common.clock import Clock, SystemClock
+from squall.common.masters import Masters
 from squall.common.security.tokens import (
     TokenClaims,
     bearer,
@@ -49,6 +50,8 @@ class DataNode:
         self.http_stats: Any = None  # the app's HttpStats (request metrics)
         self.metrics_registry: Any = None  # built on the first scrape
         self.peers: Peers | None = None
+        # the master (or the members of a master set) its heartbeats and commits go to
+        self.masters = Masters(settings.master_url) if settings.master_url else None
         self.repair_pacer = RepairPace(settings.repair_bytes_per_s,
                                        settings.repair_busy_bytes_per_s)
         self.puts = self.gets = self.forwarded = self.peer_errors = 0

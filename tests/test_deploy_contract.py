@@ -101,18 +101,26 @@ class Deployment:
         out: dict[tuple[str, int], int] = {}
         domain = "cluster.local"
         for pod in self.pods.values():
-            svc = find(self.docs, "Service", pod.sts["spec"]["serviceName"])
-            sname, ns = svc["metadata"]["name"], self.namespace
-            for p in svc["spec"]["ports"]:
-                port = int(p["port"])
-                hosts = [f"{pod.name}.{sname}", f"{pod.name}.{sname}.{ns}",
-                         f"{pod.name}.{sname}.{ns}.svc", f"{pod.name}.{sname}.{ns}.svc.{domain}"]
-                if svc["spec"].get("clusterIP") != "None" or pod.name.endswith("-0"):
-                    # a Service name reaches one of its pods (here: a one-replica set's)
-                    hosts += [sname, f"{sname}.{ns}", f"{sname}.{ns}.svc",
-                              f"{sname}.{ns}.svc.{domain}"]
-                for h in hosts:
-                    out[(h, port)] = pod.port
+            labels = pod.sts["spec"]["template"]["metadata"]["labels"]
+            governing = pod.sts["spec"]["serviceName"]
+            for svc in (d for d in self.docs if d["kind"] == "Service"):
+                if not svc["spec"]["selector"].items() <= labels.items():
+                    continue  # not one of this pod's Services
+                sname, ns = svc["metadata"]["name"], self.namespace
+                for p in svc["spec"]["ports"]:
+                    port = int(p["port"])
+                    hosts = []
+                    if sname == governing:  # the pod's own stable names
+                        hosts += [f"{pod.name}.{sname}", f"{pod.name}.{sname}.{ns}",
+                                  f"{pod.name}.{sname}.{ns}.svc",
+                                  f"{pod.name}.{sname}.{ns}.svc.{domain}"]
+                    if svc["spec"].get("clusterIP") != "None" or pod.name.endswith("-0"):
+                        # a Service name reaches one of its ready pods (here: a one-replica
+                        # set's; for the master's, the leader: dev runs one master)
+                        hosts += [sname, f"{sname}.{ns}", f"{sname}.{ns}.svc",
+                                  f"{sname}.{ns}.svc.{domain}"]
+                    for h in hosts:
+                        out[(h, port)] = pod.port
         return out
 
     def localize(self, pod: Pod, key: str, value: str) -> str:

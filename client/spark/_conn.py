@@ -139,6 +139,8 @@ def resolve(options: Mapping[str, Any], conf: Mapping[str, str | None] | None = 
 
     def pick(key: str) -> str | None:
         for v in (options.get(key), conf.get(CONF_PREFIX + key), env.get(ENV[key])):
+            if isinstance(v, list | tuple):  # several master addresses
+                v = ",".join(str(x) for x in v)
             if v not in (None, ""):
                 return str(v)
         return None
