@@ -74,6 +74,12 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.client_bench
 	$(BIN)/python -m bench.dashboard_bench
+	$(BIN)/python -m bench.ha_bench
+
+## bench-ha: a master set of three vs one master (batched put, lease+ack) and failover
+##           times over 10 kills; bench/results/master-set.md
+bench-ha: $(STAMP)
+	$(BIN)/python -m bench.ha_bench
 
 ## profile: where the client workloads that miss their targets (A.put, B.put, D) spend
 ##          their time: CPU per task by process and thread, and py-spy samples by
@@ -85,7 +91,8 @@ profile: $(STAMP)
 ## soak: the master's model test on MODEL_SEEDS random seeds (each printed; a failure
 ##       stops with its seed), then the chaos soak: 10 minutes of seeded faults against a
 ##       master and 5 data nodes, checked against a ledger (docs/testing.md; replay with
-##       `$(BIN)/python -m bench.soak --seed N`)
+##       `$(BIN)/python -m bench.soak --seed N`), then a master set's leader killed 50
+##       times under load, checked against a ledger
 soak: $(STAMP)
 	@for i in $$(seq 1 $(MODEL_SEEDS)); do \
 	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
@@ -95,6 +102,8 @@ soak: $(STAMP)
 	    echo "FAILED: SQUALL_MODEL_EXAMPLES=10 $(BIN)/pytest tests/test_model.py --hypothesis-seed=$$seed replays it"; exit 1; }; \
 	done; rm -f .model-seed.log
 	$(BIN)/python -m bench.soak --minutes 10
+	SQUALL_HA_KILLS=50 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_ha_failover.py \
+	  -k kill_the_leader
 
 clean:
 	rm -rf $(VENV) .squall build *.egg-info

@@ -21,7 +21,7 @@ from squall.client import Client, SquallError
 from tests.ha_kit import Ledger, MasterSetProcs, stats_total
 from tests.helpers import ADMIN, ADMIN_TOKEN, wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(300 + 60 * int(os.environ.get("SQUALL_HA_KILLS", "3")))
 
 
 @pytest.fixture
@@ -36,9 +36,10 @@ def ms(tmp_path) -> Iterator[MasterSetProcs]:  # type: ignore[no-untyped-def]
 
 
 def test_kill_the_leader_under_load(ms: MasterSetProcs) -> None:
+    kills = int(os.environ.get("SQUALL_HA_KILLS", "3"))  # `make soak`: 50
     ledger = Ledger(ms)
     ledger.start()
-    for _ in range(3):
+    for _ in range(kills):
         before = ledger.acked()
         wait_for(lambda b=before: ledger.acked() >= b + 30, 60, what="acknowledged puts")
         old = ms.wait_leader(60)
@@ -49,11 +50,11 @@ def test_kill_the_leader_under_load(ms: MasterSetProcs) -> None:
         wait_for(lambda o=old: (ms.info(o) or {}).get("role") == "standby", 60,
                  what="the old leader back as a standby")
     ledger.finish()
-    assert ledger.acked() > 90
+    assert ledger.acked() > 30 * kills
     leader = ms.wait_leader(60)
     assert stats_total(ms.urls[leader], "ha#q") == 0
     epochs = [int((ms.info(i) or {}).get("epoch", 0)) for i in range(3)]
-    assert max(epochs) >= 4  # bootstrap + three failovers
+    assert max(epochs) >= 1 + kills  # bootstrap + a failover per kill
 
 
 def refused(req: urllib.request.Request) -> tuple[int, dict[str, str], bytes]:
