@@ -89,6 +89,12 @@ def test_standby_answers_503_naming_the_leader(ms: MasterSetProcs) -> None:
     assert view["role"] == "leader" and view["me"] == ms.urls[lead]
     assert view["members"] == ms.urls and view["elector"] == "file"
     assert {m["in_sync"] for m in view["log"]["members"].values()} == {True}
+    # the dashboard's overview shows the set
+    req = urllib.request.Request(f"{ms.urls[lead]}/v1/overview", headers=ADMIN)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        over = json.load(r)["master_set"]
+    assert over["leader"] == ms.urls[lead] and over["elector"] == "file"
+    assert [m["url"] for m in over["members"]] == ms.urls
     # journal calls need a member token: no credential, an admin credential -> refused
     for headers in ({}, ADMIN):
         req = urllib.request.Request(f"{ms.urls[lead]}/v1/journal/state", data=b"\x80",

@@ -87,7 +87,23 @@ async def overview(request: Request, m: MasterDep,
         "queues": t.rows[:limit],
         "dead_letter_queues": t.dead_rows,
         "history": [p for p in t.history if p["t"] > since],
+        "master_set": _master_set(m),
     })
+
+
+def _master_set(m: Master) -> dict[str, object] | None:
+    """A master set's members, leader, epoch, each member's lag and the elector (None on a
+    single master)."""
+    ha = m.ha
+    if ha is None:
+        return None
+    v = ha.view()
+    log = v.get("log") or {}
+    members = [{"url": u, "leader": u == v["leader"],
+                **({k: (log.get("members") or {}).get(u, {}).get(k)
+                    for k in ("in_sync", "lag", "status")})} for u in v["members"]]
+    return {"leader": v["leader"], "epoch": v["epoch"], "role": v["role"], "me": v["me"],
+            "elector": v["elector"], "members": members, "failovers": v["failovers"]}
 
 
 async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: ReadMasterDep,
