@@ -174,3 +174,34 @@ def test_a_wiped_standby_is_unformatted_until_re_added(ms: MasterSetProcs) -> No
     new = ms.wait_leader(90)
     assert stats_total(ms.urls[new], "ha#w") == 21
     assert os.path.exists(os.path.join(ms.data_dir(wiped), "journal.json"))
+
+
+def test_a_leader_cut_off_the_elector_steps_down(ms: MasterSetProcs) -> None:
+    """A partition between the leader and the elector only (its journals stay reachable):
+    its lease runs out, another member leads with a higher epoch, and the old leader
+    acknowledges nothing more. (A partition from the journals only is the in-process RPC
+    fault tests' case: tests/test_ha_quorum.py.)"""
+    from squall.master.ha.elector import FileLeaseElector
+
+    ledger = Ledger(ms)
+    ledger.start()
+    wait_for(lambda: ledger.acked() >= 30, 60, what="acknowledged puts")
+    lead = ms.wait_leader(60)
+    epoch = int((ms.info(lead) or {})["epoch"])
+    cut = FileLeaseElector(ms.lease).cut_path(ms.urls[lead])
+    open(cut, "w").close()
+    try:
+        new = ms.wait_leader(60, not_=lead)
+        assert int((ms.info(new) or {})["epoch"]) > epoch
+        wait_for(lambda: (ms.info(lead) or {}).get("role") != "leader", 30,
+                 what="the cut-off leader stepping down")
+        code, headers, _ = refused(urllib.request.Request(
+            f"{ms.urls[lead]}/v1/groups/ha/queues/q/tasks", method="POST",
+            data=json.dumps({"tasks": [{"pid": "to-the-old-leader"}]}).encode(),
+            headers={**ADMIN, "Content-Type": "application/json"}))
+        assert code == 503 and headers["x-squall-leader"] == ms.urls[new]
+    finally:
+        os.unlink(cut)
+    before = ledger.acked()
+    wait_for(lambda: ledger.acked() >= before + 30, 60, what="puts after the partition")
+    ledger.finish()

@@ -86,7 +86,11 @@ class FileLeaseElector:
     """A lease in a file on a disk every member shares (one machine): for `squall dev
     --masters N` and tests, never for production. The lease {holder, until} is read and
     replaced under an exclusive ``flock``; `until` is wall-clock time (one machine: one
-    clock). Like every elector it only picks who tries to lead; the epochs fence."""
+    clock). Like every elector it only picks who tries to lead; the epochs fence.
+
+    To rehearse losing the elector on one machine, create ``<path>.cut-<member>`` (the
+    member's URL with every character but letters and digits as ``_``): that member's
+    calls then fail as if the elector were unreachable, until the file is removed."""
 
     kind = "file"
 
@@ -99,11 +103,17 @@ class FileLeaseElector:
             raise ValueError("file elector: name the lease file, e.g. file:/tmp/squall.lease")
         return cls(rest)
 
+    def cut_path(self, me: str) -> str:
+        return f"{self.path}.cut-" + "".join(c if c.isalnum() else "_" for c in me)
+
     def _swap(self, me: str | None, release: bool = False) -> str | None:
         import fcntl
         import json
         import os
         import time
+
+        if me is not None and os.path.exists(self.cut_path(me)):
+            raise OSError(f"{me} is cut off the elector ({self.cut_path(me)} exists)")
 
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
