@@ -222,9 +222,10 @@ class Journal:
                 self.log.write(records)
                 self.appends += 1
             self.writer = leader or None
+            # not saved here: a committed ticket read back lower after a restart only makes
+            # the next sync compare more records and the standby apply later (two fsyncs
+            # per group saved); promises and accepted epochs are always saved
             advanced = self._advance(committed)
-            if advanced:
-                self._save()
             out = self._state().wire()
         self._notify(advanced)
         return out

@@ -22,11 +22,15 @@ older epoch, never committed) open to nothing the new leader holds.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import os
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -72,10 +76,17 @@ class SetSettings:
 
 
 class WalLog:
-    """A journal's records: the member's own WAL."""
+    """A journal's records: the member's own WAL, with the records written lately kept in
+    memory too (a standby applies them, a leader catches journals up from them; reading
+    them back from the segment files would read the whole segment each time)."""
+
+    CACHE_BYTES = 64 << 20
 
     def __init__(self, wal: WAL) -> None:
         self.wal = wal
+        self._recent: deque[Record] = deque()
+        self._bytes = 0
+        self._lock = threading.Lock()
 
     @property
     def last_ticket(self) -> int:
@@ -87,12 +98,31 @@ class WalLog:
 
     def write(self, records: list[Record]) -> None:
         self.wal.write_group(records)
+        with self._lock:
+            self._recent.extend(records)
+            self._bytes += sum(len(b) for _, b in records)
+            while self._bytes > self.CACHE_BYTES and len(self._recent) > 1:
+                self._bytes -= len(self._recent.popleft()[1])
 
     def read_after(self, after: int, max_records: int, max_bytes: int) -> list[Record]:
+        with self._lock:
+            if self._recent and self._recent[0][0] <= after + 1:
+                out: list[Record] = []
+                size = 0
+                i = bisect.bisect_right(self._recent, after, key=lambda r: r[0])
+                for r in itertools.islice(self._recent, i, None):
+                    if len(out) >= max_records or (out and size + len(r[1]) > max_bytes):
+                        break
+                    out.append(r)
+                    size += len(r[1])
+                return out
         return self.wal.read_after(after, max_records, max_bytes)
 
     def truncate_after(self, ticket: int) -> None:
         self.wal.truncate_after(ticket)
+        with self._lock:
+            while self._recent and self._recent[-1][0] > ticket:
+                self._bytes -= len(self._recent.pop()[1])
 
 
 def epoch_start(epoch: int) -> bytes:
@@ -223,7 +253,7 @@ class MasterSet:
             txn.abort()
         n = 0
         while m.index.applied < upto:
-            recs = m.wal.read_after(m.index.applied, APPLY_CHUNK, 64 << 20)
+            recs = self.journal.log.read_after(m.index.applied, APPLY_CHUNK, 64 << 20)
             recs = [r for r in recs if r[0] <= upto]
             if not recs:
                 break
