@@ -202,11 +202,11 @@ def register(app: typer.Typer) -> None:
             False, "--tls-require-client-cert", envvar="SQUALL_TLS_REQUIRE_CLIENT_CERT",
             help="mutual TLS: refuse connections without a certificate from --tls-ca"),
         members: str = typer.Option(
-            "", "--members", envvar="SQUALL_MASTER_MEMBERS",
+            "", "--members", envvar="SQUALL_MEMBERS",
             help="a master set: every member's advertised base URL, comma-separated (3 or "
                  "5); empty: a single master"),
         advertise_url: str = typer.Option(
-            "", "--advertise-url", envvar="SQUALL_ADVERTISE_URL",
+            "", "--advertise-url", "--advertise", envvar="SQUALL_ADVERTISE",
             help="this member's base URL as the other members reach it (one of --members; "
                  "default http://<host>:<port>)"),
         elector: str = typer.Option(

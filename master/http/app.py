@@ -90,7 +90,8 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     app.layer(BodyLimit, max_bytes=settings.max_body_bytes)
     http = HttpStats()
     app.layer(HttpMetrics, stats=http, fallbacks=ROUTES.metric_labels())
-    app.layer(StandbyGate)
+    if settings.master_set is not None:  # a single master pays nothing for it
+        app.layer(StandbyGate)
     # outermost: nothing is read (or counted: no metric series for strangers' methods and
     # paths) before the credential is checked
     app.layer(Guard)
