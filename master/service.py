@@ -125,6 +125,14 @@ class Master(Housekeeping):
         self.waiters = Waiters(settings.lease_wait_max_s, settings.lease_waiters_per_queue,
                                settings.lease_waiters_max, self._available)
         records, tail = read_records(self.wal_dir, after=self.index.applied)
+        if settings.master_set is not None:
+            # a set member's log may end in groups no majority acknowledged (a new leader
+            # may cut them): replay only what its journal knows is committed; the rest is
+            # applied once a leader says it is (master/ha/role.py)
+            from squall.master.ha.journal import FileMeta
+
+            meta = FileMeta(os.path.join(settings.data_dir, "journal.json")).load() or {}
+            records = [r for r in records if r[0] <= int(meta.get("committed", 0))]
         self.replayed = self._replay(records)
         for (_, node_id), mark in self.index.node_marks.items():  # decommissions resume
             drain.start(self.cluster, node_id, float(mark.get("since", 0.0)))

@@ -65,3 +65,31 @@ def test_journal_on_the_wal_survives_a_restart(tmp_path) -> None:  # type: ignor
     with pytest.raises(Refused, match="foreign"):
         j.format("other", 0)
     wal.close()
+
+
+def test_a_member_replays_only_what_its_journal_knows_committed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A set member's WAL may end in a group no majority took (a new leader may cut it):
+    at start its index gets only the records up to the journal's committed ticket."""
+    import json
+
+    import msgpack
+
+    from squall.master.ha.role import SetSettings
+    from squall.master.service import Master, MasterSettings
+
+    d = tmp_path / "m"
+    (d / "wal").mkdir(parents=True)
+    wal = open_wal(str(d / "wal"))
+    ops = [msgpack.packb([("M", 100 * t, 0)]) for t in (1, 2, 3)]
+    wal.write_group([(1, ops[0]), (2, ops[1])])
+    wal.write_group([(3, ops[2])])  # never acknowledged by a majority
+    wal.close()
+    (d / "journal.json").write_text(json.dumps({"cluster": "c", "promised": 1,
+                                                "accepted": 1, "committed": 2}))
+    s = MasterSettings(data_dir=str(d), cluster_key=b"k" * 32)
+    s.master_set = SetSettings(me="http://127.0.0.1:1", members=["http://127.0.0.1:1"])
+    m = Master(s)
+    try:
+        assert m.index.applied == 2 and m.index.lease_seq == 200
+    finally:
+        m.close()
