@@ -64,6 +64,7 @@ SKEW = 0.2  # the share of the lease a leader gives up for clock-rate difference
 EPOCH_SHIFT = 40  # lease-token numbers of epoch e start at e << EPOCH_SHIFT
 JOURNAL_METHODS = frozenset({"state", "format", "new_epoch", "append", "sync", "read"})
 APPLY_CHUNK = 5000
+APPLY_DELAY_S = 0.02  # a standby applies committed records at most this often
 
 
 @dataclass
@@ -171,6 +172,9 @@ class MasterSet:
         self._stepping_down = False
         self._hold_until = 0.0  # after a step-down: do not try to lead before this
         self.last_group_at = 0.0
+        self._apply_lock = threading.Lock()
+        self._apply_target = 0
+        self._apply_scheduled = False
         master.commit.wal = self  # type: ignore[assignment]  # the seam (decision 0024)
 
     # -- the group commit's log (GroupCommit.wal) ----------------------------------------
@@ -238,11 +242,29 @@ class MasterSet:
             max(0, self.journal.log.last_ticket - self.journal.committed)
 
     def _on_committed(self, committed: int) -> None:
-        """A journal call advanced the committed ticket (a worker thread)."""
+        """A journal call advanced the committed ticket (a worker thread): apply up to it
+        soon, at most one index commit per APPLY_DELAY_S (each one fsyncs the index)."""
+        if self.role == "leader" or self._closed:
+            return
+        with self._apply_lock:
+            self._apply_target = max(self._apply_target, committed)
+            if self._apply_scheduled:
+                return
+            self._apply_scheduled = True
+        loop = self.loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(loop.call_later, APPLY_DELAY_S, self._submit_apply)
+
+    def _submit_apply(self) -> None:
+        with self._apply_lock:
+            self._apply_scheduled = False
+            target = self._apply_target
         if self.role == "leader" or self._closed:
             return
         with contextlib.suppress(RuntimeError):
-            self.master.commit._thread.submit(self._apply, committed)
+            self.master.commit._thread.submit(self._apply, target)
 
     def _apply(self, upto: int) -> int:
         """On the commit thread: apply the log's records up to `upto` to the index."""
