@@ -205,6 +205,13 @@ class MasterSet:
             return w
         return self._elected if self._elected != self.me else None
 
+    def serving(self) -> bool:
+        """Leads, holds its lease and its log is not failed: may answer anything. A leader
+        paused past its lease answers nothing (reads, heartbeats) until it stepped down."""
+        ql = self.ql
+        return (self.role == "leader" and ql is not None and ql.failed is None
+                and time.monotonic() <= self.lease_until)
+
     def standby_reason(self) -> str:
         return (f"standby of {self.leader or 'an unknown leader'} "
                 f"(lag {self.lag()} records)")

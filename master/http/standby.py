@@ -21,12 +21,12 @@ class StandbyGate:
             return
         ha = getattr(getattr(scope["app"].state, "master", None), "ha", None)
         path = scope["path"]
-        if ha is None or ha.role == "leader" or path in OPEN or \
-                path.startswith("/v1/journal/"):
+        if ha is None or ha.serving() or path in OPEN or path.startswith("/v1/journal/"):
             await self.app(scope, receive, send)
             return
-        leader = ha.leader
-        body = json.dumps({"detail": ha.standby_reason(), "leader": leader}).encode()
+        leader = ha.leader if ha.role != "leader" else None
+        why = ha.standby_reason() if ha.role != "leader" else (ha.failure() or "stepping down")
+        body = json.dumps({"detail": why, "leader": leader}).encode()
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode()),
                    (b"retry-after", b"1")]
