@@ -30,11 +30,12 @@ def _free_ports(n: int) -> list[int]:
 
 class MasterSetProcs:
     def __init__(self, root: str, n: int = 3, lease_secs: float = 2.0,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, elector: str | None = None) -> None:
         self.root, self.n = root, n
         self.ports = _free_ports(n)
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
         self.lease = os.path.join(root, "lease")
+        self.elector = elector or f"file:{self.lease}"
         self.lease_secs = lease_secs
         self.extra = extra or []
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -48,7 +49,7 @@ class MasterSetProcs:
             self.procs[i] = subprocess.Popen(
                 [sys.executable, "-m", "squall.master", "--data-dir", self.data_dir(i),
                  "--port", str(self.ports[i]), "--members", ",".join(self.urls),
-                 "--elector", f"file:{self.lease}", "--elector-lease-s", str(self.lease_secs),
+                 "--elector", self.elector, "--elector-lease-s", str(self.lease_secs),
                  *self.extra],
                 stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
 

@@ -241,3 +241,35 @@ def test_step_down_and_membership_changes(ms: MasterSetProcs) -> None:
         data=json.dumps({"action": "remove", "member": "ftp://x"}).encode(),
         headers={**ADMIN, "Content-Type": "application/json"}))
     assert code == 400, body
+
+
+def test_failover_with_the_etcd_elector(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The same set elected through a real etcd (skipped without the etcd binary): kill -9
+    of the leader under load, another member leads with a higher epoch, the ledger holds."""
+    import shutil
+
+    if shutil.which("etcd") is None:
+        pytest.skip("no etcd binary (Debian: apt-get install etcd-server, or `make etcd`)")
+    from tests.test_elector_etcd import Etcd
+
+    (tmp_path / "etcd").mkdir()
+    etcd = Etcd(tmp_path / "etcd" / "data").start()
+    ms = MasterSetProcs(str(tmp_path), 3, lease_secs=2.0,
+                        elector=f"etcd:{etcd.url}/squall/test-set?ttl=2")
+    ms.start_all()
+    try:
+        old = ms.wait_leader(90)
+        assert (ms.info(old) or {})["elector"] == "etcd"
+        ledger = Ledger(ms)
+        ledger.start()
+        wait_for(lambda: ledger.acked() >= 30, 60, what="acknowledged puts")
+        epoch = int((ms.info(old) or {})["epoch"])
+        ms.kill(old)
+        new = ms.wait_leader(60, not_=old)
+        assert int((ms.info(new) or {})["epoch"]) > epoch
+        before = ledger.acked()
+        wait_for(lambda: ledger.acked() >= before + 30, 60, what="puts after the kill")
+        ledger.finish()
+    finally:
+        ms.stop()
+        etcd.kill9()
