@@ -127,6 +127,9 @@ class Ledger:
         self.ms, self.queue = ms, queue
         self.put_acked: set[str] = set()
         self.done_acked: set[str] = set()
+        # every pid ever leased: a done whose answer was lost in a failover may have been
+        # applied (the task is gone) though the ledger could not record it as acknowledged
+        self.seen: set[str] = set()
         self.violations: list[str] = []
         self.errors = 0
         self.stop_puts = threading.Event()
@@ -175,6 +178,7 @@ class Ledger:
                     for t in tasks:
                         if t.pid in self.done_acked:
                             self.violations.append(f"{t.pid} delivered after its done")
+                        self.seen.add(t.pid)
                 if tasks:
                     c.done(tasks)
                     with self.lock:
@@ -193,22 +197,49 @@ class Ledger:
             t.start()
 
     def finish(self, timeout: float = 120.0) -> None:
-        """Stop putting; consume until every acknowledged put is done (or fail)."""
+        """Stop putting; consume until every acknowledged put was delivered and the queue
+        is empty; then: no acknowledged put lost, none delivered after its acknowledged
+        done, and the queue's completed counter equals the distinct tasks delivered."""
         self.stop_puts.set()
         self.threads[0].join(30)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
-                left = self.put_acked - self.done_acked
-            if not left:
+                left = self.put_acked - self.seen
+            if not left and self._total() == 0:
                 break
             time.sleep(0.1)
         self.stop_all.set()
         self.threads[1].join(30)
         with self.lock:
-            lost = sorted(self.put_acked - self.done_acked)
+            lost = sorted(self.put_acked - self.seen)
         assert not lost, f"{len(lost)} acknowledged tasks never delivered: {lost[:10]}"
         assert not self.violations, self.violations[:10]
+        completed = self._completed()
+        assert completed == len(self.seen), (completed, len(self.seen))
+
+    def _stats(self) -> Any:
+        i = self.ms.leader()
+        if i is None:
+            return None
+        try:
+            with Client(self.ms.urls[i], retries=0, timeout=5.0) as c:
+                return c.stats(self.queue)
+        except (SquallError, OSError):
+            return None
+
+    def _total(self) -> int:
+        s = self._stats()
+        return -1 if s is None else int(s.total)
+
+    def _completed(self) -> int:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            s = self._stats()
+            if s is not None:
+                return int(s.completed)
+            time.sleep(0.1)
+        raise TimeoutError("no leader answered stats")
 
     def acked(self) -> int:
         with self.lock:
