@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-server-spark
 
-.PHONY: run test lint typecheck bench bench-small bench-sqs flow-bench profile profile-lease soak clean chromium etcd k8s-dev-keys postgresql
+.PHONY: run test lint typecheck bench bench-small bench-sqs bench-ha flow-bench profile profile-lease soak clean chromium etcd k8s-dev-keys postgresql
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -77,6 +77,7 @@ bench: $(STAMP) postgresql
 	$(BIN)/python -m bench.flow_bench
 	$(BIN)/python -m bench.sqs_bench
 	$(BIN)/python -m bench.small_tasks
+	$(BIN)/python -m bench.ha_bench
 
 ## bench-small: small tasks (1 KiB) on squall and a throwaway PostgreSQL (SKIP LOCKED, fsync
 ##              on) in one run, each figure as a ratio to PostgreSQL;
@@ -103,6 +104,12 @@ flow-bench: $(STAMP)
 bench-sqs: $(STAMP)
 	$(BIN)/python -m bench.sqs_bench
 
+
+## bench-ha: a master set of three vs one master (batched put, lease+ack) and failover
+##           times over 10 kills; bench/results/master-set.md
+bench-ha: $(STAMP)
+	$(BIN)/python -m bench.ha_bench
+
 ## profile: where the client workloads that miss their targets (A.put, B.put, D) spend
 ##          their time: CPU per task by process and thread, and py-spy samples by
 ##          category; bench/results/client-profile.md (py-spy needs root or ptrace rights)
@@ -119,7 +126,8 @@ profile-lease: $(STAMP)
 ## soak: the master's model test on MODEL_SEEDS random seeds (each printed; a failure
 ##       stops with its seed), then the chaos soak: 10 minutes of seeded faults against a
 ##       master and 5 data nodes, checked against a ledger (docs/testing.md; replay with
-##       `$(BIN)/python -m bench.soak --seed N`)
+##       `$(BIN)/python -m bench.soak --seed N`), then a master set's leader killed 50
+##       times under load, checked against a ledger
 soak: $(STAMP)
 	@for i in $$(seq 1 $(MODEL_SEEDS)); do \
 	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
@@ -130,6 +138,8 @@ soak: $(STAMP)
 	done; rm -f .model-seed.log
 	SQUALL_FLOW_SOAK=1 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_flow_e2e.py
 	$(BIN)/python -m bench.soak --minutes 10
+	SQUALL_HA_KILLS=50 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_ha_failover.py \
+	  -k kill_the_leader
 
 ## k8s-dev-keys: the dev overlay's keys and credentials, made for this install (never
 ##      committed) into deploy/k8s/overlays/dev/keys/ (kubectl apply -k needs them)

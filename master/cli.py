@@ -42,9 +42,95 @@ def serve(settings: MasterSettings, host: str, port: int,
                           **uvicorn_options((tls or TLSConfig()).uvicorn_kwargs()))).run()
 
 
+def _call(master: str, method: str, path: str, body: dict[str, object] | None = None,
+          follow: bool = True) -> dict[str, object]:
+    """One admin call to a master set member (the leader: a standby's answer names it)."""
+    import json
+    import os
+    from urllib.parse import urlsplit
+
+    from squall.common.transport.sync import Pool
+
+    u = urlsplit(master.rstrip("/"))
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise typer.BadParameter(f"--master must be a base URL, not {master!r}")
+    port = u.port or (443 if u.scheme == "https" else 80)
+    headers = [("Host", f"{u.hostname}:{port}"),
+               ("Authorization", f"Bearer {os.environ.get('SQUALL_TOKEN', '')}")]
+    content = None
+    if body is not None:
+        content = json.dumps(body).encode()
+        headers.append(("Content-Type", "application/json"))
+    pool = Pool()
+    try:
+        r = pool.request((u.scheme, u.hostname, port), method, path, headers, content,
+                         connect_timeout=5.0, read_timeout=150.0)
+        try:
+            data = r.read()
+            status, hdrs = r.status, r.header_dict()
+        finally:
+            r.release()
+    except OSError as e:
+        raise typer.BadParameter(f"{master} cannot be reached: {e}") from None
+    finally:
+        pool.close()
+    leader = hdrs.get("x-squall-leader")
+    if status == 503 and leader and follow:  # a standby: ask the leader it names
+        return _call(leader, method, path, body, follow=False)
+    try:
+        out: dict[str, object] = json.loads(data)
+    except ValueError:
+        out = {"raw": data.decode(errors="replace")}
+    if status >= 400:
+        typer.echo(f"{master}: {status} {out}", err=True)
+        raise typer.Exit(1)
+    return out
+
+
+MASTER_OPT = typer.Option("http://127.0.0.1:7070", "--master", envvar="SQUALL_MASTER",
+                          help="any member's base URL (a standby names the leader)")
+
+
+def _register_set_commands(master_app: typer.Typer) -> None:
+    import json
+
+    members = typer.Typer(help="a master set's members (admin)", no_args_is_help=True)
+
+    @members.command("list")
+    def members_list(master: str = MASTER_OPT) -> None:
+        """Members, leader, epoch, each journal's lag, the elector."""
+        typer.echo(json.dumps(_call(master, "GET", "/v1/master/members"), indent=2))
+
+    @members.command("add")
+    def members_add(url: str, master: str = MASTER_OPT) -> None:
+        """Add a member (or re-add one with a new or wiped disk): its journal is
+        formatted, caught up, then the new set is logged."""
+        typer.echo(json.dumps(_call(master, "POST", "/v1/master/members",
+                                    {"action": "add", "member": url}), indent=2))
+
+    @members.command("remove")
+    def members_remove(url: str, master: str = MASTER_OPT) -> None:
+        """Remove a member (logged; it no longer counts toward a majority)."""
+        typer.echo(json.dumps(_call(master, "POST", "/v1/master/members",
+                                    {"action": "remove", "member": url}), indent=2))
+
+    master_app.add_typer(members, name="members")
+
+    @master_app.command("step-down")
+    def step_down(master: str = MASTER_OPT) -> None:
+        """The leader stops leading (maintenance); another member takes over."""
+        typer.echo(json.dumps(_call(master, "POST", "/v1/master/step-down")))
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("master")
+    master_app = typer.Typer(invoke_without_command=True, add_completion=False,
+                             help="Run a master (no subcommand), or manage a master set.")
+    _register_set_commands(master_app)
+    app.add_typer(master_app, name="master")
+
+    @master_app.callback()
     def master(
+        ctx: typer.Context,
         data_dir: Path = typer.Option(Path(".squall/master"), "--data-dir",
                                       envvar="SQUALL_DATA_DIR",
                                       help="where the WAL and the LMDB index live"),
@@ -121,8 +207,26 @@ def register(app: typer.Typer) -> None:
         tls_require_client_cert: bool = typer.Option(
             False, "--tls-require-client-cert", envvar="SQUALL_TLS_REQUIRE_CLIENT_CERT",
             help="mutual TLS: refuse connections without a certificate from --tls-ca"),
+        members: str = typer.Option(
+            "", "--members", envvar="SQUALL_MEMBERS",
+            help="a master set: every member's advertised base URL, comma-separated (3 or "
+                 "5); empty: a single master"),
+        advertise_url: str = typer.Option(
+            "", "--advertise-url", "--advertise", envvar="SQUALL_ADVERTISE",
+            help="this member's base URL as the other members reach it (one of --members; "
+                 "default http://<host>:<port>)"),
+        elector: str = typer.Option(
+            "", "--elector", envvar="SQUALL_ELECTOR",
+            help="who tries to lead a master set: static:<url>, etcd:..., kubernetes:..., "
+                 "file:<path> (one machine, dev); default static:<first member>"),
+        elector_lease_s: float = typer.Option(
+            0.0, "--elector-lease-s", envvar="SQUALL_ELECTOR_LEASE_S", min=0.0, max=600.0,
+            help="the leadership lease (0: the elector's default); a failover takes about "
+                 "one lease"),
     ) -> None:
         """Run a master: task metadata, leases, WAL + LMDB index, data-node placement."""
+        if ctx.invoked_subcommand is not None:
+            return
         try:
             cluster = ClusterSettings(
                 replication_factor=replication_factor, write_quorum=write_quorum,
@@ -148,6 +252,19 @@ def register(app: typer.Typer) -> None:
             raise SystemExit("refusing to start: the master's auth key holds no private key "
                              "(ed25519-private:...); only the master mints credentials")
         check_data_dir(str(data_dir), allow_shared_data_dir, "master")
+        if members:
+            from squall.master.ha.members import parse_members
+            from squall.master.ha.role import SetSettings
+
+            try:
+                listed = parse_members(members)
+                me = parse_members(advertise_url or f"http://{host}:{port}")[0]
+            except ValueError as e:
+                raise typer.BadParameter(str(e)) from None
+            if me not in listed:
+                raise typer.BadParameter(f"--advertise-url {me} is not one of --members")
+            settings.master_set = SetSettings(me=me, members=listed, elector=elector,
+                                              lease_secs=elector_lease_s or None)
         tls = TLSConfig(str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None,
                         str(tls_ca) if tls_ca else None, tls_require_client_cert)
         tls.check()

@@ -132,6 +132,8 @@ class Housekeeping:
             await asyncio.to_thread(self.wal.retry)  # resumes by itself once the disk allows
         await self.commit.catch_up()
         if self.ready() is not None:
+            if getattr(self, "ha", None) is not None:  # a set member that may be deposed:
+                return {"swept": 0, "fired": 0, "reaped": 0}  # no repair or GC on old state
             return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
         try:
             swept = await self._sweep_derived()
@@ -189,6 +191,9 @@ class Housekeeping:
         return await asyncio.to_thread(self._checkpoint_through, upto)
 
     def _checkpoint_through(self, upto: int) -> int:
+        ha = getattr(self, "ha", None)
+        if ha is not None:  # a master set: keep what a lagging member still needs
+            upto = min(upto, ha.droppable())
         self.index.sync()
         dropped = self.wal.drop_through(upto)
         self.last_checkpoint = time.monotonic()
@@ -222,4 +227,4 @@ class Housekeeping:
 
     def ready(self) -> str | None:
         """Why this master cannot accept writes right now, or None."""
-        return self.commit.stalled or self.wal.failure()
+        return self.commit.stalled or self.commit.wal.failure()

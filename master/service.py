@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -96,6 +97,8 @@ class MasterSettings:
     lease_waiters_max: int = 1000  # parked leases in all (503 beyond)
     dedup_retention_s: float = 300.0  # window of enqueue idempotency keys (see dedup.py)
     lease_key: bytes | None = None  # seals lease tokens; None: <data_dir>/lease.key
+    # a member of a master set (master/ha/role.py SetSettings); None: a single master
+    master_set: Any = None
 
 
 CLUSTER_KEY_FILE = "cluster.key"
@@ -131,7 +134,12 @@ class Master(Housekeeping):
                                lambda after, n: blob_ids_after(self.index.env,
                                                                self.index.blobs, after, n))
         self.placement = Placement(self.cluster, self.key, settings.require_receipts)
-        lease_key = settings.lease_key or load_or_make_key(settings.data_dir)
+        # a master set's members share the lease key (a lease survives a failover): it is
+        # derived from the cluster key they share
+        lease_key = settings.lease_key or (
+            hashlib.blake2b(self.key, person=b"squall-leasekey").digest()
+            if settings.master_set is not None else load_or_make_key(settings.data_dir))
+        self.ha: Any = None  # the MasterSet when a member of one (master/http/app.py)
         self.engine = Engine(self.index, self.clock, LeaseTokens(lease_key),
                              self.placement.verify)
         self.dedup = self.engine.dedup = Dedup(self.index.dedup, settings.dedup_retention_s)
@@ -140,6 +148,14 @@ class Master(Housekeeping):
         self.waiters = Waiters(settings.lease_wait_max_s, settings.lease_waiters_per_queue,
                                settings.lease_waiters_max, self._available)
         records, tail = read_records(self.wal_dir, after=self.index.applied)
+        if settings.master_set is not None:
+            # a set member's log may end in groups no majority acknowledged (a new leader
+            # may cut them): replay only what its journal knows is committed; the rest is
+            # applied once a leader says it is (master/ha/role.py)
+            from squall.master.ha.journal import FileMeta
+
+            meta = FileMeta(os.path.join(settings.data_dir, "journal.json")).load() or {}
+            records = [r for r in records if r[0] <= int(meta.get("committed", 0))]
         self.replayed = self._replay(records)
         for (_, node_id), mark in self.index.node_marks.items():  # decommissions resume
             drain.start(self.cluster, node_id, float(mark.get("since", 0.0)))

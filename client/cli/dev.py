@@ -51,9 +51,11 @@ class DevCluster:
 
     def __init__(self, data_dir: Path, port: int, nodes: int,
                  replication_factor: int | None = None, heartbeat_interval_s: float = 1.0,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, masters: int = 1) -> None:
         self.data_dir = data_dir.resolve()
         self.port, self.n = port, nodes
+        self.masters = masters  # > 1: a master set (file lease elector, one machine)
+        self.master_procs: dict[int, subprocess.Popen[bytes]] = {}
         self.rf = replication_factor or min(2, max(1, nodes))
         self.heartbeat_interval_s = heartbeat_interval_s
         self.env = {**os.environ, **(extra_env or {})}
@@ -64,7 +66,18 @@ class DevCluster:
 
     @property
     def master_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The first master; with a master set, every member's URL comma-separated (what
+        clients and data nodes are given: they follow the leader)."""
+        return ",".join(self.master_urls)
+
+    @property
+    def master_urls(self) -> list[str]:
+        """Master k listens on --port (k = 0), then on --port + 16 + k (data nodes use
+        --port + 1 .. --port + 16)."""
+        return [f"http://127.0.0.1:{self.master_port(k)}" for k in range(self.masters)]
+
+    def master_port(self, k: int) -> int:
+        return self.port if k == 0 else self.port + 16 + k
 
     def node_url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.port + i}"
@@ -113,21 +126,20 @@ class DevCluster:
                                     start_new_session=True)  # Ctrl-C reaches only us
 
     def start(self, timeout_s: float = 60.0) -> None:
-        busy = [p for p in range(self.port, self.port + self.n + 1) if not _port_free(p)]
+        ports = [*range(self.port, self.port + self.n + 1),
+                 *(self.master_port(k) for k in range(1, self.masters))]
+        busy = [p for p in ports if not _port_free(p)]
         if busy:
             raise RuntimeError(f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use "
                                "(another squall dev?); stop it or pick another --port")
-        hb = str(self.heartbeat_interval_s)
         # the servers refuse a data folder other users can reach; folders an older squall
         # dev made 0755 under this dev folder are ours: make them private
         for d in (self.data_dir, *(p for p in self.data_dir.iterdir() if p.is_dir())):
             if d.stat().st_mode & 0o077:
                 d.chmod(0o700)
-        self.master_proc = self._spawn("master", [
-            "squall.master", "--data-dir", str(self.data_dir / "master"), "--host",
-            "127.0.0.1", "--port", str(self.port), "--replication-factor", str(self.rf),
-            "--heartbeat-interval-s", hb])
-        self.wait_ready(self.master_url, self.master_proc, "master", timeout_s)
+        for k in range(self.masters):
+            self.start_master(k)
+        self.wait_leader(timeout_s)
         for i in range(1, self.n + 1):
             self.start_node(i)
         for i in range(1, self.n + 1):
@@ -156,6 +168,46 @@ class DevCluster:
                 "AWS_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"],
                 "AWS_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"]}
 
+    def master_name(self, k: int) -> str:
+        return "master" if self.masters == 1 else f"master-{k + 1}"
+
+    def start_master(self, k: int) -> None:
+        """Start master k (a member of the set when there are several)."""
+        argv = ["squall.master", "--data-dir", str(self.data_dir / self.master_name(k)),
+                "--host", "127.0.0.1", "--port", str(self.master_port(k)),
+                "--replication-factor", str(self.rf),
+                "--heartbeat-interval-s", str(self.heartbeat_interval_s)]
+        if self.masters > 1:
+            argv += ["--members", self.master_url, "--advertise-url", self.master_urls[k],
+                     "--elector", f"file:{self.data_dir / 'master.lease'}",
+                     "--elector-lease-s", "3"]
+        self.master_procs[k] = self._spawn(self.master_name(k), argv)
+        if k == 0:
+            self.master_proc = self.master_procs[0]
+
+    def wait_leader(self, timeout_s: float) -> str:
+        """Until one master is ready (leads); its URL."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for k, url in enumerate(self.master_urls):
+                p = self.master_procs[k]
+                if p.poll() is not None and self.masters == 1:
+                    raise RuntimeError(f"master exited with code {p.returncode}; see "
+                                       f"{self.data_dir / 'logs' / 'master.log'}")
+                with contextlib.suppress(SquallError), \
+                        Client(url, retries=0, timeout=1.0) as c:
+                    c.ready()
+                    return url
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no master became ready in {timeout_s:.0f}s")
+            time.sleep(0.05)
+
+    def kill_master(self, k: int) -> None:
+        p = self.master_procs[k]
+        if p.poll() is None:
+            p.kill()
+            p.wait(STOP_TIMEOUT_S)
+
     def start_node(self, i: int, master: str | None = None) -> None:
         """Start data node `i`; `master`: the master URL it is given (tests: a proxy)."""
         self.node_procs[i] = self._spawn(f"node-{i}", [
@@ -182,7 +234,7 @@ class DevCluster:
     def wait_alive(self, n: int, timeout_s: float = 30.0) -> None:
         """Until the master sees `n` live data nodes (their first heartbeats)."""
         deadline = time.monotonic() + timeout_s
-        with Client(self.master_url, retries=0, timeout=2.0, token=self.admin) as c:
+        with Client(self.master_url, retries=2, timeout=2.0, token=self.admin) as c:
             while time.monotonic() < deadline:
                 with contextlib.suppress(SquallError):
                     if sum(1 for x in c.cluster().nodes if x.state == "alive") >= n:
@@ -192,8 +244,9 @@ class DevCluster:
 
     def failed(self) -> str | None:
         """Name of a server that exited, if any."""
-        if self.master_proc is not None and self.master_proc.poll() is not None:
-            return "master"
+        for k, p in self.master_procs.items():
+            if p.poll() is not None and self.masters == 1:
+                return self.master_name(k)
         for i, p in self.node_procs.items():
             if p.poll() is not None:
                 return f"node-{i}"
@@ -208,7 +261,7 @@ class DevCluster:
     def stop(self) -> None:
         """Data nodes first (SIGTERM, then SIGKILL after a timeout), then the master."""
         procs = list(self.node_procs.values())
-        for group in (procs, [self.master_proc] if self.master_proc else []):
+        for group in (procs, list(self.master_procs.values())):
             for p in group:
                 if p.poll() is None:
                     p.terminate()
@@ -221,7 +274,9 @@ class DevCluster:
 
 
 HELP = ("commands (type + Enter): `restart N` restarts data node N (`restart`: every dead "
-        "one), `kill N` kills node N (watch re-replication), `status`, `help`; "
+        "one), `kill N` kills node N (watch re-replication), with --masters: "
+        "`kill-master K` (kill the leader and watch another take over) and "
+        "`restart-master K`; `status`, `help`; "
         "`kill -HUP {pid}` also restarts dead nodes")
 
 
@@ -243,9 +298,14 @@ class _Console:
 
     def check(self) -> None:
         c = self.cluster
-        if c.master_proc is not None and c.master_proc.poll() is not None:
+        if c.masters == 1 and c.master_proc is not None and c.master_proc.poll() is not None:
             fail(f"the master exited (code {c.master_proc.returncode}); see "
                  f"{c.data_dir / 'logs' / 'master.log'}")
+        for k, p in c.master_procs.items():
+            if c.masters > 1 and p.poll() is not None and -k - 1 not in self.reported:
+                self.reported.add(-k - 1)
+                say(f"master-{k + 1} exited (code {p.returncode}); the set elects another "
+                    f"leader if it led. Type `restart-master {k + 1}` to start it again.")
         for i, p in c.node_procs.items():
             if p.poll() is not None and i not in self.reported:
                 self.reported.add(i)
@@ -269,6 +329,9 @@ class _Console:
             say(f"node-{n} restarted at {self.cluster.node_url(n)}")
 
     def status(self) -> None:
+        for k, p in self.cluster.master_procs.items():
+            state = "running" if p.poll() is None else f"exited (code {p.returncode})"
+            say(f"  {self.cluster.master_name(k)}  {self.cluster.master_urls[k]}  {state}")
         for i, p in self.cluster.node_procs.items():
             state = "running" if p.poll() is None else f"exited (code {p.returncode})"
             say(f"  node-{i}  {self.cluster.node_url(i)}  {state}")
@@ -278,6 +341,19 @@ class _Console:
         if not words:
             return
         verb, args = words[0], words[1:]
+        c = self.cluster
+        if verb in ("kill-master", "restart-master"):
+            if len(args) != 1 or not args[0].isdigit() or not 1 <= int(args[0]) <= c.masters:
+                say(f"no such master: {' '.join(args)} (masters are 1..{c.masters})")
+            elif verb == "kill-master":
+                c.kill_master(int(args[0]) - 1)
+            elif c.master_procs[int(args[0]) - 1].poll() is None:
+                say(f"master-{args[0]} is running")
+            else:
+                c.start_master(int(args[0]) - 1)
+                self.reported.discard(-int(args[0]))
+                say(f"master-{args[0]} restarted (it comes back as a standby)")
+            return
         nodes = self.cluster.node_procs
         if len(args) > 1 or (args and (not args[0].isdigit() or int(args[0]) not in nodes)):
             say(f"no such node: {' '.join(args)} (nodes are 1..{len(nodes)})")
@@ -316,6 +392,9 @@ def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to st
                                           "listens on port + i")] = 7070,
         replication_factor: Annotated[int | None, typer.Option(
             min=1, max=16, help="payload copies (default: 2, or 1 with one node)")] = None,
+        masters: Annotated[int, typer.Option(
+            min=1, max=5, help="masters: 3 (or 5) run a master set on one machine (a file "
+            "lease elects; member k > 1 listens on port + 16 + k)")] = 1,
         ) -> None:
     """Run a local cluster: one master and N data nodes on 127.0.0.1 (Ctrl-C stops it).
     A data node that dies is reported and can be restarted (`restart N` on stdin)."""
@@ -324,7 +403,9 @@ def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to st
              f"(missing: {', '.join(missing)}): {SERVER_EXTRA_HINT}")
     if replication_factor is not None and replication_factor > max(nodes, 1):
         fail(f"replication factor {replication_factor} needs at least that many nodes", 2)
-    cluster = DevCluster(data_dir, port, nodes, replication_factor)
+    if masters == 2 or masters == 4:
+        fail("a master set needs an odd number of members (3 or 5)", 2)
+    cluster = DevCluster(data_dir, port, nodes, replication_factor, masters=masters)
     con = _Console(cluster)
 
     def on_signal(signum: int, frame: object) -> None:
@@ -341,7 +422,9 @@ def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to st
         except RuntimeError as e:
             fail(str(e))
         say(f"squall dev cluster is up (data in {cluster.data_dir})")
-        say(f"  master     {cluster.master_url}   (dashboard /, API docs /docs)")
+        for k, url in enumerate(cluster.master_urls):
+            say(f"  master     {url}   (dashboard /, API docs /docs)"
+                + (f"  master-{k + 1} of a set: GET /v1/leader" if masters > 1 else ""))
         for i in range(1, nodes + 1):
             say(f"  data node  {cluster.node_url(i)}")
         say(f"  logs       {cluster.data_dir / 'logs'}")

@@ -16,6 +16,8 @@ Roles of a :class:`Rule`:
 - a rule of ``node`` alone (the data nodes' own calls: heartbeat, blocks, commit) also
   accepts a heartbeat token signed with the cluster key (``tokens.py``); the route checks
   that it speaks for the node id in the body;
+- ``member``: a master set's journal calls, only with a token signed with the cluster key
+  (op ``journal``); no credential passes, not even admin's;
 - ``payload``: data-node blob routes; an ``Authorization: Bearer`` payload token is required
   and its signature and expiry checked before the body is read; the route checks its scope
   (write / read / delete / replicate, blob ids).

@@ -59,7 +59,7 @@ import orjson
 
 from squall.common.errors import Forbidden, Unauthorized
 
-OPS = ("write", "read", "delete", "replicate", "heartbeat")
+OPS = ("write", "read", "delete", "replicate", "heartbeat", "journal")  # journal: master set
 TOKEN_PREFIX = "sqt1."
 RECEIPT_PREFIX = "sqr1."
 BATCH_RECEIPT_PREFIX = "sqb1."

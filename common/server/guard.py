@@ -154,13 +154,15 @@ class Guard:
                 raise Unauthorized("no cluster key to check payload tokens")
             tokens.decode(access.cluster_key, tokens.bearer(header), access.now())
             return
-        if rule.roles == {"node"} and header and header.partition(" ")[2].startswith(
-                tokens.TOKEN_PREFIX):
+        if (rule.roles == {"node"} or "member" in rule.roles) and header and \
+                header.partition(" ")[2].startswith(tokens.TOKEN_PREFIX):
             if access.cluster_key is None:
                 raise Unauthorized("no cluster key to check node tokens")
             claims = tokens.decode(access.cluster_key, tokens.bearer(header), access.now())
-            if claims.op != "heartbeat":
-                raise Forbidden(f"a {claims.op!r} token is not a node credential")
+            want = "journal" if "member" in rule.roles else "heartbeat"
+            if claims.op != want:
+                raise Forbidden(f"a {claims.op!r} token is not a "
+                                f"{'member' if want == 'journal' else 'node'} credential")
             scope[PRINCIPAL] = claims
             return
         cred = access.credential(header)
@@ -169,6 +171,9 @@ class Guard:
 
 
 def _allow(rule: Rule, cred: auth.Credential, params: dict[str, str], scope: Scope) -> None:
+    if "member" in rule.roles:  # a master set's journal calls: the cluster key's token only
+        raise Forbidden("this route is for the members of a master set (a token signed "
+                        "with the cluster key); no credential opens it")
     if rule.roles == {"node"}:
         if "node" not in cred.roles:
             raise Forbidden("this route is for data nodes; the credential has no node role")

@@ -63,6 +63,7 @@ class StaticElector:
 _KINDS = {
     "etcd": "squall.master.ha.etcd:EtcdElector",
     "kubernetes": "squall.master.ha.kube:KubeLeaseElector",
+    "file": "squall.master.ha.elector:FileLeaseElector",
 }
 
 
@@ -75,7 +76,91 @@ def make_elector(spec: str) -> Elector:
         return StaticElector(rest)
     target = _KINDS.get(kind)
     if target is None:
-        raise ValueError(f"unknown elector {kind!r}: use static:, etcd: or kubernetes:")
+        raise ValueError(f"unknown elector {kind!r}: use static:, etcd:, kubernetes: or file:")
     module, _, cls = target.partition(":")
     built: Elector = getattr(importlib.import_module(module), cls).from_spec(rest)
     return built
+
+
+class FileLeaseElector:
+    """A lease in a file on a disk every member shares (one machine): for `squall dev
+    --masters N` and tests, never for production. The lease {holder, until} is read and
+    replaced under an exclusive ``flock``; `until` is wall-clock time (one machine: one
+    clock). Like every elector it only picks who tries to lead; the epochs fence.
+
+    To rehearse losing the elector on one machine, create ``<path>.cut-<member>`` (the
+    member's URL with every character but letters and digits as ``_``): that member's
+    calls then fail as if the elector were unreachable, until the file is removed."""
+
+    kind = "file"
+
+    def __init__(self, path: str, lease_secs: float = 3.0) -> None:
+        self.path, self.lease_secs = path, lease_secs
+
+    @classmethod
+    def from_spec(cls, rest: str) -> FileLeaseElector:
+        if not rest:
+            raise ValueError("file elector: name the lease file, e.g. file:/tmp/squall.lease")
+        return cls(rest)
+
+    def cut_path(self, me: str) -> str:
+        return f"{self.path}.cut-" + "".join(c if c.isalnum() else "_" for c in me)
+
+    def _swap(self, me: str | None, release: bool = False) -> str | None:
+        import fcntl
+        import json
+        import os
+        import time
+
+        if me is not None and os.path.exists(self.cut_path(me)):
+            raise OSError(f"{me} is cut off the elector ({self.cut_path(me)} exists)")
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            raw = os.read(fd, 4096)
+            try:
+                cur = json.loads(raw) if raw else {}
+            except ValueError:
+                cur = {}
+            now = time.time()
+            holder = cur.get("holder") if cur.get("until", 0) > now else None
+            if me is not None and (holder in (None, me)) and not release:
+                holder = me
+                new = {"holder": me, "until": now + self.lease_secs}
+            elif me is not None and release and holder == me:
+                holder, new = None, {}
+            else:
+                return str(holder) if holder else None
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(new).encode())
+            return holder
+        finally:
+            os.close(fd)
+
+    async def try_acquire(self, me: str) -> bool:
+        import asyncio
+
+        try:
+            return await asyncio.to_thread(self._swap, me) == me
+        except OSError:
+            return False
+
+    async def holder(self) -> str | None:
+        import asyncio
+
+        try:
+            return await asyncio.to_thread(self._swap, None)
+        except OSError:
+            return None
+
+    async def release(self, me: str) -> None:
+        import asyncio
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(self._swap, me, True)
+
+    async def close(self) -> None:
+        return None

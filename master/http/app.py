@@ -18,6 +18,7 @@ from squall.master.http.answers import BodyLimit, install_error_handlers
 from squall.master.http.deps import RESOLVERS
 from squall.master.http.metrics import MasterMetrics, WalTimes
 from squall.master.http.routes import status
+from squall.master.http.standby import StandbyGate
 from squall.master.http.table import ROUTES
 from squall.master.security import CredentialStore, SecuritySettings
 from squall.master.service import Master, MasterSettings
@@ -39,6 +40,11 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         master = Master(settings, clock)
         app.state.master = master
+        ha = None
+        if settings.master_set is not None:  # a member of a master set (master/ha/)
+            from squall.master.ha.role import MasterSet
+
+            ha = master.ha = MasterSet(master, settings.master_set, master.key)
         wal_times = WalTimes()
         master.wal.on_write = wal_times
         telemetry = Telemetry(master)
@@ -49,7 +55,11 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
         app.state.sqs_keys = SqsKeys.open(settings.data_dir)
         access.cluster_key, access.now = master.key, master.clock.now
         access.revoked = app.state.credentials.is_revoked
-        if background:
+        if ha is not None:
+            ha.start()  # the role loop starts the background work once it leads
+            if background:
+                telemetry.start()
+        elif background:
             master.start()
             telemetry.start()
         else:
@@ -59,6 +69,8 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
         finally:
             app.state.peek.close()
             await telemetry.stop()
+            if ha is not None:
+                await ha.close()
             await master.stop()
             master.close()
 
@@ -83,6 +95,8 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
     app.layer(BodyLimit, max_bytes=settings.max_body_bytes)
     http = HttpStats()
     app.layer(HttpMetrics, stats=http, fallbacks=ROUTES.metric_labels())
+    if settings.master_set is not None:  # a single master pays nothing for it
+        app.layer(StandbyGate)
     # outermost: nothing is read (or counted: no metric series for strangers' methods and
     # paths) before the credential is checked
     app.layer(Guard)

@@ -85,6 +85,8 @@ class MasterMetrics:
         yield from self._tasks()
         yield from self._queues()
         yield from self._wal()
+        if self.m.ha is not None:
+            yield from self._master_set()
         yield from self._cluster()
         yield from self.http.collect("squall_master")
         yield runtime.metric()
@@ -158,6 +160,26 @@ class MasterMetrics:
                         self.wal.sync)
         yield histogram("squall_wal_group_records", "records per WAL group commit",
                         self.wal.frames)
+
+    def _master_set(self) -> Iterator[Metric | str]:
+        ha = self.m.ha
+        yield GaugeMetricFamily("squall_master_leader", "1 while this member leads its "
+                                "master set", value=1 if ha.role == "leader" else 0)
+        yield GaugeMetricFamily("squall_master_epoch", "the master set's epoch as this "
+                                "member knows it", value=ha.leader_view()["epoch"])
+        yield GaugeMetricFamily("squall_master_lag_records", "records this member's index "
+                                "is behind its journal (a standby)", value=ha.lag())
+        yield CounterMetricFamily("squall_master_failovers", "times this member became the "
+                                  "leader", value=ha.counters.failovers)
+        yield CounterMetricFamily("squall_master_step_downs", "times this member stopped "
+                                  "leading", value=ha.counters.step_downs)
+        yield CounterMetricFamily("squall_master_refused_groups", "WAL groups refused: no "
+                                  "majority, fenced, or not the leader",
+                                  value=ha.counters.refused_groups)
+        yield histogram("squall_journal_append_seconds", "one journal's append of a group "
+                        "(the leader's calls, its own journal included)", ha.append_hist)
+        yield histogram("squall_quorum_wait_seconds", "a group's wait until a majority "
+                        "of journals had it durable", ha.quorum_hist)
 
     def _cluster(self) -> Iterator[Metric | str]:
         info = self.m.cluster.info()

@@ -52,6 +52,7 @@ from squall.master.http.routes import (
     batches,
     config,
     frontdoor,
+    ha,
     health,
     nodes,
     nodes_admin,
@@ -144,6 +145,15 @@ ROUTES = RouteTable([
         # the SQS endpoint of a data node verifying a SigV4 request (master/sqskeys.py)
         R("POST", "/v1/nodes/sqs-key", sqskeys.lookup_sqs_key, sqskeys.SqsKeyAnswer,
           rule("node"))),
+    *section(
+        "master set",
+        # between members only: a token signed with the cluster key (op "journal")
+        R("POST", "/v1/journal/{method}", ha.journal, None, rule("member", body="binary"),
+          hot=True, responses={}, options={"include_in_schema": False}),
+        R("GET", "/v1/leader", ha.leader, None, PUBLIC, responses={}),
+        R("GET", "/v1/master/members", ha.members, None, ADMIN_READ),
+        R("POST", "/v1/master/members", ha.change_members, None, ADMIN),
+        R("POST", "/v1/master/step-down", ha.step_down, None, ADMIN_READ)),
     *section(
         "health",
         R("GET", "/healthz", health.healthz, None, PUBLIC, responses={}),

@@ -136,6 +136,20 @@ function plot(id, labels, colors, points, fields) {
 }
 
 // -- front page ------------------------------------------------------------------------
+// a master set: leader, epoch, elector, and each member's lag (none on a single master)
+function masterSetCards(ms) {
+  if (!ms) return [];
+  const cards = [card("leader", ms.leader || "none", ms.leader ? "ok" : "bad"),
+                 card("epoch", ms.epoch), card("elector", ms.elector)];
+  for (const x of ms.members) {
+    if (x.leader) continue;
+    const ok = x.in_sync === true;
+    cards.push(card("member " + x.url, ok ? "lag " + (x.lag ?? 0) : (x.status || "?"),
+                    ok ? "ok" : "bad"));
+  }
+  return cards;
+}
+
 function renderHealth(o) {
   const c = o.cluster, n = c.nodes;
   const count = (s) => n.filter((x) => x.state === s).length;
@@ -152,6 +166,7 @@ function renderHealth(o) {
     card("replication factor", c.replication_factor),
     card("WAL", o.wal.error ? "FAILED" : "ok", o.wal.error ? "bad" : "ok"),
     card("WAL ticket", o.wal.ticket),
+    ...masterSetCards(o.master_set),
     card("queues holding tasks", o.totals.holding),
     card("available", o.totals.available), card("leased", o.totals.leased),
     card("delayed", o.totals.delayed), card("dead letters", o.totals.dead_letters,

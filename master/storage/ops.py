@@ -13,7 +13,8 @@ same :func:`apply` runs live (inside the request's LMDB transaction) and on repl
     ("C", kind, group, name, value|None)   set or clear a policy (kind "P"), a schedule
                                            (kind "S"; holds its last enqueued slot) or a
                                            data node's decommission mark (kind "N",
-                                           group "", name = node id)
+                                           group "", name = node id) or a master
+                                           set's members (kind "H", name "members")
     ("K", group, key, queue, pid, exp_ms)  an enqueue's idempotency key (see dedup.py;
                                            a plain put: replays idempotently)
     ("B", group, id, record|None)          a batch's record (see batches.py)

@@ -45,7 +45,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from squall.master.storage.walfile import MAGIC, Tail, encode_frame, segments
+from squall.master.storage.walfile import MAGIC, Tail, encode_frame, frame_ends, segments
 
 
 class WALFailed(RuntimeError):
@@ -346,18 +346,89 @@ class WAL:
             else:
                 fut.set_exception(WALFailed(error or "WAL write failed"))
 
+    # -- a master set's journal (master/ha/journal.py) --------------------------------------
+    def _quiet(self) -> None:
+        """Under the lock: wait until no group is being written or queued."""
+        while (self._pending or self._writing) and self._error is None:
+            self._cv.wait(0.5)
+
+    @property
+    def floor(self) -> int:
+        """Records with tickets <= floor may be gone (dropped by checkpoints)."""
+        segs = segments(self.dir)
+        return segs[0][0] - 1 if segs else self.last_ticket
+
+    def read_after(self, after: int, max_records: int, max_bytes: int
+                   ) -> list[tuple[int, bytes]]:
+        """Durable records with tickets > `after`, at most `max_records` and about
+        `max_bytes` (at least one)."""
+        with self._cv:
+            self._quiet()
+            segs = segments(self.dir)
+            start = 0
+            for i, (first, _) in enumerate(segs):
+                if first <= after + 1:
+                    start = i
+            out: list[tuple[int, bytes]] = []
+            size = 0
+            for _, path in segs[start:]:
+                recs, _end = frame_ends(path, self.durable_ticket)
+                for t, b in recs:
+                    if t <= after:
+                        continue
+                    if len(out) >= max_records or (out and size + len(b) > max_bytes):
+                        return out
+                    out.append((t, b))
+                    size += len(b)
+            return out
+
+    def truncate_after(self, ticket: int) -> None:
+        """Cut every record with a ticket > `ticket` off the log, durably (a journal whose
+        tail a new leader did not keep). Appending resumes after the last kept record."""
+        with self._cv:
+            self._quiet()
+            if self._error is not None:
+                raise WALFailed(self._error)
+            if ticket >= self.last_ticket:
+                return
+            segs = segments(self.dir)
+            keep = [(f, p) for f, p in segs if f <= ticket + 1]
+            os.close(self._fd)
+            for f, p in segs:
+                if f > ticket + 1:
+                    os.unlink(p)
+            if keep:
+                _, path = keep[-1]
+                recs, end = frame_ends(path, ticket)
+                last = recs[-1][0] if recs else keep[-1][0] - 1
+                fd = os.open(path, os.O_WRONLY)
+                os.ftruncate(fd, max(end, len(MAGIC)))
+                os.fsync(fd)
+            else:
+                path = self._new_segment_path(ticket + 1)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.write(fd, MAGIC)
+                os.fsync(fd)
+                end, last = len(MAGIC), ticket
+            self._fsync_dir()
+            self._fd, self._path = fd, path
+            self._size = self._alloc = max(end, len(MAGIC))
+            os.lseek(self._fd, self._size, os.SEEK_SET)
+            self.last_ticket = self.durable_ticket = last
+
     # -- checkpoint ------------------------------------------------------------------------
     def drop_through(self, ticket: int) -> int:
         """Delete segments whose records all have tickets <= `ticket`. Returns how many."""
-        segs = segments(self.dir)
-        dropped = 0
-        for (_, path), (nxt_first, _) in itertools.pairwise(segs):
-            if nxt_first - 1 <= ticket and path != self._path:
-                os.unlink(path)
-                dropped += 1
-        if dropped:
-            self._fsync_dir()
-        return dropped
+        with self._cv:  # not while read_after reads them
+            segs = segments(self.dir)
+            dropped = 0
+            for (_, path), (nxt_first, _) in itertools.pairwise(segs):
+                if nxt_first - 1 <= ticket and path != self._path:
+                    os.unlink(path)
+                    dropped += 1
+            if dropped:
+                self._fsync_dir()
+            return dropped
 
     def request_roll(self) -> None:
         """Start a new segment after the next write, so a checkpoint can drop this one."""

@@ -120,3 +120,25 @@ def read_records(wal_dir: str, after: int = 0) -> tuple[list[tuple[int, bytes]],
                 os.fsync(f.fileno())
         tail = Tail(prev, path, end)
     return records, tail
+
+
+def frame_ends(path: str, upto: int) -> tuple[list[tuple[int, bytes]], int]:
+    """The intact frames of one segment with tickets <= `upto`, and the byte offset where
+    the last of them ends (a master set's journal cuts its log there)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[: len(MAGIC)] != MAGIC:
+        return [], 0
+    pos, prev = len(MAGIC), 0
+    out: list[tuple[int, bytes]] = []
+    while pos + _HDR.size <= len(data):
+        n, crc, ticket = _HDR.unpack_from(data, pos)
+        end = pos + _HDR.size + n
+        if n > MAX_RECORD_BYTES or end > len(data) or ticket <= prev or ticket > upto:
+            break
+        body = data[pos + _HDR.size : end]
+        if _crc(ticket, body) != crc:
+            break
+        out.append((ticket, body))
+        prev, pos = ticket, end
+    return out, pos

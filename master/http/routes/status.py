@@ -108,6 +108,7 @@ async def overview(request: Request, m: MasterDep,
         "dead_letter_queues": t.dead_rows,
         "batches": batches.overview(m.index),
         "history": [p for p in t.history if p["t"] > since],
+        "master_set": _master_set(m),
     })
 
 
@@ -152,6 +153,21 @@ async def payload_preview(
     out.update(shown=len(data), text=text, utf8=clean, hex=data[:256].hex(" "),
                replica=source)
     return JSON(out)
+
+
+def _master_set(m: Master) -> dict[str, object] | None:
+    """A master set's members, leader, epoch, each member's lag and the elector (None on a
+    single master)."""
+    ha = m.ha
+    if ha is None:
+        return None
+    v = ha.view()
+    log = v.get("log") or {}
+    members = [{"url": u, "leader": u == v["leader"],
+                **({k: (log.get("members") or {}).get(u, {}).get(k)
+                    for k in ("in_sync", "lag", "status")})} for u in v["members"]]
+    return {"leader": v["leader"], "epoch": v["epoch"], "role": v["role"], "me": v["me"],
+            "elector": v["elector"], "members": members, "failovers": v["failovers"]}
 
 
 async def queue_overview(group: GroupP, queue: QueueP, request: Request, m: ReadMasterDep,
