@@ -36,7 +36,7 @@ from squall.client import Client, NewTask, SquallError
 from squall.common.security import auth
 
 KEY = "bench-cluster-key-0123456789abcdef"
-AUTH = b"bench-auth-key-0123456789abcdefghij"
+AUTH = b"ed25519-private:YmVuY2gtYXV0aC1rZXktMDEyMzQ1Njc4OWFiY2RlZmc"  # the master's key
 
 
 def ports(n: int) -> list[int]:
@@ -161,7 +161,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
-    token = auth.mint(AUTH, ["admin"], 86400, time.time())
+    token = auth.mint(auth.parse_keys(AUTH), ["admin"], 86400, time.time())
     root = tempfile.mkdtemp(prefix="squall-ha-bench-")
     rows: dict[str, list[dict[str, float]]] = {"1": [], "3": []}
     fo: list[float] = []

@@ -421,19 +421,7 @@ def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to st
             cluster.start()
         except RuntimeError as e:
             fail(str(e))
-        say(f"squall dev cluster is up (data in {cluster.data_dir})")
-        for k, url in enumerate(cluster.master_urls):
-            say(f"  master     {url}   (dashboard /, API docs /docs)"
-                + (f"  master-{k + 1} of a set: GET /v1/leader" if masters > 1 else ""))
-        for i in range(1, nodes + 1):
-            say(f"  data node  {cluster.node_url(i)}")
-        say(f"  logs       {cluster.data_dir / 'logs'}")
-        if cluster.credential_file is not None:
-            say(f"  admin credential  {cluster.credential_file}")
-            say(f"use it: export SQUALL_TOKEN=$(cat {cluster.credential_file})")
-        if nodes:
-            _say_sqs(cluster)
-        say(f"try: squall put demo#hello 'hi there' --master {cluster.master_url}")
+        _say_up(cluster)
         say(HELP.format(pid=os.getpid()), style="dim")
         say("Ctrl-C to stop", style="dim")
         sys.stdout.flush()
@@ -447,6 +435,23 @@ def dev(nodes: Annotated[int, typer.Option(min=0, max=16, help="data nodes to st
         for s, h in old.items():
             signal.signal(s, h)
     say("stopped; start again to continue with the same data")
+
+
+def _say_up(cluster: DevCluster) -> None:
+    """What is running where, and how to use it."""
+    say(f"squall dev cluster is up (data in {cluster.data_dir})")
+    for k, url in enumerate(cluster.master_urls):
+        say(f"  master     {url}   (dashboard /, API docs /docs)"
+            + (f"  master-{k + 1} of a set: GET /v1/leader" if cluster.masters > 1 else ""))
+    for i in range(1, cluster.n + 1):
+        say(f"  data node  {cluster.node_url(i)}")
+    say(f"  logs       {cluster.data_dir / 'logs'}")
+    if cluster.credential_file is not None:
+        say(f"  admin credential  {cluster.credential_file}")
+        say(f"use it: export SQUALL_TOKEN=$(cat {cluster.credential_file})")
+    if cluster.n:
+        _say_sqs(cluster)
+    say(f"try: squall put demo#hello 'hi there' --master {cluster.master_url}")
 
 
 def _say_sqs(cluster: DevCluster) -> None:

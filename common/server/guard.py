@@ -166,14 +166,14 @@ class Guard:
             scope[PRINCIPAL] = claims
             return
         cred = access.credential(header)
+        if "member" in rule.roles:  # a master set's journal calls: the cluster key's token only
+            raise Forbidden("this route is for the members of a master set (a token signed "
+                            "with the cluster key); no credential opens it")
         _allow(rule, cred, params, scope)
         scope[PRINCIPAL] = cred
 
 
 def _allow(rule: Rule, cred: auth.Credential, params: dict[str, str], scope: Scope) -> None:
-    if "member" in rule.roles:  # a master set's journal calls: the cluster key's token only
-        raise Forbidden("this route is for the members of a master set (a token signed "
-                        "with the cluster key); no credential opens it")
     if rule.roles == {"node"}:
         if "node" not in cred.roles:
             raise Forbidden("this route is for data nodes; the credential has no node role")
