@@ -22,8 +22,23 @@ master's orphan collection deletes after ``orphan_grace_s``; a crash between 3 a
 an enqueue the client does not know about: its retry (to any node) carries the same pids and
 collapses into it (the client makes a pid for every task).
 
-Test hook: ``SQUALL_TEST_CRASH=after_store|after_commit`` makes the node SIGKILL itself at
-that point of the next front-door request (crash tests only).
+The parallel put (the default; ``SQUALL_FRONT_DOOR_PARALLEL=0`` keeps the steps above in
+series): the blob ids, sizes and checksums are known before anything is stored, so steps
+2 and 3 run at once: the enqueue goes to the master marked *pending* (the master logs the
+tasks, never leases them; master/tasks/pending.py) while the payloads are stored and
+replicated. The client is answered once both are durable. The receipts then go to the
+master in this node's next grouped commit (a *settle* that confirms the tasks, after which
+they are leasable; it waits up to ``CONFIRM_LINGER_S`` for other commits to ride along).
+If the payloads did not reach the write quorum, the node abandons the pending tasks (a
+settle that removes them) before it answers the refusal; if that cannot be committed
+either, the answer is 502 ``outcome_unknown``. A node that dies in between leaves pending
+tasks the master's housekeeping settles from the nodes' block reports.
+
+Test hooks: ``SQUALL_TEST_CRASH=after_store|after_commit`` makes the node SIGKILL itself at
+that point of the next front-door request; ``pending_first`` (parallel put): after the
+pending enqueue is durable, before storing anything; ``before_confirm``: once both are
+durable, before answering and confirming; ``SQUALL_TEST_NO_CONFIRM=1``: never send
+confirmations (crash tests only).
 """
 
 from __future__ import annotations
@@ -50,7 +65,8 @@ if TYPE_CHECKING:
     from squall.datanode.service import DataNode
 
 log = logging.getLogger("squall.datanode.frontdoor")
-_Batch = list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]]  # requests and answers
+# requests and their answers: ("u", an update) or ("s", a settle of pending tasks)
+_Batch = list[tuple[str, dict[str, Any], asyncio.Future[dict[str, Any]]]]
 BLOCK_IDS = 1000  # the first block's size; it doubles while blocks run out fast
 BLOCK_IDS_MAX = 1_000_000  # BlockRequest's bound
 BLOCK_MARGIN_S = 5.0  # stop using a block this long before it expires
@@ -60,6 +76,8 @@ COMMIT_PENDING_MAX = 5000  # client requests waiting for a commit (503 beyond)
 # goes at once instead of waiting for it (under D's load a commit took ~8 ms, and waiting
 # for the one ahead made a front-door put ~1.5 commits long); beyond this they batch up
 COMMITS_IN_FLIGHT = 4
+# a confirmation of pending tasks waits at most this long for a commit to ride along with
+CONFIRM_LINGER_S = 0.002
 _UNKNOWN = ("the master may have applied this enqueue, but its answer did not reach this data "
             "node ({}); resend it: its pids make the resend collapse into it while its tasks "
             "are queued (give idempotency keys to cover tasks dequeued meanwhile)")
@@ -104,7 +122,11 @@ class FrontDoor:
         self._slots = asyncio.Semaphore(COMMITS_IN_FLIGHT)
         self._in_flight: dict[asyncio.Task[None], _Batch] = {}  # commits and their requests
         self.commits = self.committed = 0
+        self.confirmed = self.abandoned = self.confirm_failures = 0
         self.crash = os.environ.get("SQUALL_TEST_CRASH", "")
+        self.no_confirm = os.environ.get("SQUALL_TEST_NO_CONFIRM", "") == "1"
+        self._linger: asyncio.TimerHandle | None = None
+        self._confirms: set[asyncio.Future[dict[str, Any]]] = set()
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": "Bearer " + (self.node.settings.node_credential or
@@ -166,6 +188,8 @@ class FrontDoor:
         items = [{k: t[k] for k in fields if t.get(k) is not None} for t in tasks]
         update: dict[str, Any] = {"group": group, "enqueue": items}
         with_payload = [i for i, t in enumerate(tasks) if t.get("payload") is not None]
+        if with_payload and self.node.settings.front_door_parallel:
+            return await self._parallel(group, queue, tasks, items, with_payload)
         if with_payload:
             refs, update["replicas"], update["receipts"] = await self._store(
                 [tasks[i]["payload"] for i in with_payload])
@@ -178,6 +202,80 @@ class FrontDoor:
         self._hook("after_commit")
         return res
 
+    async def _parallel(self, group: str, queue: str, tasks: list[dict[str, Any]],
+                        items: list[dict[str, Any]], with_payload: list[int]
+                        ) -> dict[str, Any]:
+        """The parallel put: the pending enqueue and the payloads' store at once."""
+        ids, peers, quorum = await self.take_ids(len(with_payload))
+        frames = [Frame(b, d, crc32c(d))
+                  for b, d in zip(ids, (tasks[i]["payload"] for i in with_payload),
+                                  strict=True)]
+        refs = [{"blob_id": f.blob_id, "size": len(f.data), "crc32c": f.crc32c}
+                for f in frames]
+        for i, ref in zip(with_payload, refs, strict=True):
+            items[i]["payload"] = ref
+        for it in items:
+            it["queue"] = queue
+        update = {"group": group, "enqueue": items, "pending": True,
+                  "replicas": [self.node.address, *peers]}
+        commit = asyncio.ensure_future(self._commit(update))
+        if self.crash == "pending_first":
+            await asyncio.wait([commit])
+            self._hook("pending_first")
+        store = asyncio.ensure_future(self._store_frames(frames, peers, quorum))
+        await asyncio.wait([commit, store])
+        if commit.exception() is not None:  # nothing pending (or unknown): as before
+            if not store.cancelled():
+                store.exception()  # retrieved: the stored payloads are orphans
+            raise commit.exception()  # type: ignore[misc]
+        res = commit.result()
+        settle = {"group": group, "items": [
+            {"queue": e["queue"], "pid": e["pid"], "payload": items[i]["payload"]}
+            for i, e in zip(with_payload, (res["enqueued"][i] for i in with_payload),
+                            strict=True)]}
+        if store.exception() is not None:
+            # the tasks are pending: remove them before answering the refusal
+            try:
+                await self._commit({**settle, "durable": False}, kind="s")
+            except Exception as e:
+                raise OutcomeUnknown(_UNKNOWN.format(
+                    f"its payloads did not reach their write quorum ({store.exception()}) "
+                    f"and their pending enqueue could not be withdrawn ({e})")) from e
+            self.abandoned += 1
+            raise store.exception()  # type: ignore[misc]
+        self._hook("before_confirm")
+        replicas, receipts = store.result()
+        if not self.no_confirm:
+            self._confirm({**settle, "durable": True, "replicas": replicas,
+                           "receipts": receipts})
+        self._hook("after_commit")
+        return res
+
+    def _confirm(self, settle: dict[str, Any]) -> None:
+        """Send `settle` with the next commit (within CONFIRM_LINGER_S); nobody waits for
+        it: a confirmation that fails is settled by the master's housekeeping."""
+        fut = self._enqueue_commit("s", settle, wake=False)
+        self._confirms.add(fut)
+        fut.add_done_callback(self._confirmed)
+        if self._linger is None:
+            self._linger = asyncio.get_running_loop().call_later(CONFIRM_LINGER_S,
+                                                                 self._wake_up)
+
+    def _wake_up(self) -> None:
+        self._linger = None
+        self._wake.set()
+
+    def _confirmed(self, fut: asyncio.Future[dict[str, Any]]) -> None:
+        self._confirms.discard(fut)
+        if fut.cancelled():
+            return
+        if fut.exception() is not None:
+            self.confirm_failures += 1
+            log.warning("a confirmation of pending tasks failed (the master settles them "
+                        "from the block reports): %s", fut.exception())
+        else:
+            self.confirmed += 1
+
     def _hook(self, where: str) -> None:
         if self.crash == where:
             log.warning("SQUALL_TEST_CRASH=%s: killing myself", where)
@@ -187,9 +285,17 @@ class FrontDoor:
                      ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
         """Store `payloads` on the write quorum: their references (blob id, size, CRC32C),
         and the replicas and receipts they all share (one batch receipt per node)."""
-        node = self.node
         ids, peers, quorum = await self.take_ids(len(payloads))
         frames = [Frame(b, d, crc32c(d)) for b, d in zip(ids, payloads, strict=True)]
+        replicas, receipts = await self._store_frames(frames, peers, quorum)
+        return ([{"blob_id": f.blob_id, "size": len(f.data), "crc32c": f.crc32c}
+                 for f in frames], replicas, receipts)
+
+    async def _store_frames(self, frames: list[Frame], peers: list[str], quorum: int
+                            ) -> tuple[list[str], list[str]]:
+        """Store `frames` here and on `peers`, at least `quorum` copies: the replicas and
+        batch receipts (one per node) the frames share."""
+        node = self.node
         body = b"".join(encode_frame(f.blob_id, f.data, crc=f.crc32c) for f in frames)
         like = [BlobMeta(f.blob_id, 0, len(f.data), f.crc32c, 0, 0, 0) for f in frames]
         both: tuple[Any, Any] = await asyncio.gather(
@@ -215,21 +321,26 @@ class FrontDoor:
                               retry_after=1)
         mine = node.batch_receipt(m for m, _ in local)  # one per node for the batch
         first = frames[0].blob_id  # a peer's entry is the same for every blob of the batch
-        return ([{"blob_id": m.blob_id, "size": m.size, "crc32c": m.crc32c} for m, _ in local],
-                [node.address, *(p[first]["address"] for p in good)],
+        return ([node.address, *(p[first]["address"] for p in good)],
                 [mine, *(p[first]["receipt"] for p in good)])
 
     # -- the group commit to the master ----------------------------------------------------
-    async def _commit(self, update: dict[str, Any]) -> dict[str, Any]:
+    async def _commit(self, body: dict[str, Any], kind: str = "u") -> dict[str, Any]:
+        """Commit an update (`kind` "u") or a settle ("s") with the next group."""
         if len(self._pending) >= COMMIT_PENDING_MAX:
             raise Unavailable(f"{len(self._pending)} front-door requests wait for the master "
                               "on this node; retry shortly", retry_after=1)
+        return await self._enqueue_commit(kind, body)
+
+    def _enqueue_commit(self, kind: str, body: dict[str, Any], wake: bool = True
+                        ) -> asyncio.Future[dict[str, Any]]:
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_loop(), name="frontdoor-commit")
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending.append((update, fut))
-        self._wake.set()
-        return await fut
+        self._pending.append((kind, body, fut))
+        if wake:
+            self._wake.set()
+        return fut
 
     async def _commit_loop(self) -> None:
         """Everything waiting when a slot is free goes in one commit; up to
@@ -264,17 +375,23 @@ class FrontDoor:
     async def _commit_to_master(self, batch: _Batch) -> None:
         t0 = time.monotonic()
         try:
-            ans = await self._post("/v1/nodes/commit", {"node_id": self.node.node_id,
-                                                        "updates": [u for u, _ in batch]})
-            results = ans["results"]
-            if not isinstance(results, list) or len(results) != len(batch):
-                raise ValueError(f"{len(results)} results for {len(batch)} updates")
+            updates = [b for k, b, _ in batch if k == "u"]
+            settles = [b for k, b, _ in batch if k == "s"]
+            body: dict[str, Any] = {"node_id": self.node.node_id, "updates": updates}
+            if settles:
+                body["settles"] = settles
+            ans = await self._post("/v1/nodes/commit", body)
+            ups, sts = iter(ans["results"]), iter(ans.get("settled") or [])
+            if len(ans["results"]) != len(updates) or len(ans.get("settled") or []) != len(
+                    settles):
+                raise ValueError(f"{len(ans['results'])} results for {len(updates)} updates")
+            results = [next(ups) if k == "u" else next(sts) for k, _, _ in batch]
         except Exception as e:  # every waiting request gets an answer, whatever happened
             # the master's refusal, Unavailable (never sent) or OutcomeUnknown as raised;
             # anything else happened after sending (e.g. an answer that does not parse)
             err = e if isinstance(e, StatusError) else OutcomeUnknown(
                 _UNKNOWN.format(f"{type(e).__name__}: {e}"))
-            for _, fut in batch:
+            for _, _, fut in batch:
                 if not fut.done():
                     fut.set_exception(err)
             return
@@ -282,7 +399,7 @@ class FrontDoor:
         self.committed += len(batch)
         log.debug("committed %d front-door requests in %.1f ms", len(batch),
                   1000 * (time.monotonic() - t0))
-        for (_, fut), r in zip(batch, results, strict=True):
+        for (_, _, fut), r in zip(batch, results, strict=True):
             if fut.done():
                 continue
             if "ok" in r:
@@ -293,6 +410,8 @@ class FrontDoor:
                                                 None))
 
     async def aclose(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
         batches = list(self._in_flight.values())
         tasks = [t for t in [self._committer, *self._in_flight] if t is not None]
         for t in tasks:
@@ -311,7 +430,7 @@ def _stopped(batch: _Batch, unknown: str | None = None) -> None:
     OutcomeUnknown saying `unknown` (why the master may have the commit), or (never sent
     to the master) 503."""
     err: StatusError | None = None
-    for _, fut in batch:
+    for _, _, fut in batch:
         if not fut.done():
             if err is None:
                 err = OutcomeUnknown(_UNKNOWN.format(unknown)) if unknown else Unavailable(

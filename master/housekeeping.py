@@ -1,7 +1,8 @@
 """The master's background work and checkpoints, mixed into :class:`Master`.
 
 Background work (:meth:`tick`, every ``sweep_interval_s``), each step in bounded batches so
-requests are never starved: the sweeper (expired leases, ended delays), due schedules,
+requests are never starved: the sweeper (expired leases, ended delays), settling pending
+tasks past their deadline (master/tasks/pending.py), due schedules,
 reaping deleted queue generations, dropping expired idempotency keys, the cluster's repair
 slices, and retrying a failed WAL. Checkpoints sync the index, then drop the WAL segments
 it covers.
@@ -58,6 +59,8 @@ class Housekeeping:
                            sweep_first: bool = False) -> dict[str, Any]: ...
 
         def _woke(self, group: str, queues: Iterable[str]) -> None: ...
+
+        async def settle_pending(self, limit: int = 1000) -> int: ...
 
     def sweep_once(self) -> int:
         """One sweep in its own transaction (tests; no request may be in flight)."""
@@ -135,6 +138,7 @@ class Housekeeping:
             return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
         try:
             swept = await self._sweep_derived()
+            await self.settle_pending()  # pending tasks the sweep found past their deadline
             fired = await self.fire_schedules()
             reaped = await self._derived(self._reap_and_expire)
         except Unavailable:  # a refused batch (the disk failed meanwhile): next tick

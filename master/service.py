@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -35,7 +36,9 @@ import msgpack
 from squall.common.clock import Clock, SystemClock
 from squall.common.errors import StatusError
 from squall.common.security.tokens import load_cluster_key
+from squall.common.wire.cluster import NodeSettle
 from squall.common.wire.models import (
+    EnqueueItem,
     LeaseRequest,
     PayloadRef,
     Policy,
@@ -56,7 +59,7 @@ from squall.master.storage.ops import apply, replay
 from squall.master.storage.records import LEASED, QueueRec
 from squall.master.storage.wal import WAL
 from squall.master.storage.walfile import Tail, read_records
-from squall.master.tasks import admin
+from squall.master.tasks import admin, pending
 from squall.master.tasks.dedup import Dedup
 from squall.master.tasks.engine import Engine
 from squall.master.tasks.leasetokens import LeaseTokens, load_or_make_key
@@ -92,6 +95,13 @@ class MasterSettings:
     lease_waiters_max: int = 1000  # parked leases in all (503 beyond)
     dedup_retention_s: float = 300.0  # window of enqueue idempotency keys (see dedup.py)
     lease_key: bytes | None = None  # seals lease tokens; None: <data_dir>/lease.key
+    # a task enqueued pending (the parallel put, master/tasks/pending.py) is settled by
+    # housekeeping if its node has not confirmed it this long after it was logged
+    pending_deadline_s: float = 10.0
+    # a lease that does not wait, on a queue with pending tasks and fewer available than it
+    # asks for, waits this long at most for them to be confirmed (a put's answer comes
+    # before its confirmation: a put-then-lease still finds its task)
+    pending_lease_wait_s: float = 1.0
 
 
 class Master(Housekeeping):
@@ -135,6 +145,7 @@ class Master(Housekeeping):
         self.checkpoints = 0
         self.reaped = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._settled = asyncio.Event()  # set (and replaced) whenever pending tasks settle
         log.info("recovered: %d WAL records replayed in %.2fs, at ticket %d",
                  self.replayed, self.recovery_secs, self.wal.last_ticket)
 
@@ -262,11 +273,96 @@ class Master(Housekeeping):
         self._woke(group, (queue,))
         return res
 
+    # -- the parallel put (master/tasks/pending.py) -------------------------------------
+    async def enqueue_pending(self, group: str, items: list[EnqueueItem], node_id: str,
+                              replicas: list[str], *, answer_when_durable: bool = False
+                              ) -> dict[str, Any]:
+        """A front door's enqueues, logged while their payloads are being stored: tasks
+        with a payload are pending until :meth:`settle` confirms them."""
+        extra = {"replicas": list(replicas), "node": node_id}
+        deadline_ms = int(self.settings.pending_deadline_s * 1000)
+        res = await self._execute(
+            lambda txn: self.engine.plan_pending(txn, group, items, extra, deadline_ms),
+            early=answer_when_durable)
+        self._woke(group, {e.queue for e in items if e.payload is None})
+        return res
+
+    async def settle(self, group: str, s: NodeSettle, *, answer_when_durable: bool = False
+                     ) -> dict[str, Any]:
+        """A node confirms (its write quorum's receipts) or abandons pending tasks."""
+        refs: list[PayloadRef] = []
+        items: list[pending.Settle] = []
+        for it in s.items:
+            p = it.payload
+            if not s.durable:
+                items.append(pending.Settle(it.queue, it.pid, p.blob_id, None))
+                continue
+            if not p.receipts and not p.replicas:
+                p.receipts, p.replicas = s.receipts, s.replicas
+            refs.append(p)
+            items.append(pending.Settle(it.queue, it.pid, p.blob_id,
+                                        functools.partial(self.placement.verify, p)))
+        res = await self._execute_proven(
+            refs, lambda txn: pending.plan_settle(self.engine, txn, group, items),
+            early=answer_when_durable)
+        self._after_settle(group, {it.queue for it in s.items})
+        return res
+
+    def _after_settle(self, group: str, queues: set[str]) -> None:
+        self._woke(group, queues)
+        ev, self._settled = self._settled, asyncio.Event()
+        ev.set()
+
+    async def settle_pending(self, limit: int = 1000) -> int:
+        """Housekeeping: decide the pending tasks past their deadline (pending.decide);
+        those that cannot be decided yet come back after ``pending.RECHECK_MS``."""
+        un = self.engine.unsettled
+        if not un:
+            return 0
+        now = self.clock.now()
+        by_group: dict[str, list[pending.Settle]] = {}
+        for key in list(un)[:limit]:
+            (group, queue, pid), (payload, enqueued_ms) = key, un.pop(key)
+            if not payload.get("blob_id"):
+                continue
+            d = pending.decide(self.cluster, payload, enqueued_ms, now)
+            if d is not False:
+                by_group.setdefault(group, []).append(
+                    pending.Settle(queue, pid, payload["blob_id"], d))
+        n = 0
+        for group, items in by_group.items():
+            res = await self._execute(functools.partial(self._plan_settle, group, items))
+            self._after_settle(group, {i.queue for i in items})
+            n += res["confirmed"] + res["removed"]
+            if res["removed"]:
+                log.info("removed %d pending task(s) of group %r whose payloads never "
+                         "reached their write quorum", res["removed"], group)
+        return n
+
+    def _plan_settle(self, group: str, items: list[pending.Settle], txn: lmdb.Transaction
+                     ) -> Plan:
+        return pending.plan_settle(self.engine, txn, group, items)
+
+    async def _pending_first(self, group: str, queue: str, want: int) -> None:
+        """Before a lease that does not wait: while the queue has pending tasks and fewer
+        available than `want`, wait (bounded) for confirmations."""
+        q = self.index.queues.get((group, queue))
+        if q is None or not q.pending or q.available >= want:
+            return
+        until = time.monotonic() + self.settings.pending_lease_wait_s
+        while q.pending and q.available < want and not self.waiters.closed:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), left)
+
     async def lease(self, group: str, queue: str, req: LeaseRequest, addr: str, *,
                     answer_when_durable: bool = False) -> dict[str, Any]:
         """Lease now; with ``wait_secs``, wait for tasks (see waiters.py)."""
         early = answer_when_durable
         if not req.wait_secs or self.waiters.closed:
+            await self._pending_first(group, queue, req.max_tasks)
             return await self._lease_now(group, queue, req, addr, early)
         return await self.waiters.wait((check_name("group", group), check_name("queue", queue)),
                                        req.wait_secs,

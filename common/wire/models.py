@@ -225,6 +225,9 @@ class QueueCounts(_M):
     available: int
     leased: int
     delayed: int
+    pending: int = Field(0, description="tasks enqueued through a data node whose payloads "
+                         "are not confirmed on their write quorum yet: counted in `total`, "
+                         "never leased until confirmed (usually milliseconds)")
     total: int
     completed: int = Field(description="tasks dequeued since the queue was created")
     enqueued_total: int
@@ -266,6 +269,7 @@ class ClusterStats(_M):
     available: int
     leased: int
     delayed: int
+    pending: int = 0
     completed: int
     rates: Rates
     wal_ticket: int

@@ -9,7 +9,7 @@ Layout (named databases in one environment; integers big-endian so keys sort num
             b"enqueued_total", b"completed_total" -> u64  tasks ever enqueued / dequeued
                                  (monotonic: queue deletion does not take them back)
     queues  group \\0 name -> msgpack [qid, gen, available, leased, delayed, completed,
-                                       enqueued_total, created_ms]
+                                       enqueued_total, created_ms, pending]
     qids    qid(u32)      -> msgpack [group, name]
     tasks   qid(u32) gen(u32) pidkey  -> msgpack task record (see ``records.Task``)
     ready   qid(u32) gen(u32) pidkey  -> b""     tasks that can be leased now, in pid order
@@ -17,8 +17,9 @@ Layout (named databases in one environment; integers big-endian so keys sort num
                                                   the same tasks in enqueue-time order
                                                   (oldest available task age)
     timers  due_ms(u64) qid(u32) gen(u32) pidkey -> b""
-                                                  leased tasks (due = lease expiry) and
-                                                  delayed tasks (due = not_before)
+                                                  leased tasks (due = lease expiry),
+                                                  delayed tasks (due = not_before) and
+                                                  pending tasks (due = their deadline)
     conf    b"P" group \\0 name -> msgpack policy  (name "" = the group's default)
             b"S" group \\0 name -> msgpack schedule (with its last enqueued slot)
             b"N" \\0 node_id  -> msgpack {"mark": "draining", "since": secs}: a data
@@ -33,8 +34,8 @@ most 511 bytes. Pid order is therefore exact except between two pids longer than
 bytes that share their first 448 bytes, which are ordered by hash.
 
 Every task lives in exactly one of ``ready`` (+ ``avail``; state AVAILABLE) or ``timers``
-(LEASED or DELAYED). A queue record's counters always equal the number of its tasks in
-each state, as they change in the same LMDB transaction as the tasks.
+(LEASED, DELAYED or PENDING). A queue record's counters always equal the number of its
+tasks in each state, as they change in the same LMDB transaction as the tasks.
 
 Why this shape: leasing is a cursor seek to ``qid gen`` in ``ready`` and a short walk, so
 it costs O(k log n) whatever the number of leased or delayed tasks; expiry and delays are
@@ -62,6 +63,7 @@ from sortedcontainers import SortedDict
 from squall.master.storage.records import (
     AVAILABLE,
     LEASED,
+    PENDING,
     QG,
     W_ENQUEUED,
     W_EXPIRY,
@@ -285,7 +287,7 @@ class Index:
             _put(txn, key[:8] + _U64(w[W_ENQUEUED]) + key[8:], b"", True, True, False,
                  self.avail)
         else:
-            due = w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE]
+            due = w[W_EXPIRY] if state in (LEASED, PENDING) else w[W_NOT_BEFORE]
             _put(txn, _U64(due) + key, b"", True, True, False, self.timers)
         q.count(state, +1)
         return raw

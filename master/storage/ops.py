@@ -120,7 +120,7 @@ def _apply_op(index: Index, txn: lmdb.Transaction, op: Op, touched: dict[int, Qu
         q = index.by_qid[op[1]]
         if op[2] > q.gen:
             txn.put(qprefix(q.qid, q.gen), b"", db=index.reap_db)
-            q.gen, q.available, q.leased, q.delayed = op[2], 0, 0, 0
+            q.gen, q.available, q.leased, q.delayed, q.pending = op[2], 0, 0, 0, 0
             q.completed, q.enqueued_total, q.created_ms = 0, 0, op[3]
             touched[q.qid] = q
     elif kind == "C":

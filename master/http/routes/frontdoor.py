@@ -10,16 +10,19 @@ cluster key scoped to its node id, as its heartbeats do): role ``node``.
   one that is committed always passes the receipt age check). At most
   ``BLOCKS_PER_NODE`` unexpired blocks per node (429 beyond).
 - ``POST /v1/nodes/commit``: a list of updates (one per client request, each a list of
-  enqueues, and the replicas and batch receipts their payloads share, sent once); each
-  is applied all or nothing on its own, all of them concurrently, so they share the WAL's
-  group commit (one fsync for the lot). The answer has, per update, the master's answer
-  or its error.
+  enqueues, and the replicas and batch receipts their payloads share, sent once) and of
+  settles (a parallel put's pending tasks confirmed with their receipts, or abandoned;
+  master/tasks/pending.py); each is applied all or nothing on its own, all of them
+  concurrently, so they share the WAL's group commit (one fsync for the lot). An update
+  marked ``pending`` logs its payload tasks pending (the parallel put). The answer has,
+  per update and per settle, the master's answer or its error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import Request
@@ -91,19 +94,28 @@ async def commit(body: NodeCommitRequest, request: Request, m: MasterDep) -> JSO
 
 
 async def commit_updates(m: Master, body: NodeCommitRequest, addr: str) -> dict[str, Any]:
-    """Apply each update on its own, all of them concurrently (one group commit), each
-    answered once durable in the WAL."""
+    """Apply each update and each settle on its own, all of them concurrently (one group
+    commit), each answered once durable in the WAL."""
 
-    async def one(group: str, req: UpdateRequest) -> dict[str, Any]:
+    async def one(call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
         try:
-            return {"ok": await m.update(group, req, addr, answer_when_durable=True)}
+            return {"ok": await call}
         except StatusError as e:
             return {"error": {**e.to_body()["error"], "status": e.status}}
 
-    results = await asyncio.gather(*(one(u.group, UpdateRequest.model_construct(
-        enqueue=_shared(u), dequeue=[], renew=[], release=[], lease=None))
-        for u in body.updates))
-    return {"results": list(results)}
+    def update(u: NodeUpdate) -> Awaitable[dict[str, Any]]:
+        if u.pending:  # the parallel put: payloads still being stored on u.replicas
+            return m.enqueue_pending(u.group, u.enqueue, body.node_id, u.replicas,
+                                     answer_when_durable=True)
+        return m.update(u.group, UpdateRequest.model_construct(
+            enqueue=_shared(u), dequeue=[], renew=[], release=[], lease=None), addr,
+            answer_when_durable=True)
+
+    out = await asyncio.gather(*(one(update(u)) for u in body.updates),
+                               *(one(m.settle(s.group, s, answer_when_durable=True))
+                                 for s in body.settles))
+    n = len(body.updates)
+    return {"results": list(out[:n]), "settled": list(out[n:])}
 
 
 def _shared(u: NodeUpdate) -> list[EnqueueItem]:

@@ -38,8 +38,8 @@ QPATH = "/v1/groups/{group}/queues/{queue}"
 
 def counts(q: QueueRec) -> dict[str, Any]:
     return {"group": q.group, "queue": q.name, "available": q.available, "leased": q.leased,
-            "delayed": q.delayed, "total": q.size, "completed": q.completed,
-            "enqueued_total": q.enqueued_total}
+            "delayed": q.delayed, "pending": q.pending, "total": q.size,
+            "completed": q.completed, "enqueued_total": q.enqueued_total}
 
 
 async def queue_stats(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
@@ -106,6 +106,7 @@ async def cluster_stats(m: ReadMasterDep) -> JSON:
     return JSON({
         "queues": sum(1 for q in qs if q.size),
         "available": sum(q.available for q in qs), "leased": sum(q.leased for q in qs),
-        "delayed": sum(q.delayed for q in qs), "completed": sum(q.completed for q in qs),
+        "delayed": sum(q.delayed for q in qs), "pending": sum(q.pending for q in qs),
+        "completed": sum(q.completed for q in qs),
         "rates": m.meters.total.snapshot(m.clock.now()), "wal_ticket": m.wal.last_ticket,
     })
