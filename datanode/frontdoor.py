@@ -55,6 +55,7 @@ import orjson
 
 from squall.common.checksum import crc32c
 from squall.common.errors import OutcomeUnknown, StatusError, Unavailable, from_response
+from squall.common.wire import nodecommit
 from squall.common.wire.cluster import BlockGrant, PeerError
 from squall.common.wire.payload import Frame, encode_frame
 from squall.datanode.replication.peers import PeerUnreachable
@@ -135,16 +136,23 @@ class FrontDoor:
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         """The master's answer; its error as such; Unavailable if the request never
-        reached it; OutcomeUnknown if it may have and no answer came back."""
+        reached it; OutcomeUnknown if it may have and no answer came back. A commit
+        (``/v1/nodes/commit``) goes in its compact binary form (common/wire/nodecommit.py)."""
         if not self.master:
             raise Unavailable("this data node has no master (--master): no front door")
         # the lean keep-alive client (datanode/replication/peers.py)
         assert self.node.peers is not None
+        if path == "/v1/nodes/commit":
+            path, ctype = path + ".msgpack", nodecommit.CONTENT_TYPE
+            content = nodecommit.encode(body["node_id"], body["updates"],
+                                        body.get("settles", []))
+        else:
+            ctype, content = "application/json", orjson.dumps(body)
         try:
-            r = await self.node.peers.post(self.master + path, content=orjson.dumps(body),
-                                           headers={**self._auth(),
-                                                    "Content-Type": "application/json"},
-                                           replay=False)  # a commit may have been applied
+            r = await self.node.peers.post(
+                self.master + path, content=content,
+                headers={**self._auth(), "Content-Type": ctype},
+                replay=False)  # a commit may have been applied
         except PeerUnreachable as e:
             if e.sent:
                 raise OutcomeUnknown(_UNKNOWN.format(e)) from e
@@ -377,10 +385,9 @@ class FrontDoor:
         try:
             updates = [b for k, b, _ in batch if k == "u"]
             settles = [b for k, b, _ in batch if k == "s"]
-            body: dict[str, Any] = {"node_id": self.node.node_id, "updates": updates}
-            if settles:
-                body["settles"] = settles
-            ans = await self._post("/v1/nodes/commit", body)
+            ans = await self._post("/v1/nodes/commit", {"node_id": self.node.node_id,
+                                                        "updates": updates,
+                                                        "settles": settles})
             ups, sts = iter(ans["results"]), iter(ans.get("settled") or [])
             if len(ans["results"]) != len(updates) or len(ans.get("settled") or []) != len(
                     settles):

@@ -146,6 +146,7 @@ class Master(Housekeeping):
         self.reaped = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._settled = asyncio.Event()  # set (and replaced) whenever pending tasks settle
+        self._settled_n: dict[tuple[str, str], int] = {}  # pending tasks settled, per queue
         log.info("recovered: %d WAL records replayed in %.2fs, at ticket %d",
                  self.replayed, self.recovery_secs, self.wal.last_ticket)
 
@@ -305,11 +306,15 @@ class Master(Housekeeping):
         res = await self._execute_proven(
             refs, lambda txn: pending.plan_settle(self.engine, txn, group, items),
             early=answer_when_durable)
-        self._after_settle(group, {it.queue for it in s.items})
+        self._after_settle(group, res.pop("queues"))
         return res
 
-    def _after_settle(self, group: str, queues: set[str]) -> None:
+    def _after_settle(self, group: str, queues: dict[str, int]) -> None:
+        if not queues:
+            return
         self._woke(group, queues)
+        for q, n in queues.items():
+            self._settled_n[(group, q)] = self._settled_n.get((group, q), 0) + n
         ev, self._settled = self._settled, asyncio.Event()
         ev.set()
 
@@ -332,7 +337,7 @@ class Master(Housekeeping):
         n = 0
         for group, items in by_group.items():
             res = await self._execute(functools.partial(self._plan_settle, group, items))
-            self._after_settle(group, {i.queue for i in items})
+            self._after_settle(group, res.pop("queues"))
             n += res["confirmed"] + res["removed"]
             if res["removed"]:
                 log.info("removed %d pending task(s) of group %r whose payloads never "
@@ -344,13 +349,18 @@ class Master(Housekeeping):
         return pending.plan_settle(self.engine, txn, group, items)
 
     async def _pending_first(self, group: str, queue: str, want: int) -> None:
-        """Before a lease that does not wait: while the queue has pending tasks and fewer
-        available than `want`, wait (bounded) for confirmations."""
-        q = self.index.queues.get((group, queue))
+        """Before a lease that does not wait: while the queue has fewer tasks available
+        than `want` and the tasks pending when the lease arrived are not all settled, wait
+        for them (at most ``pending_lease_wait_s``): a put answered before its
+        confirmation is still found by the lease that follows it."""
+        key = (group, queue)
+        q = self.index.queues.get(key)
         if q is None or not q.pending or q.available >= want:
             return
         until = time.monotonic() + self.settings.pending_lease_wait_s
-        while q.pending and q.available < want and not self.waiters.closed:
+        goal = self._settled_n.get(key, 0) + q.pending
+        while (q.pending and q.available < want and self._settled_n.get(key, 0) < goal
+               and not self.waiters.closed):
             left = until - time.monotonic()
             if left <= 0:
                 return

@@ -114,7 +114,10 @@ ROUTES = RouteTable([
         # the data nodes' front door: blob-id blocks, and the group commit of enqueues
         R("POST", "/v1/nodes/blocks", frontdoor.blocks, BlockGrant, rule("node")),
         R("POST", "/v1/nodes/commit", frontdoor.commit, NodeCommitResponse, rule("node"),
-          hot=True)),
+          hot=True),
+        R("POST", "/v1/nodes/commit.msgpack", frontdoor.commit_compact, NodeCommitResponse,
+          rule("node", body="binary"), hot=True,
+          options={"openapi_extra": frontdoor.COMPACT_BODY})),
     *section(
         "health",
         R("GET", "/healthz", health.healthz, None, PUBLIC, responses={}),

@@ -93,6 +93,7 @@ def plan_settle(engine: Engine, txn: lmdb.Transaction, group: str, items: list[S
     v = View(engine, txn, group)
     now = engine.now_ms()
     confirmed = removed = 0
+    per_queue: dict[str, int] = {}
     for it in items:
         q = v.queue(it.queue)
         raw = check_pid(it.pid)
@@ -101,6 +102,7 @@ def plan_settle(engine: Engine, txn: lmdb.Transaction, group: str, items: list[S
                 or w[W_PAYLOAD].get("blob_id") != it.blob_id):
             continue
         stored = it.stored() if callable(it.stored) else it.stored
+        per_queue[it.queue] = per_queue.get(it.queue, 0) + 1
         if stored is None:
             v.delete(q, it.pid, completed=False)
             key = w[W_PAYLOAD].get("key")
@@ -115,7 +117,7 @@ def plan_settle(engine: Engine, txn: lmdb.Transaction, group: str, items: list[S
         nw[W_PAYLOAD] = stored
         v.put_wire(q, raw, nw, enqueue=False)
         confirmed += 1
-    return v.finish({"confirmed": confirmed, "removed": removed})
+    return v.finish({"confirmed": confirmed, "removed": removed, "queues": per_queue})
 
 
 def decide(cluster: Cluster, payload: dict[str, Any], enqueued_ms: int, now: float

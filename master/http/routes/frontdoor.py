@@ -16,6 +16,8 @@ cluster key scoped to its node id, as its heartbeats do): role ``node``.
   concurrently, so they share the WAL's group commit (one fsync for the lot). An update
   marked ``pending`` logs its payload tasks pending (the parallel put). The answer has,
   per update and per settle, the master's answer or its error.
+- ``POST /v1/nodes/commit.msgpack``: the same with the compact binary body the data nodes
+  send (``common/wire/nodecommit.py``).
 """
 
 from __future__ import annotations
@@ -27,9 +29,16 @@ from typing import Any
 
 from fastapi import Request
 
-from squall.common.errors import Forbidden, Overloaded, StatusError, Unavailable
+from squall.common.errors import (
+    Forbidden,
+    Overloaded,
+    StatusError,
+    Unavailable,
+    UnsupportedMediaType,
+)
 from squall.common.security.tokens import TokenClaims, bearer, verify
 from squall.common.server.guard import PRINCIPAL
+from squall.common.wire import nodecommit
 from squall.common.wire.cluster import (
     BlockRequest,
     NodeCommitRequest,
@@ -41,6 +50,8 @@ from squall.master.http.deps import MasterDep, client_addr
 from squall.master.security import check_node
 from squall.master.service import Master
 
+COMPACT_BODY = {"requestBody": {"required": True, "content": {"application/msgpack": {
+    "schema": {"type": "string", "format": "binary"}}}}}
 BLOCK_SECS = 60.0
 BLOCKS_PER_NODE = 8
 
@@ -89,6 +100,17 @@ async def blocks(body: BlockRequest, request: Request, m: MasterDep) -> JSON:
 
 async def commit(body: NodeCommitRequest, request: Request, m: MasterDep) -> JSON:
     """Commit many clients' front-door enqueues, each update on its own, in one go."""
+    _node(m, request, body.node_id)
+    return JSON(await commit_updates(m, body, client_addr(request)))
+
+
+async def commit_compact(request: Request, m: MasterDep) -> JSON:
+    """:func:`commit` with the compact binary body the data nodes send
+    (``common/wire/nodecommit.py``: msgpack, positional items)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != nodecommit.CONTENT_TYPE:
+        raise UnsupportedMediaType(f"send the commit as Content-Type: {nodecommit.CONTENT_TYPE}")
+    body = nodecommit.decode(await request.body())
     _node(m, request, body.node_id)
     return JSON(await commit_updates(m, body, client_addr(request)))
 
