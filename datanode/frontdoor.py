@@ -232,10 +232,16 @@ class FrontDoor:
             self._hook("pending_first")
         store = asyncio.ensure_future(self._store_frames(frames, peers, quorum))
         await asyncio.wait([commit, store])
-        if commit.exception() is not None:  # nothing pending (or unknown): as before
-            if not store.cancelled():
+        failed = commit.exception()
+        if failed is not None:
+            if isinstance(failed, OutcomeUnknown) and not self.no_confirm and all(
+                    items[i].get("pid") for i in with_payload):
+                # the master may hold the tasks pending: settle them now rather than at
+                # their deadline (a settle of tasks it does not hold changes nothing)
+                self._settle_unknown(group, [items[i] for i in with_payload], store)
+            elif not store.cancelled():
                 store.exception()  # retrieved: the stored payloads are orphans
-            raise commit.exception()  # type: ignore[misc]
+            raise failed
         res = commit.result()
         settle = {"group": group, "items": [
             {"queue": e["queue"], "pid": e["pid"], "payload": items[i]["payload"]}
@@ -258,6 +264,20 @@ class FrontDoor:
                            "receipts": receipts})
         self._hook("after_commit")
         return res
+
+    def _settle_unknown(self, group: str, items: list[dict[str, Any]],
+                        store: asyncio.Future[tuple[list[str], list[str]]]) -> None:
+        """The pending enqueue's answer was lost: confirm the tasks if the payloads are
+        on their write quorum, else withdraw them (nobody waits for either)."""
+        settle: dict[str, Any] = {"group": group, "items": [
+            {"queue": it["queue"], "pid": it["pid"], "payload": it["payload"]}
+            for it in items]}
+        if store.exception() is None:
+            replicas, receipts = store.result()
+            self._confirm({**settle, "durable": True, "replicas": replicas,
+                           "receipts": receipts})
+        else:
+            self._confirm({**settle, "durable": False})
 
     def _confirm(self, settle: dict[str, Any]) -> None:
         """Send `settle` with the next commit (within CONFIRM_LINGER_S); nobody waits for

@@ -215,7 +215,10 @@ class Master(Housekeeping):
 
         def work(txn: lmdb.Transaction) -> Plan:
             self.placement.prove(refs)  # batch receipts, once per batch, right before use
-            plan = build(txn)
+            try:
+                plan = build(txn)
+            finally:
+                self.placement.flush()  # the holders it proved, once per set of nodes
             recorded[:] = self.placement.recorded
             return plan
 
@@ -424,7 +427,11 @@ class Master(Housekeeping):
         return await self._execute(lambda txn: admin.plan_policy(self.engine, group, queue, p))
 
     async def set_schedule(self, group: str, name: str, s: Schedule | None) -> dict[str, Any]:
-        return await self._execute(lambda txn: admin.plan_schedule(self.engine, group, name, s))
+        try:
+            return await self._execute(
+                lambda txn: admin.plan_schedule(self.engine, group, name, s))
+        finally:
+            self.placement.flush()  # the holders its payload's receipts proved
 
     # -- data nodes: decommission (master/cluster/drain.py) ------------------------------------
     async def _mark_node(self, node_id: str, mark: dict[str, Any] | None) -> None:

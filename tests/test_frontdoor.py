@@ -139,7 +139,7 @@ def test_front_door_node_killed(tmp_path: Path, crash: str, parallel: str) -> No
 
 class AnswerDropper:
     """A TCP proxy to the master that forwards everything, except that once armed it drops
-    the master's answer to the next ``POST /v1/nodes/commit`` it carries (the master
+    the master's answer to the next ``POST /v1/nodes/commit[.msgpack]`` it carries (the master
     applied the commit) and cuts that connection: a commit whose answer is lost."""
 
     def __init__(self, port: int) -> None:
@@ -160,7 +160,7 @@ class AnswerDropper:
 
         async def up() -> None:
             while data := await cr.read(1 << 16):
-                if self.armed.is_set() and data.startswith(b"POST /v1/nodes/commit "):
+                if self.armed.is_set() and data.startswith(b"POST /v1/nodes/commit"):
                     self.armed.clear()
                     drop.set()
                 uw.write(data)
