@@ -58,6 +58,7 @@ from squall.common.errors import OutcomeUnknown, StatusError, Unavailable, from_
 from squall.common.wire import nodecommit
 from squall.common.wire.cluster import BlockGrant, PeerError
 from squall.common.wire.payload import Frame, encode_frame
+from squall.datanode.replication.coalesce import Coalescer
 from squall.datanode.replication.peers import PeerUnreachable
 from squall.datanode.replication.pipeline import forward_batch, quorum_message
 from squall.datanode.store.blobstore import BlobMeta
@@ -128,6 +129,8 @@ class FrontDoor:
         self.no_confirm = os.environ.get("SQUALL_TEST_NO_CONFIRM", "") == "1"
         self._linger: asyncio.TimerHandle | None = None
         self._confirms: set[asyncio.Future[dict[str, Any]]] = set()
+        # forwards of requests that arrive together share a replicate request per peer
+        self.coalescer: Coalescer | None = Coalescer(node)
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": "Bearer " + (self.node.settings.node_credential or
@@ -328,7 +331,8 @@ class FrontDoor:
         like = [BlobMeta(f.blob_id, 0, len(f.data), f.crc32c, 0, 0, 0) for f in frames]
         both: tuple[Any, Any] = await asyncio.gather(
             node.store.put_batch([(f.blob_id, f.data, f.crc32c) for f in frames]),
-            forward_batch(node, body, like, peers, batch_receipt=True),
+            self.coalescer.forward(body, like, peers) if self.coalescer is not None
+            else forward_batch(node, body, like, peers, batch_receipt=True),
             return_exceptions=True)
         stored, forwarded = both
         if isinstance(stored, BaseException):

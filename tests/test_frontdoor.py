@@ -354,3 +354,14 @@ def test_replicate_batch_answers_one_batch_receipt(cluster: DevCluster) -> None:
     assert tokens.verify_batch_receipt(key, ans["batch_receipt"], triples, ans["node_id"])
     r = httpx.post(url, content=body, headers=auth, timeout=10)  # per-blob receipts
     assert r.status_code == 200 and len(r.json()["blobs"]) == len(datas)
+    # several client requests' forwards sharing one request: one batch receipt each
+    for bad in ("2,2", "0,5", "x", ",".join(["1"] * 65) + ",0"):
+        r = httpx.post(url + f"?receipt=batch&cuts={bad}", content=body, headers=auth,
+                       timeout=10)
+        assert r.status_code == 400 and "cuts" in r.text, r.text
+    r = httpx.post(url + "?receipt=batch&cuts=2,3", content=body, headers=auth, timeout=10)
+    assert r.status_code == 200, r.text
+    ans = r.json()
+    first, second = ans["batch_receipts"]
+    assert tokens.verify_batch_receipt(key, first, triples[:2], ans["node_id"])
+    assert tokens.verify_batch_receipt(key, second, triples[2:], ans["node_id"])

@@ -212,6 +212,7 @@ async def test_a_batch_short_of_its_write_quorum_is_refused_before_any_commit(
     d._block = _Block("b", 1000, expires_at=1e12, replicas=["http://peer"], quorum=2,
                       granted_at=0.0)
     monkeypatch.setattr(frontdoor, "forward_batch", forward)
+    d.coalescer = None  # forwards one by one, through forward_batch
     with pytest.raises(Unavailable, match=r"write quorum not met .* durable on 1 of 2 "
                                           r"replicas, 2 needed; failed: http://peer: disk full"):
         await asyncio.wait_for(d.enqueue("g", "q", [{"pid": "a", "payload": b"x"}]), 10)
@@ -250,6 +251,7 @@ async def test_a_parallel_put_short_of_its_quorum_is_withdrawn_before_the_refusa
 
     monkeypatch.setattr(d, "_post", post)
     monkeypatch.setattr(frontdoor, "forward_batch", forward)
+    d.coalescer = None
     d.node.store = SimpleNamespace(put_batch=put_batch)
     d.node.puts = d.node.peer_errors = 0
     d.node.batch_receipt = lambda metas: "receipt"
