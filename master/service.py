@@ -321,32 +321,6 @@ class Master(Housekeeping):
         ev, self._settled = self._settled, asyncio.Event()
         ev.set()
 
-    async def settle_pending(self, limit: int = 1000) -> int:
-        """Housekeeping: decide the pending tasks past their deadline (pending.decide);
-        those that cannot be decided yet come back after ``pending.RECHECK_MS``."""
-        un = self.engine.unsettled
-        if not un:
-            return 0
-        now = self.clock.now()
-        by_group: dict[str, list[pending.Settle]] = {}
-        for key in list(un)[:limit]:
-            (group, queue, pid), (payload, enqueued_ms) = key, un.pop(key)
-            if not payload.get("blob_id"):
-                continue
-            d = pending.decide(self.cluster, payload, enqueued_ms, now)
-            if d is not False:
-                by_group.setdefault(group, []).append(
-                    pending.Settle(queue, pid, payload["blob_id"], d))
-        n = 0
-        for group, items in by_group.items():
-            res = await self._execute(functools.partial(self._plan_settle, group, items))
-            self._after_settle(group, res.pop("queues"))
-            n += res["confirmed"] + res["removed"]
-            if res["removed"]:
-                log.info("removed %d pending task(s) of group %r whose payloads never "
-                         "reached their write quorum", res["removed"], group)
-        return n
-
     def _plan_settle(self, group: str, items: list[pending.Settle], txn: lmdb.Transaction
                      ) -> Plan:
         return pending.plan_settle(self.engine, txn, group, items)
