@@ -54,6 +54,12 @@ async def test_pending_confirm_abandon_and_restart(tmp_path: Path) -> None:
                                       "n1", ["http://a", "http://b"])
         assert [e["collapsed"] for e in res["enqueued"]] == [False, False]
         assert _counts(m) == (1, 1, 2)  # the task without a payload is not pending
+        # the same pid or key twice in one request: the second collapses into the first
+        dup = await m.enqueue_pending("g", [_item("d", "b-d1", key="k-d"),
+                                            _item("d", "b-d2"), _item("d2", "b-d3", "k-d")],
+                                      "n1", [])
+        assert [e["collapsed"] for e in dup["enqueued"]] == [False, True, True]
+        assert (await m.settle("g", _settle("d", "b-d1", False)))["removed"] == 1
         assert [t["pid"] for t in await _lease(m)] == ["plain"]  # never the pending one
         with pytest.raises(Unavailable, match="not confirmed"):  # its pid, then its key
             await m.enqueue("g", "q", [TaskSpec(pid="a")])

@@ -151,9 +151,10 @@ class Engine:
             raise BadRequest(f"task {pid!r}: give not_before or delay_secs, not both")
         key = s.idempotency_key
         if key is not None and self.dedup is not None:
-            first = v.keys.get(key) or self.dedup.get(v.txn, v.group, key, now)
+            mine = v.keys.get(key)  # used earlier in this request
+            first = mine or self.dedup.get(v.txn, v.group, key, now)
             if first is not None:  # applied within the window: nothing to do
-                fq = v.queue(first[0])
+                fq = v.queue(first[0]) if mine is None else None
                 fw = v.wire(fq, first[1].encode()) if fq is not None else None
                 if fw is not None and fw[1] == PENDING:  # it may yet be removed
                     raise pending.busy(first[0], first[1])
@@ -162,7 +163,9 @@ class Engine:
             v.plan.ops.append(self.dedup.op(v.group, key, queue, pid, now))
         old = v.wire(q, raw)
         if old is not None:
-            if old[1] == PENDING:  # it may yet be removed: a collapse could be lost
+            # pending since an earlier request, it may yet be removed: a collapse could be
+            # lost (one pending in this request stands or falls with this one)
+            if old[1] == PENDING and (q.qid, raw) not in v.tasks:
                 raise pending.busy(queue, pid)
             return {"queue": queue, "pid": pid, "collapsed": True}
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)
