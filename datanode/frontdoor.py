@@ -79,7 +79,9 @@ COMMIT_PENDING_MAX = 5000  # client requests waiting for a commit (503 beyond)
 # for the one ahead made a front-door put ~1.5 commits long); beyond this they batch up
 COMMITS_IN_FLIGHT = 4
 # a confirmation of pending tasks waits at most this long for a commit to ride along with
-CONFIRM_LINGER_S = 0.002
+# (a confirmation sent alone costs the master a WAL group of its own, whose sync the next
+# put's pending enqueue would wait behind)
+CONFIRM_LINGER_S = 0.02
 _UNKNOWN = ("the master may have applied this enqueue, but its answer did not reach this data "
             "node ({}); resend it: its pids make the resend collapse into it while its tasks "
             "are queued (give idempotency keys to cover tasks dequeued meanwhile)")
