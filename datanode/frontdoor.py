@@ -22,10 +22,11 @@ master's orphan collection deletes after ``orphan_grace_s``; a crash between 3 a
 an enqueue the client does not know about: its retry (to any node) carries the same pids and
 collapses into it (the client makes a pid for every task).
 
-The parallel put (the default; ``SQUALL_FRONT_DOOR_PARALLEL=0`` keeps the steps above in
-series): the blob ids, sizes and checksums are known before anything is stored, so steps
-2 and 3 run at once: the enqueue goes to the master marked *pending* (the master logs the
-tasks, never leases them; master/tasks/pending.py) while the payloads are stored and
+The parallel put (the default for requests of up to ``PARALLEL_MAX_TASKS`` tasks;
+``SQUALL_FRONT_DOOR_PARALLEL=0`` keeps the steps above in series for all): the blob ids,
+sizes and checksums are known before anything is stored, so steps 2 and 3 run at once:
+the enqueue goes to the master marked *pending* (the master logs the tasks, never leases
+them; master/tasks/pending.py) while the payloads are stored and
 replicated. The client is answered once both are durable. The receipts then go to the
 master in this node's next grouped commit (a *settle* that confirms the tasks, after which
 they are leasable; it waits up to ``CONFIRM_LINGER_S`` for other commits to ride along).
@@ -78,6 +79,11 @@ COMMIT_PENDING_MAX = 5000  # client requests waiting for a commit (503 beyond)
 # goes at once instead of waiting for it (under D's load a commit took ~8 ms, and waiting
 # for the one ahead made a front-door put ~1.5 commits long); beyond this they batch up
 COMMITS_IN_FLIGHT = 4
+# the parallel put for requests of at most this many tasks: it costs the master two records
+# per task (pending, confirmed) to take the master's commit off a put's latency, which is
+# what a client putting one task at a time waits for; a large batch is bound by CPU, not
+# by its latency (its client keeps several in flight), and goes the serial way
+PARALLEL_MAX_TASKS = 16
 # a confirmation of pending tasks waits at most this long for a commit to ride along with
 # (a confirmation sent alone costs the master a WAL group of its own, whose sync the next
 # put's pending enqueue would wait behind)
@@ -201,7 +207,8 @@ class FrontDoor:
         items = [{k: t[k] for k in fields if t.get(k) is not None} for t in tasks]
         update: dict[str, Any] = {"group": group, "enqueue": items}
         with_payload = [i for i, t in enumerate(tasks) if t.get("payload") is not None]
-        if with_payload and self.node.settings.front_door_parallel:
+        if (with_payload and self.node.settings.front_door_parallel
+                and len(tasks) <= PARALLEL_MAX_TASKS):
             return await self._parallel(group, queue, tasks, items, with_payload)
         if with_payload:
             refs, update["replicas"], update["receipts"] = await self._store(
