@@ -22,8 +22,8 @@ master's orphan collection deletes after ``orphan_grace_s``; a crash between 3 a
 an enqueue the client does not know about: its retry (to any node) carries the same pids and
 collapses into it (the client makes a pid for every task).
 
-The parallel put (the default for requests of up to ``PARALLEL_MAX_TASKS`` tasks;
-``SQUALL_FRONT_DOOR_PARALLEL=0`` keeps the steps above in series for all): the blob ids,
+The parallel put (``SQUALL_FRONT_DOOR_PARALLEL=1``, off by default, for requests of up to
+``PARALLEL_MAX_TASKS`` tasks): the blob ids,
 sizes and checksums are known before anything is stored, so steps 2 and 3 run at once:
 the enqueue goes to the master marked *pending* (the master logs the tasks, never leases
 them; master/tasks/pending.py) while the payloads are stored and

@@ -26,7 +26,7 @@ from squall.client import Client
 from squall.client.cli.dev import DevCluster
 from tests.helpers import ADMIN, start_cluster, wait_for
 
-ENV = {"SQUALL_PENDING_DEADLINE_S": "1"}
+ENV = {"SQUALL_PENDING_DEADLINE_S": "1", "SQUALL_FRONT_DOOR_PARALLEL": "1"}
 SLOW = {**ENV, "SQUALL_PENDING_DEADLINE_S": "5"}  # time to look at a pending task
 
 
