@@ -43,6 +43,11 @@ class DataNodeSettings:
     forward_queue_chunks: int = 4  # chunks buffered per peer while forwarding
     front_door_max_bytes: int = 64 << 10  # largest payload the front door takes
     sqs_region: str = "us-east-1"  # the region SigV4 requests to the SQS endpoint name
+    # the parallel put (SQUALL_FRONT_DOOR_PARALLEL=1): the enqueue goes to the master
+    # (pending) while the payloads are stored; off by default: measured, it cost the servers
+    # more CPU per put than it saved in latency (bench/results/put-path.md)
+    front_door_parallel: bool = field(
+        default_factory=lambda: os.environ.get("SQUALL_FRONT_DOOR_PARALLEL", "0") == "1")
 
     def resolve_node_id(self) -> str:
         """The configured id, else the one stored in ``data_dir/node_id`` (created once)."""

@@ -43,6 +43,7 @@ import orjson
 from squall.common.checksum import crc32c
 from squall.common.errors import OutcomeUnknown, Unavailable, from_response
 from squall.common.wire.payload import OK, batch_get_headers, decode_frames, fewest_nodes
+from squall.datanode import masterlink
 from squall.datanode.replication.peers import PeerUnreachable
 
 if TYPE_CHECKING:
@@ -102,16 +103,15 @@ async def lease_for(node: DataNode, group: str, queue: str, lease: dict[str, Any
 
 async def _master(node: DataNode, path: str, body: dict[str, Any], authorization: str,
                   wait_s: float) -> bytes:
-    master = (node.settings.master_url or "").rstrip("/")
-    if not master:
+    if node.masters is None:
         raise Unavailable("this data node has no master (--master): it cannot lease")
     assert node.peers is not None
-    try:
-        r = await node.peers.post(master + path, content=orjson.dumps(body),
-                                  headers={"Authorization": authorization,
-                                           "Content-Type": "application/json"},
-                                  replay=False,  # a lease is not idempotent
-                                  timeout=node.settings.peer_timeout_s + wait_s)
+    try:  # never resent once sent: a lease is not idempotent
+        r = await masterlink.request(node.peers, node.masters, "POST", path,
+                                     orjson.dumps(body),
+                                     {"Authorization": authorization,
+                                      "Content-Type": "application/json"},
+                                     timeout=node.settings.peer_timeout_s + wait_s)
     except PeerUnreachable as e:
         if e.sent:
             raise OutcomeUnknown(f"the master may have leased tasks for this request, but "

@@ -22,12 +22,22 @@ async def post(peers: Peers, masters: Masters, path: str, content: bytes,
                timeout: float | None = None) -> PeerResponse:
     """POST `content` to `path` on the master that leads; its answer (a standby's refusal
     when no address led), or PeerUnreachable as :meth:`Peers.post` raises it."""
+    return await request(peers, masters, "POST", path, content, headers,
+                         connect_timeout=connect_timeout, timeout=timeout)
+
+
+async def request(peers: Peers, masters: Masters, method: str, path: str,
+                  content: bytes | None, headers: dict[str, str], *, replay: bool = False,
+                  connect_timeout: float | None = None, timeout: float | None = None
+                  ) -> PeerResponse:
+    """:func:`post` for any method; `path` may carry a query string. `replay`: resend on
+    a reused connection that broke (idempotent requests only)."""
     hops = 0
     while True:
         base = masters.current
         try:
-            r = await peers.post(base + path, content, headers, replay=False,
-                                 connect_timeout=connect_timeout, timeout=timeout)
+            r = await peers.request(method, base + path, content, headers, replay,
+                                    connect_timeout, timeout)
         except PeerUnreachable as e:
             if masters.several:
                 masters.advance(base)

@@ -175,6 +175,11 @@ def register(app: typer.Typer) -> None:
         lease_wait_max_s: float = typer.Option(
             20.0, envvar="SQUALL_LEASE_WAIT_MAX_S", min=0.0, max=3600.0,
             help="longest a lease's wait_secs may hold a request (long polling)"),
+        pending_deadline_s: float = typer.Option(
+            10.0, envvar="SQUALL_PENDING_DEADLINE_S", min=0.1, max=3600.0,
+            help="a task enqueued through a data node while its payload was being stored "
+                 "is settled by the master (from the nodes' block reports) if its node has "
+                 "not confirmed it this long after"),
         cluster_key_file: Path | None = typer.Option(
             None, "--cluster-key-file", envvar="SQUALL_CLUSTER_KEY_FILE",
             help="file with the cluster's HMAC key (else SQUALL_CLUSTER_KEY, else one made in "
@@ -239,6 +244,7 @@ def register(app: typer.Typer) -> None:
         settings = MasterSettings(
             data_dir=str(data_dir), fsync=fsync, checkpoint_interval_s=checkpoint_interval_s,
             index_sync=index_sync, lease_wait_max_s=lease_wait_max_s,
+            pending_deadline_s=pending_deadline_s,
             cluster=cluster, cluster_key_file=str(cluster_key_file) if cluster_key_file else None)
         # a master always has its keys (configured, or made in its data folder), on any
         # address; published key material is refused

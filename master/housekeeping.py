@@ -1,7 +1,8 @@
 """The master's background work and checkpoints, mixed into :class:`Master`.
 
 Background work (:meth:`tick`, every ``sweep_interval_s``), each step in bounded batches so
-requests are never starved: the sweeper (expired leases, ended delays), due schedules,
+requests are never starved: the sweeper (expired leases, ended delays), settling pending
+tasks past their deadline (master/tasks/pending.py), due schedules,
 reaping deleted queue generations, dropping expired idempotency keys, the cluster's repair
 slices, and retrying a failed WAL. Checkpoints sync the index, then drop the WAL segments
 it covers.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -19,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from squall.common.errors import Unavailable
-from squall.master.tasks import admin
+from squall.master.tasks import admin, pending
 
 if TYPE_CHECKING:
+    from squall.common.clock import Clock
     from squall.master.cluster.state import Cluster
     from squall.master.service import MasterSettings
     from squall.master.storage.commit import GroupCommit
@@ -39,6 +42,7 @@ FREED_PER_TICK = 50_000
 
 class Housekeeping:
     settings: MasterSettings
+    clock: Clock
     index: Index
     engine: Engine
     dedup: Dedup
@@ -58,6 +62,37 @@ class Housekeeping:
                            sweep_first: bool = False) -> dict[str, Any]: ...
 
         def _woke(self, group: str, queues: Iterable[str]) -> None: ...
+
+        def _after_settle(self, group: str, queues: dict[str, int]) -> None: ...
+
+        def _plan_settle(self, group: str, items: list[pending.Settle],
+                         txn: lmdb.Transaction) -> Plan: ...
+
+    async def settle_pending(self, limit: int = 1000) -> int:
+        """Housekeeping: decide the pending tasks past their deadline (pending.decide);
+        those that cannot be decided yet come back after ``pending.RECHECK_MS``."""
+        un = self.engine.unsettled
+        if not un:
+            return 0
+        now = self.clock.now()
+        by_group: dict[str, list[pending.Settle]] = {}
+        for key in list(un)[:limit]:
+            (group, queue, pid), (payload, enqueued_ms) = key, un.pop(key)
+            if not payload.get("blob_id"):
+                continue
+            d = pending.decide(self.cluster, payload, enqueued_ms, now)
+            if d is not False:
+                by_group.setdefault(group, []).append(
+                    pending.Settle(queue, pid, payload["blob_id"], d))
+        n = 0
+        for group, items in by_group.items():
+            res = await self._execute(functools.partial(self._plan_settle, group, items))
+            self._after_settle(group, res.pop("queues"))
+            n += res["confirmed"] + res["removed"]
+            if res["removed"]:
+                log.info("removed %d pending task(s) of group %r whose payloads never "
+                         "reached their write quorum", res["removed"], group)
+        return n
 
     def sweep_once(self) -> int:
         """One sweep in its own transaction (tests; no request may be in flight)."""
@@ -137,6 +172,7 @@ class Housekeeping:
             return {"swept": 0, "fired": 0, "reaped": 0, **self.cluster.tick([])}
         try:
             swept = await self._sweep_derived()
+            await self.settle_pending()  # pending tasks the sweep found past their deadline
             fired = await self.fire_schedules()
             reaped = await self._derived(self._reap_and_expire)
         except Unavailable:  # a refused batch (the disk failed meanwhile): next tick

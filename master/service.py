@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -39,8 +40,10 @@ from squall.common.security.auth import new_key, write_secret
 from squall.common.security.files import private_dir
 from squall.common.security.tokens import load_cluster_key
 from squall.common.server.tracing import Spans
+from squall.common.wire.cluster import NodeSettle
 from squall.common.wire.models import (
     BatchRequest,
+    EnqueueItem,
     LeaseRequest,
     PayloadRef,
     Policy,
@@ -61,7 +64,7 @@ from squall.master.storage.ops import apply, replay
 from squall.master.storage.records import LEASED, QueueRec
 from squall.master.storage.wal import WAL
 from squall.master.storage.walfile import Tail, read_records
-from squall.master.tasks import admin, batches
+from squall.master.tasks import admin, batches, pending
 from squall.master.tasks.dedup import Dedup
 from squall.master.tasks.engine import Engine
 from squall.master.tasks.leasetokens import LeaseTokens, load_or_make_key
@@ -97,6 +100,13 @@ class MasterSettings:
     lease_waiters_max: int = 1000  # parked leases in all (503 beyond)
     dedup_retention_s: float = 300.0  # window of enqueue idempotency keys (see dedup.py)
     lease_key: bytes | None = None  # seals lease tokens; None: <data_dir>/lease.key
+    # a task enqueued pending (the parallel put, master/tasks/pending.py) is settled by
+    # housekeeping if its node has not confirmed it this long after it was logged
+    pending_deadline_s: float = 10.0
+    # a lease that does not wait, on a queue with pending tasks and fewer available than it
+    # asks for, waits this long at most for them to be confirmed (a put's answer comes
+    # before its confirmation: a put-then-lease still finds its task)
+    pending_lease_wait_s: float = 1.0
     # a member of a master set (master/ha/role.py SetSettings); None: a single master
     master_set: Any = None
 
@@ -174,6 +184,8 @@ class Master(Housekeeping):
         self.checkpoints = 0
         self.reaped = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._settled = asyncio.Event()  # set (and replaced) whenever pending tasks settle
+        self._settled_n: dict[tuple[str, str], int] = {}  # pending tasks settled, per queue
         log.info("recovered: %d WAL records replayed in %.2fs, at ticket %d",
                  self.replayed, self.recovery_secs, self.wal.last_ticket)
 
@@ -242,7 +254,10 @@ class Master(Housekeeping):
 
         def work(txn: lmdb.Transaction) -> Plan:
             self.placement.prove(refs)  # batch receipts, once per batch, right before use
-            plan = build(txn)
+            try:
+                plan = build(txn)
+            finally:
+                self.placement.flush()  # the holders it proved, once per set of nodes
             recorded[:] = self.placement.recorded
             return plan
 
@@ -316,11 +331,79 @@ class Master(Housekeeping):
         self._woke(group, (queue,))
         return res
 
+    # -- the parallel put (master/tasks/pending.py) -------------------------------------
+    async def enqueue_pending(self, group: str, items: list[EnqueueItem], node_id: str,
+                              replicas: list[str], *, answer_when_durable: bool = False
+                              ) -> dict[str, Any]:
+        """A front door's enqueues, logged while their payloads are being stored: tasks
+        with a payload are pending until :meth:`settle` confirms them."""
+        extra = {"replicas": list(replicas), "node": node_id}
+        deadline_ms = int(self.settings.pending_deadline_s * 1000)
+        res = await self._execute(
+            lambda txn: self.engine.plan_pending(txn, group, items, extra, deadline_ms),
+            early=answer_when_durable)
+        self._woke(group, {e.queue for e in items if e.payload is None})
+        return res
+
+    async def settle(self, group: str, s: NodeSettle, *, answer_when_durable: bool = False
+                     ) -> dict[str, Any]:
+        """A node confirms (its write quorum's receipts) or abandons pending tasks."""
+        refs: list[PayloadRef] = []
+        items: list[pending.Settle] = []
+        for it in s.items:
+            p = it.payload
+            if not s.durable:
+                items.append(pending.Settle(it.queue, it.pid, p.blob_id, None))
+                continue
+            if not p.receipts and not p.replicas:
+                p.receipts, p.replicas = s.receipts, s.replicas
+            refs.append(p)
+            items.append(pending.Settle(it.queue, it.pid, p.blob_id,
+                                        functools.partial(self.placement.verify, p)))
+        res = await self._execute_proven(
+            refs, lambda txn: pending.plan_settle(self.engine, txn, group, items),
+            early=answer_when_durable)
+        self._after_settle(group, res.pop("queues"))
+        return res
+
+    def _after_settle(self, group: str, queues: dict[str, int]) -> None:
+        if not queues:
+            return
+        self._woke(group, queues)
+        for q, n in queues.items():
+            self._settled_n[(group, q)] = self._settled_n.get((group, q), 0) + n
+        ev, self._settled = self._settled, asyncio.Event()
+        ev.set()
+
+    def _plan_settle(self, group: str, items: list[pending.Settle], txn: lmdb.Transaction
+                     ) -> Plan:
+        return pending.plan_settle(self.engine, txn, group, items)
+
+    async def _pending_first(self, group: str, queue: str, want: int) -> None:
+        """Before a lease that does not wait: while the queue has fewer tasks available
+        than `want` and the tasks pending when the lease arrived are not all settled, wait
+        for them (at most ``pending_lease_wait_s``): a put answered before its
+        confirmation is still found by the lease that follows it."""
+        key = (group, queue)
+        q = self.index.queues.get(key)
+        if q is None or not q.pending or q.available >= want:
+            return
+        until = time.monotonic() + self.settings.pending_lease_wait_s
+        goal = self._settled_n.get(key, 0) + q.pending
+        while (q.pending and q.available < want and self._settled_n.get(key, 0) < goal
+               and not self.waiters.closed):
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), left)
+
     async def lease(self, group: str, queue: str, req: LeaseRequest, addr: str, *,
                     answer_when_durable: bool = False) -> dict[str, Any]:
         """Lease now; with ``wait_secs``, wait for tasks (see waiters.py)."""
         early = answer_when_durable
         if not req.wait_secs or self.waiters.closed:
+            await self._pending_first(group, queue, req.max_tasks)
             return await self._lease_now(group, queue, req, addr, early)
         return await self.waiters.wait((check_name("group", group), check_name("queue", queue)),
                                        req.wait_secs,
@@ -392,7 +475,11 @@ class Master(Housekeeping):
             (check_name("group", group), check_name("queue", queue))))
 
     async def set_schedule(self, group: str, name: str, s: Schedule | None) -> dict[str, Any]:
-        return await self._execute(lambda txn: admin.plan_schedule(self.engine, group, name, s))
+        try:
+            return await self._execute(
+                lambda txn: admin.plan_schedule(self.engine, group, name, s))
+        finally:
+            self.placement.flush()  # the holders its payload's receipts proved
 
     # -- data nodes: decommission (master/cluster/drain.py) ------------------------------------
     async def _mark_node(self, node_id: str, mark: dict[str, Any] | None) -> None:

@@ -84,7 +84,7 @@ class _Pass:
 
     def add(self, q: QueueRec) -> None:
         s = self.s
-        size = q.available + q.leased + q.delayed
+        size = q.size
         s.queues += 1
         s.available += q.available
         s.leased += q.leased

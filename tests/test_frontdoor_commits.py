@@ -46,7 +46,8 @@ class StuckMaster:
 @pytest.fixture
 def door(monkeypatch: pytest.MonkeyPatch) -> tuple[FrontDoor, StuckMaster]:
     node: Any = SimpleNamespace(node_id="n1", clock=SimpleNamespace(now=lambda: 0.0),
-                                settings=SimpleNamespace(master_url="http://127.0.0.1:1"))
+                                settings=SimpleNamespace(master_url="http://127.0.0.1:1",
+                                                         front_door_parallel=False))
     d = FrontDoor(node)
     master = StuckMaster()
     monkeypatch.setattr(d, "_post", master.post)
@@ -211,10 +212,61 @@ async def test_a_batch_short_of_its_write_quorum_is_refused_before_any_commit(
     d._block = _Block("b", 1000, expires_at=1e12, replicas=["http://peer"], quorum=2,
                       granted_at=0.0)
     monkeypatch.setattr(frontdoor, "forward_batch", forward)
+    d.coalescer = None  # forwards one by one, through forward_batch
     with pytest.raises(Unavailable, match=r"write quorum not met .* durable on 1 of 2 "
                                           r"replicas, 2 needed; failed: http://peer: disk full"):
         await asyncio.wait_for(d.enqueue("g", "q", [{"pid": "a", "payload": b"x"}]), 10)
     assert master.commits == [] and d._block is None and d.node.peer_errors == 1
+    await d.aclose()
+
+
+async def test_a_parallel_put_short_of_its_quorum_is_withdrawn_before_the_refusal(
+        door: tuple[FrontDoor, StuckMaster], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parallel put: the enqueue went to the master (pending) while the payload missed
+    its write quorum. The pending task is withdrawn (a settle that removes it) before the
+    client is told 503; if the withdrawal cannot be committed, the outcome is unknown."""
+    d, _ = door
+    d.node.settings.front_door_parallel = True
+    d.node.address = "http://me"
+    sent: list[dict[str, Any]] = []
+    withdraw_fails = False
+
+    async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert path == "/v1/nodes/commit"
+        sent.append(body)
+        if body["settles"] and withdraw_fails:
+            raise Unavailable("master down")
+        return {"results": [{"ok": {"enqueued": [{"queue": "q", "pid": "a",
+                                                  "collapsed": False}]}}
+                            for _ in body["updates"]],
+                "settled": [{"ok": {"confirmed": 0, "removed": 1}} for _ in body["settles"]]}
+
+    async def put_batch(items: list[tuple[str, bytes, int]]) -> list[tuple[BlobMeta, bool]]:
+        return [(BlobMeta(b, 0, len(data), crc, 0, 0, 0), True) for b, data, crc in items]
+
+    async def forward(node: Any, body: bytes, metas: list[BlobMeta], peers: list[str],
+                      batch_receipt: bool = False) -> list[PeerError]:
+        return [PeerError(address=p, status=507, code="insufficient_storage",
+                          message="disk full") for p in peers]
+
+    monkeypatch.setattr(d, "_post", post)
+    monkeypatch.setattr(frontdoor, "forward_batch", forward)
+    d.coalescer = None
+    d.node.store = SimpleNamespace(put_batch=put_batch)
+    d.node.puts = d.node.peer_errors = 0
+    d.node.batch_receipt = lambda metas: "receipt"
+    for fails in (False, True):
+        withdraw_fails, sent[:] = fails, []
+        d._block = _Block("b", 1000, expires_at=1e12, replicas=["http://peer"], quorum=2,
+                          granted_at=0.0)
+        with pytest.raises(OutcomeUnknown if fails else Unavailable,
+                           match="withdrawn" if fails else "write quorum not met"):
+            await asyncio.wait_for(d.enqueue("g", "q", [{"pid": "a", "payload": b"x"}]), 10)
+        [update] = [u for b in sent for u in b["updates"]]
+        assert update["pending"] and update["replicas"] == ["http://me", "http://peer"]
+        [settle] = [x for b in sent for x in b["settles"]]
+        assert settle["durable"] is False and [i["pid"] for i in settle["items"]] == ["a"]
+    assert d.abandoned == 1
     await d.aclose()
 
 

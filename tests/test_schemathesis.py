@@ -47,8 +47,12 @@ ROUTES = {
     ("GET", "/metrics"),
 }
 # routes for data nodes' own credentials, which the admin credential does not pass (403)
+# the data nodes' compact commit body (msgpack, documented as binary) goes as generated;
+# any bytes fit a binary body's schema, so it has no negative examples
+schemathesis.serializer.alias("application/msgpack", "application/octet-stream")
+BINARY_ONLY = {"/v1/nodes/commit.msgpack"}
 NODE_ROUTES = {"/v1/nodes/heartbeat", "/v1/nodes/blocks", "/v1/nodes/commit",
-               "/v1/nodes/sqs-key"}
+               "/v1/nodes/commit.msgpack", "/v1/nodes/sqs-key"}
 FASTAPI_DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 # Error statuses every /v1 operation must document, with the error body's schema.
 DOCUMENTED_ERRORS = ("400", "404", "409", "413")
@@ -112,7 +116,7 @@ def test_api_fuzz(api_schema: Any, method: str, path: str, variant: str) -> None
     op = api_schema[path][method]
     params = {p.name for p in op.path_parameters}
     has_input = bool(params or list(op.query) or list(op.body))
-    if variant == "negative" and not has_input:
+    if variant == "negative" and (not has_input or path in BINARY_ONLY):
         pytest.skip("no input to make invalid")
     if variant == "known-queue" and not params & set(KNOWN):
         pytest.skip("no group or queue in the path")

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from squall.common.errors import BadRequest
 from squall.common.security.tokens import MAX_TOKEN_CHARS
-from squall.common.wire.models import MAX_BATCH, EnqueueItem
+from squall.common.wire.models import MAX_BATCH, EnqueueItem, Name, PayloadRef, Pid
 
 TOKEN_ITEM_CHARS = 4096  # a token in a batch-get's `tokens` list: one covering a few ids
 BLOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
@@ -215,15 +215,45 @@ class NodeUpdate(_M):
         Field(default_factory=list, json_schema_extra={"default": []}))
     receipts: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=16)] = (
         Field(default_factory=list, json_schema_extra={"default": []}))
+    # the parallel put: the payloads are being stored on `replicas` while this is logged;
+    # their tasks are pending (never leased) until a settle confirms them
+    pending: bool = False
+
+
+class SettleItem(_M):
+    queue: Name
+    pid: Pid
+    payload: PayloadRef
+
+
+class NodeSettle(_M):
+    """A front-door request's pending tasks settled by their node: `durable` (confirm,
+    with the write quorum's receipts, shared like an update's) or not (remove them: the
+    request is answered as refused)."""
+
+    group: Annotated[str, Field(min_length=1, max_length=128)]
+    items: Annotated[list[SettleItem], Field(min_length=1, max_length=MAX_BATCH)]
+    durable: bool
+    replicas: Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=16)] = (
+        Field(default_factory=list, json_schema_extra={"default": []}))
+    receipts: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=16)] = (
+        Field(default_factory=list, json_schema_extra={"default": []}))
 
 
 class NodeCommitRequest(_M):
-    """Many clients' front-door enqueues in one node-to-master request."""
+    """Many clients' front-door enqueues, and settles of pending ones, in one
+    node-to-master request."""
 
     node_id: Annotated[str, Field(min_length=1, max_length=128)]
-    updates: Annotated[list[NodeUpdate], Field(min_length=1, max_length=MAX_BATCH)]
+    updates: Annotated[list[NodeUpdate], Field(max_length=MAX_BATCH)] = Field(
+        default_factory=list, json_schema_extra={"default": []})
+    settles: Annotated[list[NodeSettle], Field(max_length=MAX_BATCH)] = Field(
+        default_factory=list, json_schema_extra={"default": []})
 
 
 class NodeCommitResponse(_Lenient):
     results: list[dict[str, Any]] = Field(
         description="per update, in order: {\"ok\": UpdateResponse} or {\"error\": {...}}")
+    settled: list[dict[str, Any]] = Field(
+        default_factory=list, description="per settle, in order: {\"ok\": {\"confirmed\", "
+        "\"removed\"}} or {\"error\": {...}}")

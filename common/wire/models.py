@@ -342,6 +342,9 @@ class QueueCounts(_M):
     available: int
     leased: int
     delayed: int
+    pending: int = Field(0, description="tasks enqueued through a data node whose payloads "
+                         "are not confirmed on their write quorum yet: counted in `total`, "
+                         "never leased until confirmed (usually milliseconds)")
     total: int
     completed: int = Field(description="tasks dequeued since the queue was created")
     enqueued_total: int
@@ -391,6 +394,7 @@ class ClusterStats(_M):
     delayed: int
     paused: int = Field(0, description="available tasks held by a pause")
     blocked: int = Field(0, description="available tasks held by a concurrency or rate limit")
+    pending: int = 0
     completed: int
     rates: Rates
     wal_ticket: int

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from squall.datanode import masterlink
 from squall.datanode.replication.peers import PeerUnreachable
 from squall.datanode.sqs.errors import SqsError
 
@@ -108,16 +109,16 @@ class KeyCache:
 
     async def _fetch(self, access_key_id: str, date: str, region: str) -> KeyInfo:
         n = self.node
-        master = (n.settings.master_url or "").rstrip("/")
-        if not master or n.peers is None:
+        if n.masters is None or n.peers is None:
             raise SqsError("ServiceUnavailable", "this data node has no master")
         self.lookups += 1
         body = {"node_id": n.node_id, "access_key_id": access_key_id, "date": date,
                 "region": region}
         try:
-            r = await n.peers.post(master + "/v1/nodes/sqs-key", content=orjson.dumps(body),
-                                   headers={"Authorization": self._auth(),
-                                            "Content-Type": "application/json"})
+            r = await masterlink.request(n.peers, n.masters, "POST", "/v1/nodes/sqs-key",
+                                         orjson.dumps(body),
+                                         {"Authorization": self._auth(),
+                                          "Content-Type": "application/json"}, replay=True)
         except PeerUnreachable as e:
             raise SqsError("ServiceUnavailable", f"the master is unreachable ({e}); "
                            "retry") from None

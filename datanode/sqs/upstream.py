@@ -16,6 +16,7 @@ from urllib.parse import quote, urlencode
 import orjson
 
 from squall.common.wire.models import MAX_WAIT_SECS
+from squall.datanode import masterlink
 from squall.datanode.replication.peers import PeerUnreachable
 from squall.datanode.sqs.errors import SqsError
 
@@ -30,16 +31,15 @@ class Upstream:
 
     def __init__(self, node: DataNode, credential: str) -> None:
         self.node = node
-        self.master = (node.settings.master_url or "").rstrip("/")
         self.credential = credential
 
     async def call(self, method: str, path: str, body: Any = None, *,
                    query: dict[str, Any] | None = None, replay: bool = False,
                    timeout: float | None = None, missing: str | None = None) -> Any:
-        if not self.master:
+        if self.node.masters is None:
             raise SqsError("ServiceUnavailable", "this data node has no master")
         assert self.node.peers is not None
-        url = self.master + path
+        url = path
         if query:
             url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
         headers = {"Authorization": "Bearer " + self.credential}
@@ -48,8 +48,8 @@ class Upstream:
             content = orjson.dumps(body)
             headers["Content-Type"] = "application/json"
         try:
-            r = await self.node.peers.request(method, url, content, headers, replay,
-                                              None, timeout)
+            r = await masterlink.request(self.node.peers, self.node.masters, method, url,
+                                         content, headers, replay=replay, timeout=timeout)
         except PeerUnreachable as e:
             raise SqsError("ServiceUnavailable", f"the master is unreachable ({e}); "
                            + ("the outcome is unknown: retry" if e.sent else

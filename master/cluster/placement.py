@@ -3,7 +3,8 @@
 - :meth:`Placement.allocate` hands out blob ids with one replica set per batch (distinct
   alive nodes, least used first, so a batch can be written with the data nodes' batch
   form) and one write token covering them (a prefix scope) and naming the replica set.
-- :meth:`Placement.verify` is called while planning an enqueue: a payload reference is
+- :meth:`Placement.verify` is called while planning an enqueue (:meth:`Placement.flush`
+  then records the holders it proved, once per set of nodes): a payload reference is
   accepted only with valid receipts (see ``common/security/tokens.py``) for its blob id, size and
   checksum from at least ``write_quorum`` distinct nodes, written recently enough that blob
   GC cannot have collected it. A *batch* receipt (a front-door request's) is checked once
@@ -44,6 +45,13 @@ class Placement:
         # batch receipts checked by the last prove(): (receipt, blob, size, crc) -> outcome
         self._proven: dict[tuple[str, str, int, int], tuple[str, float] | Unauthorized] = {}
         self.recorded: list[str] = []  # blobs verify() recorded holders of since prove()
+        # the blobs whose holders verify() proved since prove(), by their holders: recorded
+        # in the cluster once per set of nodes by flush() (a front-door request's blobs all
+        # share theirs), not once per blob
+        self._holders: dict[tuple[str, ...], tuple[list[str], list[int]]] = {}
+        # receipts -> the nodes they prove (node id -> address), checked once per request:
+        # every blob of a batch receipt has the same node and time
+        self._nodes_of: dict[tuple[str, ...], dict[str, str]] = {}
 
     def allocate(self, count: int, size_bytes: int) -> dict[str, Any]:
         c = self.cluster
@@ -79,8 +87,10 @@ class Placement:
         """Check every batch receipt among `refs` (one request's payload references) once,
         against the set of references carrying it; :meth:`verify` then reads the outcome.
         Called in the same synchronous step as the plan that verifies `refs`."""
+        self.flush()  # anything verified outside a proven plan (a schedule's payload)
         self._proven = {}
         self.recorded = []
+        self._nodes_of = {}
         if not self.require_receipts:
             return
         groups: dict[str, list[PayloadRef]] = {}
@@ -115,6 +125,31 @@ class Placement:
                   "replicas": list(p.replicas)}
         if not self.require_receipts:
             return stored
+        key = tuple(p.receipts)
+        nodes = self._nodes_of.get(key)
+        if nodes is None or not self._batch_covers(p):
+            nodes = self._check(p)
+            if all(r.startswith(BATCH_RECEIPT_PREFIX) for r in key):
+                self._nodes_of[key] = nodes  # the next blob of the batch: lookups only
+        ids = tuple(nodes)
+        blobs, sizes = self._holders.get(ids) or self._holders.setdefault(ids, ([], []))
+        blobs.append(p.blob_id)
+        sizes.append(p.size)
+        self.recorded.append(p.blob_id)
+        stored["replicas"] = [a for a in nodes.values() if a] or stored["replicas"]
+        return stored
+
+    def _batch_covers(self, p: PayloadRef) -> bool:
+        """Every receipt of `p` is a batch receipt proven valid for its triple."""
+        proven = self._proven
+        for r in p.receipts:
+            if not isinstance(proven.get((r, p.blob_id, p.size, p.crc32c)), tuple):
+                return False
+        return True
+
+    def _check(self, p: PayloadRef) -> dict[str, str]:
+        """The nodes (id -> address) whose receipts prove `p`'s write quorum, or the
+        BadRequest saying why not."""
         c = self.cluster
         now = c.clock.now()
         nodes: dict[str, str] = {}
@@ -132,10 +167,14 @@ class Placement:
             raise BadRequest(
                 f"payload {p.blob_id}: {len(nodes)} valid receipt(s) from distinct data nodes, "
                 f"the write quorum is {c.s.quorum}; send the receipts from the blob write")
-        c.record_holders(p.blob_id, nodes, p.size)
-        self.recorded.append(p.blob_id)
-        stored["replicas"] = [a for a in nodes.values() if a] or stored["replicas"]
-        return stored
+        return nodes
+
+    def flush(self) -> None:
+        """Record the holders :meth:`verify` proved since :meth:`prove`, once per set of
+        nodes (called once the plan that verified them is built)."""
+        holders, self._holders = self._holders, {}
+        for ids, (blobs, sizes) in holders.items():
+            self.cluster.record_holders_many(blobs, ids, sizes)
 
     def for_reader(self, payload: dict[str, Any] | None, until: float) -> dict[str, Any] | None:
         """`payload` with the live replicas first and a read token valid past `until`."""

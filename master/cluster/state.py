@@ -239,6 +239,40 @@ class Cluster:
         if size is not None and blob_id in self.holders:
             self.repair.sizes[blob_id] = size
 
+    def record_holders_many(self, blob_ids: list[str], node_ids: Iterable[str],
+                            sizes: list[int]) -> None:
+        """:meth:`record_holders` for many blobs proved by the same nodes (a front-door
+        request's): one pass per node over the batch, not one call per blob and node."""
+        holders, verified, inflight = self.holders, self.verified, self.inflight
+        for i in node_ids:
+            n = self.nodes.get(i)
+            if n is None:
+                continue
+            known = n.blobs
+            new = [b for b in blob_ids if b not in known]
+            if new:
+                known.update(new)
+                for b in new:
+                    hs = holders.get(b)
+                    if hs is None:
+                        holders[b] = {i}
+                    else:
+                        hs.add(i)
+                    if b in inflight:
+                        self.repair.end(b, i)
+                self.check.update(new)
+            n.vouched.update(blob_ids)
+            for b in blob_ids:
+                vs = verified.get(b)
+                if vs is None:
+                    verified[b] = {i}
+                else:
+                    vs.add(i)
+        rs = self.repair.sizes
+        for b, size in zip(blob_ids, sizes, strict=True):
+            if b in holders:
+                rs[b] = size
+
     def _pending_deletes(self, node_id: str) -> set[str]:
         return {b for c in self.commands.get(node_id, ()) if isinstance(c, DeleteCommand)
                 for b in c.blob_ids}

@@ -142,6 +142,9 @@ ROUTES = RouteTable([
         R("POST", "/v1/nodes/blocks", frontdoor.blocks, BlockGrant, rule("node")),
         R("POST", "/v1/nodes/commit", frontdoor.commit, NodeCommitResponse, rule("node"),
           hot=True),
+        R("POST", "/v1/nodes/commit.msgpack", frontdoor.commit_compact, NodeCommitResponse,
+          rule("node", body="binary"), hot=True,
+          options={"openapi_extra": frontdoor.COMPACT_BODY}),
         # the SQS endpoint of a data node verifying a SigV4 request (master/sqskeys.py)
         R("POST", "/v1/nodes/sqs-key", sqskeys.lookup_sqs_key, sqskeys.SqsKeyAnswer,
           rule("node"))),

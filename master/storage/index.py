@@ -9,7 +9,7 @@ Layout (named databases in one environment; integers big-endian so keys sort num
             b"enqueued_total", b"completed_total" -> u64  tasks ever enqueued / dequeued
                                  (monotonic: queue deletion does not take them back)
     queues  group \\0 name -> msgpack [qid, gen, available, leased, delayed, completed,
-                                       enqueued_total, created_ms]
+                                       enqueued_total, created_ms, pending]
     qids    qid(u32)      -> msgpack [group, name]
     tasks   qid(u32) gen(u32) pidkey  -> msgpack task record (see ``records.Task``)
     ready   qid(u32) gen(u32) pidkey  -> b""     tasks that can be leased now, in pid order
@@ -17,8 +17,9 @@ Layout (named databases in one environment; integers big-endian so keys sort num
                                                   the same tasks in enqueue-time order
                                                   (oldest available task age)
     timers  due_ms(u64) qid(u32) gen(u32) pidkey -> b""
-                                                  leased tasks (due = lease expiry) and
-                                                  delayed tasks (due = not_before)
+                                                  leased tasks (due = lease expiry),
+                                                  delayed tasks (due = not_before) and
+                                                  pending tasks (due = their deadline)
     conf    b"P" group \\0 name -> msgpack policy  (name "" = the group's default)
             b"S" group \\0 name -> msgpack schedule (with its last enqueued slot)
             b"N" \\0 node_id  -> msgpack {"mark": "draining", "since": secs}: a data
@@ -39,9 +40,9 @@ most 511 bytes. Pid order is therefore exact except between two pids longer than
 bytes that share their first 448 bytes, which are ordered by hash.
 
 Every task lives in exactly one of ``ready`` (+ ``avail``; state AVAILABLE, no key),
-``keyed`` (+ ``avail``; AVAILABLE with a key) or ``timers`` (LEASED or DELAYED; a keyed
-leased task is in ``keyed`` too). A queue record's counters always equal the number of its tasks in
-each state, as they change in the same LMDB transaction as the tasks.
+``keyed`` (+ ``avail``; AVAILABLE with a key) or ``timers`` (LEASED, DELAYED or PENDING; a
+keyed leased task is in ``keyed`` too). A queue record's counters always equal the number of
+its tasks in each state, as they change in the same LMDB transaction as the tasks.
 
 Why this shape: leasing is a cursor seek to ``qid gen`` in ``ready`` and a short walk, so
 it costs O(k log n) whatever the number of leased or delayed tasks; expiry and delays are
@@ -71,7 +72,9 @@ from sortedcontainers import SortedDict
 from squall.common.security.files import FILE_MODE, private_dir
 from squall.master.storage.records import (
     AVAILABLE,
+    DELAYED,
     LEASED,
+    PENDING,
     QG,
     W_ENQUEUED,
     W_EXPIRY,
@@ -115,6 +118,7 @@ class Totals:
     available: int = 0
     leased: int = 0
     delayed: int = 0
+    pending: int = 0
     completed: int = 0
 
     def add(self, q: QueueRec, sign: int = 1) -> None:
@@ -124,6 +128,7 @@ class Totals:
         self.available += sign * q.available
         self.leased += sign * q.leased
         self.delayed += sign * q.delayed
+        self.pending += sign * q.pending
         self.completed += sign * q.completed
 
     @classmethod
@@ -336,7 +341,7 @@ class Index:
 
     def _unindex(self, txn: lmdb.Transaction, key: bytes, old: Old) -> None:
         if old[4]:  # keyed
-            if old[0] != 2:  # DELAYED tasks are in timers only
+            if old[0] not in (DELAYED, PENDING):  # DELAYED and PENDING: in timers only
                 _delete(txn, keyed_key(key, old[4], old[0]), b"", self.keyed)
             if old[0] == AVAILABLE:
                 _delete(txn, key[:8] + _U64(old[2]) + key[8:], b"", self.avail)
@@ -352,15 +357,17 @@ class Index:
     def count(self, q: QueueRec, state: int, delta: int) -> None:
         """`delta` tasks of `q` entered (or left, negative) `state`: the queue's counters
         and :attr:`totals` change together."""
-        held = q.available + q.leased + q.delayed
+        held = q.size
         q.count(state, delta)
         t = self.totals
         if state == AVAILABLE:
             t.available += delta
         elif state == LEASED:
             t.leased += delta
-        else:
+        elif state == DELAYED:
             t.delayed += delta
+        else:
+            t.pending += delta
         if not held:
             t.holding += 1
         elif held + delta == 0:
@@ -369,7 +376,7 @@ class Index:
     def clear_queue(self, q: QueueRec, gen: int, now_ms: int) -> None:
         """A new generation of `q`, empty (its old tasks are reaped later)."""
         self.totals.add(q, -1)
-        q.gen, q.available, q.leased, q.delayed = gen, 0, 0, 0
+        q.gen, q.available, q.leased, q.delayed, q.pending = gen, 0, 0, 0, 0
         q.completed, q.enqueued_total, q.created_ms = 0, 0, now_ms
         self.totals.add(q)
 
@@ -405,21 +412,21 @@ class Index:
             else:
                 self.on_key(q, key[8:], "", -1, fkey, state)
         if fkey:
-            if state != 2:  # not DELAYED
+            if state not in (DELAYED, PENDING):  # DELAYED and PENDING: in timers only
                 _put(txn, keyed_key(key, fkey, state), fkey.encode(), True, True, False,
                      self.keyed)
             if state == AVAILABLE:
                 _put(txn, key[:8] + _U64(w[W_ENQUEUED]) + key[8:], b"", True, True, False,
                      self.avail)
             else:
-                due = w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE]
+                due = w[W_EXPIRY] if state in (LEASED, PENDING) else w[W_NOT_BEFORE]
                 _put(txn, _U64(due) + key, b"", True, True, False, self.timers)
         elif state == AVAILABLE:
             _put(txn, key, b"", True, True, False, self.ready)
             _put(txn, key[:8] + _U64(w[W_ENQUEUED]) + key[8:], b"", True, True, False,
                  self.avail)
         else:
-            due = w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE]
+            due = w[W_EXPIRY] if state in (LEASED, PENDING) else w[W_NOT_BEFORE]
             _put(txn, _U64(due) + key, b"", True, True, False, self.timers)
         self.count(q, state, +1)
         return raw

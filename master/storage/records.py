@@ -11,7 +11,12 @@ from typing import Any
 import msgpack
 
 AVAILABLE, LEASED, DELAYED = 0, 1, 2
-STATE_NAMES = {AVAILABLE: "available", LEASED: "leased", DELAYED: "delayed"}
+# PENDING: enqueued through a data node's front door while its payload was still being
+# stored (the parallel put): never leased, never ready; its timer (at ``expiry_ms``) is the
+# deadline by which the node's confirmation is expected (master/tasks/pending.py)
+PENDING = 3
+STATE_NAMES = {AVAILABLE: "available", LEASED: "leased", DELAYED: "delayed",
+               PENDING: "pending"}
 PIDKEY_CUT = 448
 QG = struct.Struct(">II")
 _packb = msgpack.packb
@@ -80,7 +85,7 @@ class Task:
     ext: dict[str, Any] | None = None
 
     def due_ms(self) -> int:
-        return self.expiry_ms if self.state == LEASED else self.not_before_ms
+        return self.expiry_ms if self.state in (LEASED, PENDING) else self.not_before_ms
 
     def to_wire(self) -> list[Any]:
         # spelled out (not a loop over fields): this runs for every task on the hot paths;
@@ -127,8 +132,9 @@ def wire_key(w: list[Any]) -> str:
 
 def old_of_wire(w: list[Any]) -> Old:
     state, payload = w[W_STATE], w[W_PAYLOAD]
-    return (state, w[W_EXPIRY] if state == LEASED else w[W_NOT_BEFORE], w[W_ENQUEUED],
-            payload["blob_id"] if payload else None, w[W_KEY] if len(w) > W_KEY else "")
+    return (state, w[W_EXPIRY] if state in (LEASED, PENDING) else w[W_NOT_BEFORE],
+            w[W_ENQUEUED], payload["blob_id"] if payload else None,
+            w[W_KEY] if len(w) > W_KEY else "")
 
 
 @dataclass(slots=True)
@@ -143,22 +149,26 @@ class QueueRec:
     completed: int = 0
     enqueued_total: int = 0
     created_ms: int = 0
+    pending: int = 0  # the 9th item of the record (records written before it have 8)
 
     @property
     def size(self) -> int:
-        return self.available + self.leased + self.delayed
+        return self.available + self.leased + self.delayed + self.pending
 
     def pack(self) -> bytes:
         return msgpack.packb([self.qid, self.gen, self.available, self.leased, self.delayed,
-                              self.completed, self.enqueued_total, self.created_ms])
+                              self.completed, self.enqueued_total, self.created_ms,
+                              self.pending])
 
     def count(self, state: int, delta: int) -> None:
         if state == AVAILABLE:
             self.available += delta
         elif state == LEASED:
             self.leased += delta
-        else:
+        elif state == DELAYED:
             self.delayed += delta
+        else:
+            self.pending += delta
 
 
 def gname(group: str, name: str) -> bytes:

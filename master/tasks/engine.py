@@ -48,6 +48,7 @@ from squall.master.storage.records import (
     AVAILABLE,
     DELAYED,
     LEASED,
+    PENDING,
     STATE_NAMES,
     W_EXT,
     W_KEY,
@@ -56,7 +57,7 @@ from squall.master.storage.records import (
     pidkey,
     qprefix,
 )
-from squall.master.tasks import batches, policies, unique
+from squall.master.tasks import batches, pending, policies, unique
 from squall.master.tasks.dedup import Dedup
 from squall.master.tasks.flow import Flow
 from squall.master.tasks.leasetokens import LeaseTokens
@@ -100,6 +101,9 @@ class Engine:
         self.swept: list[tuple[str, str]] = []  # queues the last sweep made tasks due in
         self.dedup: Dedup | None = None  # idempotency keys (set by the master)
         self.flow = Flow(index, self.now_ms)  # keys, limits, fairness, pause (flow.py)
+        # pending tasks past their deadline, for housekeeping to settle (pending.py):
+        # (group, queue, pid) -> (payload, enqueued_ms)
+        self.unsettled: dict[tuple[str, str, str], tuple[dict[str, Any], int]] = {}
 
     def now_ms(self) -> int:
         return ms(self.clock.now())
@@ -138,10 +142,24 @@ class Engine:
         now = self.now_ms()
         return v.finish({"enqueued": [self.enqueue(v, queue, s, now) for s in tasks]})
 
+    def plan_pending(self, txn: lmdb.Transaction, group: str, items: list[EnqueueItem],
+                     extra: dict[str, Any], deadline_ms: int) -> Plan:
+        """A front door's enqueues logged *pending* (master/tasks/pending.py): never
+        leased until confirmed; `extra` (replicas, node) is kept in each payload
+        reference until then."""
+        v = View(self, txn, group)
+        now = self.now_ms()
+        return v.finish({"enqueued": [
+            self.enqueue(v, e.queue, e, now, hold=(extra, now + deadline_ms))
+            if e.payload is not None else self.enqueue(v, e.queue, e, now)
+            for e in items]})
+
     def enqueue(self, v: View, queue: str, s: TaskSpec | EnqueueItem, now: int,
                 stored_payload: dict[str, Any] | None = None,
-                ext: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Enqueue one task; `ext`: extras a batch gives its members and callbacks."""
+                ext: dict[str, Any] | None = None,
+                hold: tuple[dict[str, Any], int] | None = None) -> dict[str, Any]:
+        """Enqueue one task; `ext`: extras a batch gives its members and callbacks; `hold`
+        (extra payload fields, deadline): logged pending."""
         q = v.queue(queue, create=True)
         assert q is not None
         if s.pid is None:
@@ -157,15 +175,18 @@ class Engine:
         if fkey is not None:
             check_name("key", fkey)
         key = s.idempotency_key
-        if key is not None and self.dedup is not None:
-            first = v.keys.get(key) or self.dedup.get(v.txn, v.group, key, now)
-            if first is not None:  # applied within the window: nothing to do
-                return {"queue": first[0], "pid": first[1], "collapsed": True}
-            v.keys[key] = (queue, pid)
-            v.plan.ops.append(self.dedup.op(v.group, key, queue, pid, now))
-        if v.wire(q, raw) is not None:
-            return {"queue": queue, "pid": pid, "collapsed": True}
+        hit = self._collapse(v, q, queue, pid, raw, key, now)
+        if hit is not None:
+            return hit
         nb = ms(s.not_before) if s.not_before is not None else now + ms(s.delay_secs or 0)
+        if hold is not None and s.payload is not None:
+            extra, deadline = hold
+            if key is not None:
+                extra = {**extra, "key": key}
+            v.put_wire(q, raw, pending.pending_wire(pid, s.payload, extra, deadline,
+                                                    nb if nb > now else 0, now),
+                       enqueue=True)
+            return {"queue": queue, "pid": pid, "collapsed": False}
         payload = stored_payload or (self.store_payload(s.payload)
                                      if s.payload is not None else None)
         if (s.unique is not None or s.debounce_secs is not None or s.batch is not None
@@ -186,6 +207,30 @@ class Engine:
             w.append(fkey)  # W_KEY
         v.put_wire(q, raw, w, enqueue=True)
         return {"queue": queue, "pid": pid, "collapsed": False}
+
+    def _collapse(self, v: View, q: QueueRec, queue: str, pid: str, raw: bytes,
+                  key: str | None, now: int) -> dict[str, Any] | None:
+        """The answer of an enqueue that collapses (its idempotency key used within the
+        window, or its pid taken), else None (the key is then recorded)."""
+        if key is not None and self.dedup is not None:
+            mine = v.keys.get(key)  # used earlier in this request
+            first = mine or self.dedup.get(v.txn, v.group, key, now)
+            if first is not None:  # applied within the window: nothing to do
+                fq = v.queue(first[0]) if mine is None else None
+                fw = v.wire(fq, first[1].encode()) if fq is not None else None
+                if fw is not None and fw[1] == PENDING:  # it may yet be removed
+                    raise pending.busy(first[0], first[1])
+                return {"queue": first[0], "pid": first[1], "collapsed": True}
+            v.keys[key] = (queue, pid)
+            v.plan.ops.append(self.dedup.op(v.group, key, queue, pid, now))
+        old = v.wire(q, raw)
+        if old is not None:
+            # pending since an earlier request, it may yet be removed: a collapse could be
+            # lost (one pending in this request stands or falls with this one)
+            if old[1] == PENDING and (q.qid, raw) not in v.tasks:
+                raise pending.busy(queue, pid)
+            return {"queue": queue, "pid": pid, "collapsed": True}
+        return None
 
     def _extras(self, v: View, q: QueueRec, s: TaskSpec, pid: str,
                 payload: dict[str, Any] | None, now: int, ext: dict[str, Any]
@@ -341,6 +386,12 @@ class Engine:
                 txn.delete(due_key, db=idx.timers)
                 continue
             t = idx.read_task(txn, qprefix(qid, gen) + pk)
+            if t.state == PENDING:  # past its deadline: housekeeping settles it
+                if len(self.unsettled) < pending.UNSETTLED_MAX:
+                    self.unsettled[(q.group, q.name, t.pid)] = (t.payload or {}, t.enqueued_ms)
+                t.expiry_ms = now + pending.RECHECK_MS  # not derived again before then
+                idx.put_task(txn, q, t, enqueue=False)
+                continue
             retry_at = 0
             if t.state == LEASED:
                 retry_at = t.expiry_ms + policies.backoff_ms(self.policy(q), t.attempts, t.pid)
@@ -361,7 +412,7 @@ class Engine:
     def describe(self, q: QueueRec, t: Task) -> dict[str, Any]:
         now = self.now_ms()
         state = t.state
-        if state != AVAILABLE and t.due_ms() <= now:
+        if state != AVAILABLE and state != PENDING and t.due_ms() <= now:
             state = AVAILABLE
         return {
             "queue": q.name, "pid": t.pid, "state": STATE_NAMES[state], "attempts": t.attempts,
@@ -370,8 +421,8 @@ class Engine:
             "not_before": t.not_before_ms / 1000 if state == DELAYED else None,
             "worker": t.worker if state == LEASED else None,
             "worker_addr": t.worker_addr if state == LEASED else None,
-            "payload": t.payload, "error": t.error or None, "origin": t.origin or None,
-            "key": t.key or None, **extras(t.ext or {}),
+            "payload": pending.public(t.payload), "error": t.error or None,
+            "origin": t.origin or None, "key": t.key or None, **extras(t.ext or {}),
         }
 
     def task_info(self, txn: lmdb.Transaction, group: str, queue: str, pid: str

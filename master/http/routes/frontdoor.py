@@ -10,23 +10,35 @@ cluster key scoped to its node id, as its heartbeats do): role ``node``.
   one that is committed always passes the receipt age check). At most
   ``BLOCKS_PER_NODE`` unexpired blocks per node (429 beyond).
 - ``POST /v1/nodes/commit``: a list of updates (one per client request, each a list of
-  enqueues, and the replicas and batch receipts their payloads share, sent once); each
-  is applied all or nothing on its own, all of them concurrently, so they share the WAL's
-  group commit (one fsync for the lot). The answer has, per update, the master's answer
-  or its error.
+  enqueues, and the replicas and batch receipts their payloads share, sent once) and of
+  settles (a parallel put's pending tasks confirmed with their receipts, or abandoned;
+  master/tasks/pending.py); each is applied all or nothing on its own, all of them
+  concurrently, so they share the WAL's group commit (one fsync for the lot). An update
+  marked ``pending`` logs its payload tasks pending (the parallel put). The answer has,
+  per update and per settle, the master's answer or its error.
+- ``POST /v1/nodes/commit.msgpack``: the same with the compact binary body the data nodes
+  send (``common/wire/nodecommit.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import Request
 
-from squall.common.errors import Forbidden, Overloaded, StatusError, Unavailable
+from squall.common.errors import (
+    Forbidden,
+    Overloaded,
+    StatusError,
+    Unavailable,
+    UnsupportedMediaType,
+)
 from squall.common.security.tokens import TokenClaims, bearer, verify
 from squall.common.server.guard import PRINCIPAL
+from squall.common.wire import nodecommit
 from squall.common.wire.cluster import (
     BlockRequest,
     NodeCommitRequest,
@@ -38,6 +50,8 @@ from squall.master.http.deps import MasterDep, client_addr
 from squall.master.security import check_node
 from squall.master.service import Master
 
+COMPACT_BODY = {"requestBody": {"required": True, "content": {"application/msgpack": {
+    "schema": {"type": "string", "format": "binary"}}}}}
 BLOCK_SECS = 60.0
 BLOCKS_PER_NODE = 8
 
@@ -90,20 +104,40 @@ async def commit(body: NodeCommitRequest, request: Request, m: MasterDep) -> JSO
     return JSON(await commit_updates(m, body, client_addr(request)))
 
 
-async def commit_updates(m: Master, body: NodeCommitRequest, addr: str) -> dict[str, Any]:
-    """Apply each update on its own, all of them concurrently (one group commit), each
-    answered once durable in the WAL."""
+async def commit_compact(request: Request, m: MasterDep) -> JSON:
+    """:func:`commit` with the compact binary body the data nodes send
+    (``common/wire/nodecommit.py``: msgpack, positional items)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != nodecommit.CONTENT_TYPE:
+        raise UnsupportedMediaType(f"send the commit as Content-Type: {nodecommit.CONTENT_TYPE}")
+    body = nodecommit.decode(await request.body())
+    _node(m, request, body.node_id)
+    return JSON(await commit_updates(m, body, client_addr(request)))
 
-    async def one(group: str, req: UpdateRequest) -> dict[str, Any]:
+
+async def commit_updates(m: Master, body: NodeCommitRequest, addr: str) -> dict[str, Any]:
+    """Apply each update and each settle on its own, all of them concurrently (one group
+    commit), each answered once durable in the WAL."""
+
+    async def one(call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
         try:
-            return {"ok": await m.update(group, req, addr, answer_when_durable=True)}
+            return {"ok": await call}
         except StatusError as e:
             return {"error": {**e.to_body()["error"], "status": e.status}}
 
-    results = await asyncio.gather(*(one(u.group, UpdateRequest.model_construct(
-        enqueue=_shared(u), dequeue=[], renew=[], release=[], lease=None))
-        for u in body.updates))
-    return {"results": list(results)}
+    def update(u: NodeUpdate) -> Awaitable[dict[str, Any]]:
+        if u.pending:  # the parallel put: payloads still being stored on u.replicas
+            return m.enqueue_pending(u.group, u.enqueue, body.node_id, u.replicas,
+                                     answer_when_durable=True)
+        return m.update(u.group, UpdateRequest.model_construct(
+            enqueue=_shared(u), dequeue=[], renew=[], release=[], lease=None), addr,
+            answer_when_durable=True)
+
+    out = await asyncio.gather(*(one(update(u)) for u in body.updates),
+                               *(one(m.settle(s.group, s, answer_when_durable=True))
+                                 for s in body.settles))
+    n = len(body.updates)
+    return {"results": list(out[:n]), "settled": list(out[n:])}
 
 
 def _shared(u: NodeUpdate) -> list[EnqueueItem]:

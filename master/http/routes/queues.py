@@ -40,8 +40,8 @@ QPATH = "/v1/groups/{group}/queues/{queue}"
 
 def counts(q: QueueRec) -> dict[str, Any]:
     return {"group": q.group, "queue": q.name, "available": q.available, "leased": q.leased,
-            "delayed": q.delayed, "total": q.size, "completed": q.completed,
-            "enqueued_total": q.enqueued_total}
+            "delayed": q.delayed, "pending": q.pending, "total": q.size,
+            "completed": q.completed, "enqueued_total": q.enqueued_total}
 
 
 async def queue_stats(group: GroupP, queue: QueueP, m: ReadMasterDep) -> JSON:
@@ -135,6 +135,6 @@ async def cluster_stats(m: ReadMasterDep) -> JSON:
     return JSON({
         "queues": t.holding, "paused": paused, "blocked": blocked,
         "available": t.available, "leased": t.leased,
-        "delayed": t.delayed, "completed": t.completed,
+        "delayed": t.delayed, "pending": t.pending, "completed": t.completed,
         "rates": m.meters.total.snapshot(m.clock.now()), "wal_ticket": m.wal.last_ticket,
     })
