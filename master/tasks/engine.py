@@ -192,10 +192,10 @@ class Engine:
         if (s.unique is not None or s.debounce_secs is not None or s.batch is not None
                 or s.traceparent is not None):  # extras (batches.py, unique.py)
             ext = dict(ext or {})
-            hit = self._extras(v, q, s, pid, payload, now, ext)
-            if isinstance(hit, dict):
-                return hit
-            nb = hit or nb
+            got = self._extras(v, q, s, pid, payload, now, ext)
+            if isinstance(got, dict):
+                return got
+            nb = got or nb
         # the new task's wire list (Task.to_wire: pid, state, token, live, expiry,
         # not_before, attempts, enqueued, leased, worker, worker_addr, payload, error, origin)
         w = ([pid, DELAYED, 0, False, 0, nb, 0, now, 0, "", "", payload, "", ""] if nb > now
