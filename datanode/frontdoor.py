@@ -157,7 +157,8 @@ class FrontDoor:
         # the lean keep-alive client (datanode/replication/peers.py)
         assert self.node.peers is not None
         assert self.node.masters is not None
-        if path == "/v1/nodes/commit":
+        if path == "/v1/nodes/commit" and not any(  # extras go in the JSON form
+                e.keys() & _EXTRAS for u in body["updates"] for e in u["enqueue"]):
             path, ctype = path + ".msgpack", nodecommit.CONTENT_TYPE
             content = nodecommit.encode(body["node_id"], body["updates"],
                                         body.get("settles", []))

@@ -11,12 +11,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from squall.common.checksum import crc32c
-from squall.common.security.tokens import DEV_CLUSTER_KEY, sign, sign_batch_receipt
+from squall.common.security.tokens import sign, sign_batch_receipt
 from squall.common.wire.cluster import PeerError
 from squall.common.wire.payload import decode_frames, encode_frame
 from squall.datanode.replication import coalesce
 from squall.datanode.replication.coalesce import Coalescer
 from squall.datanode.store.layout import BlobMeta
+
+KEY = b"test-coalesce-cluster-key-0123456789"  # any key: one in-process node signs and checks
 
 
 class Peer:
@@ -43,13 +45,13 @@ class Peer:
             cuts = [int(c) for c in url.split("cuts=")[1].split(",")]
             receipts, at = [], 0
             for k in cuts:
-                receipts.append(sign_batch_receipt(DEV_CLUSTER_KEY, "peer",
+                receipts.append(sign_batch_receipt(KEY, "peer",
                                                    triples[at:at + k], 1e9))
                 at += k
             ans: dict[str, Any] = {"node_id": "peer", "batch_receipts": receipts}
         else:
             ans = {"node_id": "peer",
-                   "batch_receipt": sign_batch_receipt(DEV_CLUSTER_KEY, "peer", triples, 1e9)}
+                   "batch_receipt": sign_batch_receipt(KEY, "peer", triples, 1e9)}
         return SimpleNamespace(status_code=200, content=json.dumps(ans).encode(),
                                json=lambda: ans)
 
@@ -61,8 +63,8 @@ def _batch(tag: str, n: int) -> tuple[bytes, list[BlobMeta]]:
 
 
 def _node(peer: Peer) -> Any:
-    return SimpleNamespace(key=DEV_CLUSTER_KEY, peers=peer, forwarded=0,
-                           node_token=lambda op, ids: sign(DEV_CLUSTER_KEY, op, ids, 2e9))
+    return SimpleNamespace(key=KEY, peers=peer, forwarded=0,
+                           node_token=lambda op, ids: sign(KEY, op, ids, 2e9))
 
 
 async def _requests(peer: Peer, n: int) -> None:

@@ -114,14 +114,9 @@ def test_node_killed_before_confirming_is_settled_from_the_holders(tmp_path: Pat
 
 
 def _restart_master(cl: DevCluster) -> None:
-    assert cl.master_proc is not None
-    cl.master_proc.kill()
-    cl.master_proc.wait(30)
-    cl.master_proc = cl._spawn("master", [
-        "squall.master", "--data-dir", str(cl.data_dir / "master"), "--host", "127.0.0.1",
-        "--port", str(cl.port), "--replication-factor", str(cl.rf),
-        "--heartbeat-interval-s", str(cl.heartbeat_interval_s)])
-    cl.wait_ready(cl.master_url, cl.master_proc, "master", 60)
+    cl.kill_master(0)  # kill -9
+    cl.start_master(0)
+    cl.wait_ready(cl.master_url, cl.master_procs[0], "master", 60)
 
 
 def test_master_killed_before_the_confirmations(tmp_path: Path) -> None:

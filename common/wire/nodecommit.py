@@ -10,7 +10,8 @@ A msgpack map ``{"node_id": str, "updates": [update...], "settles": [settle...]}
     settle = [group, durable, replicas, receipts,
               [[queue, pid, blob_id, size, crc32c], ...]]
 
-Positional items carry no field names, and decoding checks each field with the same
+Enqueues with a flow key or extras (unique, debounce, trace context) are sent in the JSON
+form. Positional items carry no field names, and decoding checks each field with the same
 rules as the JSON form's models (names, pids, blob ids, bounds) without building a
 validated model per item: a commit of 100 enqueues decoded in a fraction of the JSON
 form's time. Anything out of shape is a :class:`BadRequest` naming the item.
