@@ -363,6 +363,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--only", default=",".join(WORKLOADS), help="workloads among B,D,A,M,C")
     ap.add_argument("--async-handler", action="store_true", help="D: async no-op handler")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--masters", type=int, default=1, choices=(1, 3, 5),
+                    help="3 or 5: the cluster's master is a master set (results in "
+                    "client-set*.json/.md)")
     a = ap.parse_args(argv)
     a.only = only_workloads(ap, a.only, WORKLOADS)
     return a
@@ -392,14 +395,15 @@ def _rows(ctx: Ctx, only: list[str]) -> Iterator[dict[str, Any]]:
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
     sizes = Sizes().quick() if a.quick else Sizes()
-    stem = "client-quick" if a.quick else "client"
+    stem = ("client-quick" if a.quick else "client").replace(
+        "client", "client-set" if a.masters > 1 else "client")
     tmp = Path(tempfile.mkdtemp(prefix="squall-clibench-"))
     doc: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                            "mode": "quick" if a.quick else "full", "machine": machine_info(),
                            "sizes": asdict(sizes), "targets": TARGETS, "rows": []}
     say(f"data and logs in {tmp}")
     try:
-        with running_cluster(ClusterSpec(nodes=3, rf=2), tmp) as cl:
+        with running_cluster(ClusterSpec(nodes=3, rf=2, masters=a.masters), tmp) as cl:
             doc["rows"] = list(_rows(Ctx(sizes, cl, a.async_handler), a.only))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -40,32 +40,60 @@ class ClusterSpec:
     copies_per_node: int = 5000  # the master's --max-copies-per-node (blobs in flight)
     repair_bytes: int = 64 << 20  # the master's --max-repair-bytes-per-node
     node_extra: tuple[str, ...] = ()
+    masters: int = 1  # 3 (or 5): a master set on a quorum-replicated log (a file lease elects)
 
 
 @dataclass
 class Cluster:
     spec: ClusterSpec
     tmp: Path
-    master: Server | None = None
+    master: Server | None = None  # a master set's leader
     nodes: list[Server] = field(default_factory=list)
+    members: list[Server] = field(default_factory=list)  # a master set's members
+
+    def _master_set(self, argv: list[str], logs: Path, timeout: float) -> Server:
+        """Start the members of a master set; the one that leads."""
+        ports = [free_port() for _ in range(self.spec.masters)]
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        for k, port in enumerate(ports):
+            m: Server = FixedServer(f"master{k}", [
+                *(a.replace("{port}", str(port)) for a in argv),
+                "--data-dir", str(self.tmp / f"master{k}"), "--members", ",".join(urls),
+                "--advertise-url", urls[k], "--elector", f"file:{self.tmp / 'master.lease'}",
+                "--elector-lease-s", "3"], logs / f"master{k}.log")
+            m.port = port
+            self.members.append(m.start())
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=5.0) as c:
+            while time.monotonic() < deadline:
+                for m in self.members:
+                    with contextlib.suppress(httpx.TransportError):
+                        if c.get(m.url + "/readyz").status_code == 200:
+                            return m
+                time.sleep(0.1)
+        raise TimeoutError("no member of the master set became the leader")
 
     def start(self, timeout: float = 120.0) -> Cluster:
         s = self.spec
         logs = self.tmp / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        self.master = EnvServer("master", [
-            sys.executable, "-m", "squall.master", "--data-dir", str(self.tmp / "master"),
-            "--port", "{port}", "--fsync", "--replication-factor", str(s.rf),
-            "--heartbeat-interval-s", str(s.beat_s), "--max-copies-per-node",
-            str(s.copies_per_node), "--max-repair-bytes-per-node", str(s.repair_bytes)],
-            logs / "master.log")
-        self.master.start()
-        self.master.wait_serving(timeout=timeout)
+        argv = [sys.executable, "-m", "squall.master", "--port", "{port}", "--fsync",
+                "--replication-factor", str(s.rf), "--heartbeat-interval-s", str(s.beat_s),
+                "--max-copies-per-node", str(s.copies_per_node),
+                "--max-repair-bytes-per-node", str(s.repair_bytes)]
+        if s.masters == 1:
+            self.master = EnvServer("master", [*argv, "--data-dir", str(self.tmp / "master")],
+                                    logs / "master.log")
+            self.master.start()
+            self.master.wait_serving(timeout=timeout)
+        else:
+            self.master = self._master_set(argv, logs, timeout)
+        masters = ",".join(m.url for m in self.members) if self.members else self.master.url
         for i in range(s.nodes):
             n = EnvServer(f"dn{i}", [
                 sys.executable, "-m", "squall.datanode", "--data-dir", str(self.tmp / f"dn{i}"),
                 "--port", "{port}", "--advertise", "http://127.0.0.1:{port}", "--master",
-                self.master.url, "--heartbeat-interval-s", str(s.beat_s), *s.node_extra],
+                masters, "--heartbeat-interval-s", str(s.beat_s), *s.node_extra],
                 logs / f"dn{i}.log")
             self.nodes.append(n.start())
         for node in self.nodes:
@@ -94,12 +122,15 @@ class Cluster:
 
     def pids(self) -> dict[str, int]:
         out = {n.name: n.pid for n in self.nodes if n.proc and n.proc.poll() is None}
-        if self.master and self.master.proc:
+        for m in self.members:  # a master set: every member's CPU counts
+            if m.proc and m.proc.poll() is None:
+                out[m.name] = m.pid
+        if self.master and self.master.proc and not self.members:
             out["master"] = self.master.pid
         return out
 
     def stop(self) -> None:
-        for n in [*self.nodes, *([self.master] if self.master else [])]:
+        for n in [*self.nodes, *(self.members or ([self.master] if self.master else []))]:
             with contextlib.suppress(Exception):
                 n.terminate(30)
 
@@ -113,6 +144,18 @@ class EnvServer(Server):
         with open(self.log_path, "ab") as log:
             self.t_start = time.perf_counter()
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **ENV})
+        return self
+
+
+class FixedServer(EnvServer):
+    """An :class:`EnvServer` on a port chosen before it starts (a master set's members
+    name each other)."""
+
+    def start(self) -> Server:
+        with open(self.log_path, "ab") as log:
+            self.t_start = time.perf_counter()
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                          env={**os.environ, **ENV})
         return self
 
