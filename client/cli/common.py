@@ -180,10 +180,9 @@ def connect(master: str | None) -> Iterator[Client]:
     try:
         with Client(url, retries=1, timeout=15.0) as c:
             yield c
-    except NotFound as e:
-        fail(_data_node_hint(url) or explain(e, url))
-    except SquallError as e:
-        fail(explain(e, url), 2 if isinstance(e, BadRequest) else 1)
+    except SquallError as e:  # a data node's URL: a 404, or a 405 from its SQS routes
+        hint = None if isinstance(e, BadRequest) else _data_node_hint(url)
+        fail(hint or explain(e, url), 2 if isinstance(e, BadRequest) and not hint else 1)
     finally:
         quiet.setLevel(level)
 
