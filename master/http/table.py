@@ -153,7 +153,7 @@ ROUTES = RouteTable([
         # between members only: a token signed with the cluster key (op "journal")
         R("POST", "/v1/journal/{method}", ha.journal, None, rule("member", body="binary"),
           hot=True, responses={}, options={"include_in_schema": False}),
-        R("GET", "/v1/leader", ha.leader, None, PUBLIC, responses={}),
+        R("GET", "/v1/leader", ha.leader, None, PUBLIC),
         R("GET", "/v1/master/members", ha.members, None, ADMIN_READ),
         R("POST", "/v1/master/members", ha.change_members, None, ADMIN),
         R("POST", "/v1/master/step-down", ha.step_down, None, ADMIN_READ)),
