@@ -273,3 +273,36 @@ def test_failover_with_the_etcd_elector(tmp_path) -> None:  # type: ignore[no-un
     finally:
         ms.stop()
         etcd.kill9()
+
+
+def test_status_shows_the_master_set(ms: MasterSetProcs) -> None:
+    """`squall status` asked of a standby: the leader's view of the set (members, leader,
+    epoch, each standby's lag, the elector), as a table and as JSON."""
+    from typer.testing import CliRunner
+
+    from squall.client.cli import app
+
+    lead = ms.wait_leader(60)
+    standby = (lead + 1) % 3
+    runner = CliRunner()
+
+    def status(*args: str) -> str:
+        r = runner.invoke(app, ["status", *args, "--master", ms.urls[standby]])
+        assert r.exit_code == 0, (r.output, r.exception)
+        return r.output
+
+    def in_sync() -> bool:
+        s = json.loads(status("--json"))["master_set"]
+        return all(m["in_sync"] for m in s["members"])
+
+    wait_for(in_sync, 60, what="every member in sync")
+    s = json.loads(status("--json"))["master_set"]
+    assert s["leader"] == ms.urls[lead] and s["me"] == ms.urls[lead]
+    assert s["epoch"] >= 1 and s["elector"] == "file"
+    assert sorted(m["url"] for m in s["members"]) == sorted(ms.urls)
+    assert [m["url"] for m in s["members"] if m["leader"]] == [ms.urls[lead]]
+    assert all(m["lag"] == 0 for m in s["members"] if not m["leader"])
+    text = status()
+    assert f"leader {ms.urls[lead]}, epoch {s['epoch']}" in text
+    assert "elector file" in text and text.count("standby") == 2
+    assert "0 records" in text
