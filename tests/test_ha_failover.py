@@ -306,3 +306,61 @@ def test_status_shows_the_master_set(ms: MasterSetProcs) -> None:
     assert f"leader {ms.urls[lead]}, epoch {s['epoch']}" in text
     assert "elector file" in text and text.count("standby") == 2
     assert "0 records" in text
+
+
+def _beat(url: str, node_id: str = "fake-dn", body: str | None = None) -> dict[str, object]:
+    """One heartbeat of a data node that holds nothing, signed with the cluster key."""
+    from squall.common.security import tokens
+    from tests.ha_kit import CLUSTER_KEY
+
+    token = tokens.sign(CLUSTER_KEY.encode(), "heartbeat", [node_id], time.time() + 60)
+    body = body or json.dumps({"node_id": node_id, "address": "http://127.0.0.1:9",
+                               "started_at": 1.0, "seq": 0, "capacity_bytes": 1,
+                               "used_bytes": 0, "free_bytes": 1, "blob_count": 0,
+                               "full": True})
+    req = urllib.request.Request(f"{url}/v1/nodes/heartbeat", body.encode(),
+                                 headers={"Authorization": f"Bearer {token}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        out: dict[str, object] = json.loads(r.read())
+    return out
+
+
+def test_heartbeat_answers_carry_the_leaders_epoch(ms: MasterSetProcs) -> None:
+    """A data node learns the epoch from every heartbeat answer (it runs no delete command
+    from a lower one); after a failover the new leader's answers carry a higher epoch."""
+    old = ms.wait_leader(60)
+    e1 = int((ms.info(old) or {})["epoch"])
+    assert e1 >= 1 and _beat(ms.urls[old])["epoch"] == e1
+    ms.kill(old)
+    new = ms.wait_leader(60, not_=old)
+    e2 = int((ms.info(new) or {})["epoch"])
+    assert e2 > e1
+    assert wait_for(lambda: _beat(ms.urls[new]).get("epoch"), 60,
+                    what="a heartbeat answer from the new leader") == e2
+
+
+def test_a_leader_confirms_its_epoch_before_it_hands_out_deletes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A blob no task references is deleted through a heartbeat answer only after the
+    leader confirmed its epoch at a majority of journals: the answer names that epoch."""
+    m = MasterSetProcs(str(tmp_path), 3, lease_secs=2.0, extra=["--orphan-grace-s", "1"])
+    m.start_all()
+    try:
+        lead = m.wait_leader(90)
+        epoch = int((m.info(lead) or {})["epoch"])
+
+        def deleted() -> dict[str, object] | None:
+            body = json.dumps({"node_id": "fake-dn", "address": "http://127.0.0.1:9",
+                               "started_at": 1.0, "seq": 0, "capacity_bytes": 1 << 20,
+                               "used_bytes": 3, "free_bytes": 1 << 20, "blob_count": 1,
+                               "full": True, "blob_ids": ["orphan-1"], "blob_sizes": [3]})
+            a = _beat(m.urls[lead], body=body)
+            cmds = a.get("commands") or []
+            assert isinstance(cmds, list)
+            return a if any(c.get("op") == "delete" for c in cmds) else None
+
+        a = wait_for(deleted, 60, interval=0.3, what="a delete command for the orphan")
+        assert a["epoch"] == epoch
+        assert (m.info(lead) or {}).get("role") == "leader"
+    finally:
+        m.stop()
