@@ -364,3 +364,38 @@ def test_a_leader_confirms_its_epoch_before_it_hands_out_deletes(tmp_path) -> No
         assert (m.info(lead) or {}).get("role") == "leader"
     finally:
         m.stop()
+
+
+def _post(url: str, path: str, body: dict[str, object], auth: str) -> dict[str, object]:
+    req = urllib.request.Request(f"{url}{path}", json.dumps(body).encode(),
+                                 headers={"Authorization": auth,
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=20) as r:
+        out: dict[str, object] = json.loads(r.read())
+    return out
+
+
+def test_sqs_keys_survive_a_failover(ms: MasterSetProcs) -> None:
+    """SQS access keys are logged: after the leader is killed, the new leader answers a
+    data node's lookup of a minted and of an imported key with the same signing key."""
+    from squall.common.security import tokens
+    from squall.master.sqskeys import signing_key
+    from tests.ha_kit import CLUSTER_KEY
+
+    old = ms.wait_leader(60)
+    minted = _post(ms.urls[old], "/v1/auth/sqs-keys", {"roles": ["producer"]},
+                   ADMIN["Authorization"])
+    imported = _post(ms.urls[old], "/v1/auth/sqs-keys",
+                     {"roles": ["admin"], "access_key_id": "FOOBARKEY",
+                      "secret_access_key": "FOOBARSECRET"}, ADMIN["Authorization"])
+    ms.kill(old)
+    new = ms.wait_leader(60, not_=old)
+    node = "Bearer " + tokens.sign(CLUSTER_KEY.encode(), "heartbeat", ["dn-1"],
+                                   time.time() + 60)
+    for k in (minted, imported):
+        got = wait_for(lambda k=k: _post(ms.urls[new], "/v1/nodes/sqs-key", {
+            "node_id": "dn-1", "access_key_id": k["access_key_id"], "date": "20260101",
+            "region": "us-east-1"}, node), 60, what="the new leader's lookup")
+        assert got["signing_key"] == signing_key(str(k["secret_access_key"]), "20260101",
+                                                 "us-east-1").hex()
+        assert got["principal"]["id"] == k["id"]  # type: ignore[index]
