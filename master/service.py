@@ -394,11 +394,12 @@ class Master(Housekeeping):
     async def set_schedule(self, group: str, name: str, s: Schedule | None) -> dict[str, Any]:
         return await self._execute(lambda txn: admin.plan_schedule(self.engine, group, name, s))
 
-    async def set_sqs_keys(self, changes: dict[str, dict[str, Any] | None]) -> None:
-        """Log SQS access keys' records (credential id -> claims, None: forget it), so
-        every member of a master set has them (master/sqskeys.py)."""
-        await self._execute(lambda txn: Plan([("C", "A", "", cid, rec)
-                                              for cid, rec in changes.items()]))
+    async def log_config(self, kind: str, changes: dict[str, dict[str, Any] | None]) -> None:
+        """Log config records of `kind` (name -> value, None: forget it), so every member
+        of a master set has them: SQS access keys ("A", master/sqskeys.py) and credential
+        revocations ("V", master/security.py)."""
+        await self._execute(lambda txn: Plan([("C", kind, "", name, rec)
+                                              for name, rec in changes.items()]))
 
     # -- data nodes: decommission (master/cluster/drain.py) ------------------------------------
     async def _mark_node(self, node_id: str, mark: dict[str, Any] | None) -> None:

@@ -162,7 +162,7 @@ class SqsKeys:
             changes: dict[str, dict[str, Any] | None] = {
                 k: None for k in expired[:EXPIRED_PER_MINT] if k not in self.legacy}
             changes[cred.id] = rec
-            await master.set_sqs_keys(changes)
+            await master.log_config("A", changes)
 
 
 class SqsMintRequest(MintRequest):

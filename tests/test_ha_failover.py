@@ -399,3 +399,34 @@ def test_sqs_keys_survive_a_failover(ms: MasterSetProcs) -> None:
         assert got["signing_key"] == signing_key(str(k["secret_access_key"]), "20260101",
                                                  "us-east-1").hex()
         assert got["principal"]["id"] == k["id"]  # type: ignore[index]
+
+
+def test_revocations_survive_a_failover(ms: MasterSetProcs) -> None:
+    """A credential revoked on the leader stays revoked on the next one (revocations are
+    logged), and the new leader's heartbeat answers tell the data nodes."""
+    def cluster_status(url: str, cred: str) -> int:
+        req = urllib.request.Request(f"{url}/v1/cluster",
+                                     headers={"Authorization": f"Bearer {cred}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            with e:
+                return int(e.code)
+
+    old = ms.wait_leader(60)
+    minted = _post(ms.urls[old], "/v1/auth/credentials", {"roles": ["monitor"]},
+                   ADMIN["Authorization"])
+    cred, cid = str(minted["credential"]), str(minted["id"])
+    assert cluster_status(ms.urls[old], cred) == 200
+    req = urllib.request.Request(f"{ms.urls[old]}/v1/auth/credentials/{cid}",
+                                 method="DELETE", headers=ADMIN)
+    with urllib.request.urlopen(req, timeout=20) as r:
+        assert r.status == 200
+    assert cluster_status(ms.urls[old], cred) == 401
+    ms.kill(old)
+    new = ms.wait_leader(60, not_=old)
+    assert wait_for(lambda: cluster_status(ms.urls[new], cred) in (401, 403), 60,
+                    what="the new leader refusing the revoked credential")
+    revoked = wait_for(lambda: _beat(ms.urls[new]), 60, what="a beat")["revoked"]
+    assert isinstance(revoked, list) and cid in revoked

@@ -51,6 +51,7 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
         app.state.telemetry = telemetry
         app.state.metrics = Exposition(MasterMetrics(master, telemetry, http, wal_times).collect)
         app.state.credentials = CredentialStore.open(settings.data_dir)
+        app.state.credentials.master = master  # revocations are logged
         app.state.peek = Peek()  # the task drawer's payload preview
         signer = access.keys.signer if access.keys is not None else None
         app.state.sqs_keys = SqsKeys.open(  # on a master set: derived from the auth key

@@ -34,7 +34,7 @@ async def heartbeat(body: HeartbeatRequest, request: Request, m: MasterDep) -> J
         else:
             hb.epoch = m.ha.epoch()
     answer = hb.model_dump()
-    answer["revoked"] = sorted(request.app.state.credentials.revoked)
+    answer["revoked"] = request.app.state.credentials.all_revoked()
     return JSON(answer)
 
 
