@@ -126,8 +126,9 @@ profile-lease: $(STAMP)
 ## soak: the master's model test on MODEL_SEEDS random seeds (each printed; a failure
 ##       stops with its seed), then the chaos soak: 10 minutes of seeded faults against a
 ##       master and 5 data nodes, checked against a ledger (docs/testing.md; replay with
-##       `$(BIN)/python -m bench.soak --seed N`), then a master set's leader killed 50
-##       times under load, checked against a ledger
+##       `$(BIN)/python -m bench.soak --seed N`), the same against a master set with
+##       leader kill -9s in its schedule (`--masters 3`), then a master set's leader
+##       killed 50 times under load, checked against a ledger
 soak: $(STAMP)
 	@for i in $$(seq 1 $(MODEL_SEEDS)); do \
 	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
@@ -138,6 +139,7 @@ soak: $(STAMP)
 	done; rm -f .model-seed.log
 	SQUALL_FLOW_SOAK=1 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_flow_e2e.py
 	$(BIN)/python -m bench.soak --minutes 10
+	$(BIN)/python -m bench.soak --minutes 10 --masters 3
 	SQUALL_HA_KILLS=50 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_ha_failover.py \
 	  -k kill_the_leader
 

@@ -173,6 +173,13 @@ class AdminVerbs:
         ans = yield from self._call("DELETE", node_path(node_id), idempotent=False)
         return ForgetResponse.model_validate(ans)
 
+    def overview(self) -> Proto[dict[str, Any]]:
+        # the dashboard's front page without its queue rows and history: cluster health,
+        # WAL state, totals and (on a master set) the set's members, leader, epoch, lags
+        ans: dict[str, Any] = yield from self._call(
+            "GET", "/v1/overview", params={"limit": "1", "since": "1e18"})
+        return ans
+
     def ready(self) -> Proto[dict[str, Any]]:
         ans: dict[str, Any] = yield from self._call("GET", "/readyz")
         return ans

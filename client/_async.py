@@ -464,6 +464,10 @@ class AsyncClient:
         """Remove a dead or decommissioned node from the master's table."""
         return await self._run(self._core.forget(node_id))
 
+    async def overview(self) -> dict[str, Any]:
+        """What ``squall status`` shows: see :meth:`squall.client.Client.overview`."""
+        return await self._run(self._core.overview())
+
     async def ready(self) -> dict[str, Any]:
         return await self._run(self._core.ready())
 

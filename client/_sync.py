@@ -349,6 +349,12 @@ class Client:
         """Remove a dead or decommissioned node from the master's table."""
         return self._run(self._core.forget(node_id))
 
+    def overview(self) -> dict[str, Any]:
+        """What ``squall status`` shows (monitor role): data nodes, WAL state, totals, and
+        on a master set ``master_set``: members, leader, epoch, each member's lag, the
+        elector (None on a single master)."""
+        return self._run(self._core.overview())
+
     def ready(self) -> dict[str, Any]:
         return self._run(self._core.ready())
 

@@ -68,6 +68,8 @@ class Heartbeat:
         self._nudge = asyncio.Event()
         self.beats = self.failures = self.consecutive_failures = 0
         self.commands_run = 0
+        self.epoch = 0  # the highest master-set epoch a heartbeat answer carried
+        self.fenced_deletes = 0  # delete commands dropped: from a deposed leader
         self.last_ok_at = 0.0
         self.last_error = ""
         self.need_full = True
@@ -176,8 +178,27 @@ class Heartbeat:
         if isinstance(revoked, list):  # the master's revocation list, whole every beat
             self.node.revoked = frozenset(str(x) for x in revoked[:MAX_REVOKED])
         del self._corrupt[:len(req.corrupt)]
-        await self.execute(body.get("commands") or [])
+        await self.execute(self.admit(body))
         return True
+
+    def admit(self, body: dict[str, Any]) -> list[Any]:
+        """The answer's commands, without its deletes when it comes from a master-set
+        epoch below the highest this node has seen: a deposed leader's view of which
+        blobs are unreferenced may be stale (docs/decisions/0026)."""
+        commands = body.get("commands") or []
+        if not isinstance(commands, list):
+            return []
+        epoch = body.get("epoch", 0)
+        epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
+        if epoch >= self.epoch:
+            self.epoch = epoch
+            return commands
+        kept = [c for c in commands if not (isinstance(c, dict) and c.get("op") == "delete")]
+        if len(kept) < len(commands):
+            self.fenced_deletes += len(commands) - len(kept)
+            log.warning("ignoring %d delete command(s) from master epoch %d: this node has "
+                        "seen epoch %d", len(commands) - len(kept), epoch, self.epoch)
+        return kept
 
     def _failed(self, req: HeartbeatRequest, e: Exception) -> None:
         self.failures += 1

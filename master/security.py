@@ -104,6 +104,15 @@ class CredentialStore:
     minted: dict[str, dict[str, Any]] = field(default_factory=dict)
     revoked: dict[str, float] = field(default_factory=dict)  # id -> its expiry
     lock: threading.Lock = field(default_factory=threading.Lock)
+    master: Any = None  # its index's ``revocations``: the logged revocations
+
+    def logged(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return self.master.index.revocations if self.master is not None else {}
+
+    def all_revoked(self) -> list[str]:
+        """Every revoked credential id: logged (every member of a master set has them),
+        and this master's own file (revocations from before they were logged)."""
+        return sorted({*self.revoked, *(cid for _, cid in self.logged())})
 
     @classmethod
     def open(cls, data_dir: str) -> CredentialStore:
@@ -118,7 +127,7 @@ class CredentialStore:
         return s
 
     def is_revoked(self, cid: str) -> bool:
-        return cid in self.revoked
+        return cid in self.revoked or ("", cid) in self.logged()
 
     def _save(self, now: float) -> None:
         self.revoked = {k: e for k, e in self.revoked.items() if e > now}
@@ -145,7 +154,7 @@ class CredentialStore:
             return {"id": cid, "revoked": True, "expires_at": exp}
 
     def listing(self, now: float) -> list[dict[str, Any]]:
-        out = [{**v, "revoked": k in self.revoked, "expired": v["expires_at"] <= now}
+        out = [{**v, "revoked": self.is_revoked(k), "expired": v["expires_at"] <= now}
                for k, v in self.minted.items()]
         return sorted(out, key=lambda d: d["issued_at"])
 
@@ -220,9 +229,14 @@ async def revoke_credential(cred_id: Annotated[str, Path(max_length=64)],
     store: CredentialStore = request.app.state.credentials
     now = request.app.state.access.now()
     known = store.minted.get(cred_id)
-    if known is None and cred_id not in store.revoked and not _plausible_id(cred_id):
+    if known is None and not store.is_revoked(cred_id) and not _plausible_id(cred_id):
         raise NotFound(f"no credential {cred_id!r}")
-    store.revoke(cred_id, None, now)
+    exp = known["expires_at"] if known else now + MAX_TTL_S
+    expired = [cid for (_, cid), v in store.logged().items() if v["expires_at"] <= now]
+    # logged first (durable on the log's majority): every member refuses it from then on
+    await request.app.state.master.log_config(
+        "V", {**dict.fromkeys(expired[:100]), cred_id: {"expires_at": float(exp)}})
+    store.revoke(cred_id, exp, now)
     info = store.minted.get(cred_id) or {"id": cred_id, "roles": [], "groups": None,
                                          "node": None, "issued_at": 0.0,
                                          "expires_at": store.revoked[cred_id]}

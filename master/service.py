@@ -481,6 +481,13 @@ class Master(Housekeeping):
         finally:
             self.placement.flush()  # the holders its payload's receipts proved
 
+    async def log_config(self, kind: str, changes: dict[str, dict[str, Any] | None]) -> None:
+        """Log config records of `kind` (name -> value, None: forget it), so every member
+        of a master set has them: SQS access keys ("A", master/sqskeys.py) and credential
+        revocations ("V", master/security.py)."""
+        await self._execute(lambda txn: Plan([("C", kind, "", name, rec)
+                                              for name, rec in changes.items()]))
+
     # -- data nodes: decommission (master/cluster/drain.py) ------------------------------------
     async def _mark_node(self, node_id: str, mark: dict[str, Any] | None) -> None:
         await self._execute(lambda txn: Plan([("C", "N", "", node_id, mark)]))

@@ -5,12 +5,18 @@ its identity) in the shape AWS SDKs sign with:
 
 - access key id: ``"SQ"`` + base32 of the credential id's 16 bytes (28 characters, A-Z2-7);
 - secret: base64url of ``HMAC-SHA256(sqs key, b"squall-sqs-secret-v1\\n" + access key id)``,
-  where the *sqs key* is key material only the master holds (``<data_dir>/sqs.key``, made
-  on first start, mode 0600, or ``SQUALL_SQS_KEY_FILE``). Data nodes hold the auth key
-  and the cluster key, never this one, so they cannot make a secret.
+  where the *sqs key* is key material only masters hold: ``SQUALL_SQS_KEY_FILE`` when set;
+  on a master set, ``HMAC-SHA256(auth signing key, b"squall-sqs-key-v1\\n")`` (every member
+  signs credentials with the same private auth key, so every member derives the same
+  secrets); else ``<data_dir>/sqs.key``, made on first start, mode 0600. Data nodes hold
+  the auth *public* key and the cluster key, never these, so they cannot make a secret.
 
-The claims are kept in ``<data_dir>/sqs-keys.json`` (fsynced) and in the credential log
-(``squall auth list``); ``squall auth revoke <id>`` revokes the key like any credential.
+The claims (and an imported key's secret) are logged as config records (``("C", "A",
+"", credential id, claims)``, through the group commit like a policy), so every member of
+a master set has them and a failover keeps them working; keys that an older master kept
+in ``<data_dir>/sqs-keys.json`` are still read from there. They are also in the credential
+log (``squall auth list``); ``squall auth revoke <id>`` revokes the key like any
+credential.
 
 A data node verifying a request asks ``POST /v1/nodes/sqs-key`` (node credential) for an
 access key id, a day and a region, and gets the principal, the day's SigV4 signing key for
@@ -21,13 +27,13 @@ answer for a minute at most (``datanode/sqs/keys.py``).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import hmac
 import os
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -49,6 +55,8 @@ SHORT_TTL_S = 600.0
 CACHE_S = 60.0
 MAX_KEYS = 100_000
 _SECRET = b"squall-sqs-secret-v1\n"
+_SHARED = b"squall-sqs-key-v1\n"
+EXPIRED_PER_MINT = 100  # expired keys forgotten (logged) by each mint
 AKID_RE = re.compile(r"SQ[A-Z2-7]{26}")
 IMPORTED_RE = r"^[A-Za-z0-9_]{4,128}$"  # an imported access key id (AWS: \w{16,128})
 
@@ -79,26 +87,40 @@ def signing_key(secret: str, date: str, region: str) -> bytes:
 class SqsKeys:
     path: str
     key: bytes
-    keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # credential id -> claims
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    legacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # sqs-keys.json
+    master: Any = None  # the logged keys are its index's ``sqs_keys``
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
-    def open(cls, data_dir: str) -> SqsKeys:
+    def open(cls, data_dir: str, shared: bytes | None = None, master: Any = None
+             ) -> SqsKeys:
+        """`shared`: a master set's private auth key, the SQS key derives from it."""
         os.makedirs(data_dir, exist_ok=True)
-        key_path = os.environ.get(KEY_FILE_ENV) or os.path.join(data_dir, KEY_FILE)
-        if not os.path.exists(key_path):
-            auth.write_secret(key_path, auth.new_key() + b"\n")
-        with open(key_path, "rb") as f:
-            key = f.read().strip()  # a random secret of the master's: never an auth key
-        if len(key) < 32:
-            raise ValueError(f"{key_path}: the SQS key is {len(key)} bytes; use at least 32")
-        s = cls(os.path.join(data_dir, KEYS_FILE), key)
+        key_path = os.environ.get(KEY_FILE_ENV)
+        if not key_path and shared is not None:
+            key = hmac.new(shared, _SHARED, hashlib.sha256).digest()
+        else:
+            key_path = key_path or os.path.join(data_dir, KEY_FILE)
+            if not os.path.exists(key_path):
+                auth.write_secret(key_path, auth.new_key() + b"\n")
+            with open(key_path, "rb") as f:
+                key = f.read().strip()  # a random secret of the master's: never an auth key
+            if len(key) < 32:
+                raise ValueError(f"{key_path}: the SQS key is {len(key)} bytes; use at "
+                                 "least 32")
+        s = cls(os.path.join(data_dir, KEYS_FILE), key, master=master)
         try:
             with open(s.path, "rb") as f:
-                s.keys = dict(orjson.loads(f.read()))
+                s.legacy = dict(orjson.loads(f.read()))
         except FileNotFoundError:
             pass
         return s
+
+    @property
+    def keys(self) -> dict[str, dict[str, Any]]:
+        """Credential id -> claims: the logged keys over those of sqs-keys.json."""
+        logged = self.master.index.sqs_keys if self.master is not None else {}
+        return {**self.legacy, **{cid: v for (_, cid), v in logged.items()}}
 
     def secret(self, akid: str) -> str:
         """The secret of a minted key (derived), or of an imported one (kept)."""
@@ -122,11 +144,14 @@ class SqsKeys:
             return None
         return cid, got
 
-    def remember(self, cred: auth.Credential, note: str, now: float,
-                 imported: tuple[str, str] | None = None) -> None:
-        with self.lock:
-            self.keys = {k: v for k, v in self.keys.items() if v["expires_at"] > now}
-            if len(self.keys) >= MAX_KEYS:
+    async def remember(self, master: Any, cred: auth.Credential, note: str, now: float,
+                       imported: tuple[str, str] | None = None) -> None:
+        """Log the key's claims (durable on the log's majority before this returns),
+        forgetting a few expired keys in the same record."""
+        async with self.lock:  # one at a time: an imported id is checked, then logged
+            keys = self.keys
+            expired = [k for k, v in keys.items() if v["expires_at"] <= now]
+            if len(keys) - len(expired) >= MAX_KEYS:
                 raise BadRequest(f"{MAX_KEYS} unexpired SQS access keys exist; revoke some")
             rec: dict[str, Any] = {**cred.describe(), "note": note}
             if imported is not None:
@@ -134,8 +159,10 @@ class SqsKeys:
                     raise BadRequest(f"access key id {imported[0]!r} exists or is of the "
                                      "minted form (SQ...)")
                 rec["akid"], rec["secret"] = imported
-            self.keys[cred.id] = rec
-            auth.write_secret(self.path, orjson.dumps(self.keys))
+            changes: dict[str, dict[str, Any] | None] = {
+                k: None for k in expired[:EXPIRED_PER_MINT] if k not in self.legacy}
+            changes[cred.id] = rec
+            await master.log_config("A", changes)
 
 
 class SqsMintRequest(MintRequest):
@@ -174,7 +201,7 @@ class SqsKeyAnswer(BaseModel):
     cache_secs: float
 
 
-async def mint_sqs_key(body: SqsMintRequest, request: Request) -> JSON:
+async def mint_sqs_key(body: SqsMintRequest, request: Request, m: MasterDep) -> JSON:
     """Mint an SQS access key (admin): an access key id and secret bound to these roles and
     groups, revocable by its id like any credential. With `access_key_id` and
     `secret_access_key`: import that key instead."""
@@ -195,7 +222,7 @@ async def mint_sqs_key(body: SqsMintRequest, request: Request) -> JSON:
         raise BadRequest(str(e)) from None
     claims = auth.verify(access.keys, cred, now)
     note = body.note or "SQS access key"
-    keys.remember(claims, note, now, imported)
+    await keys.remember(m, claims, note, now, imported)
     store.remember(claims, note, now)
     akid = imported[0] if imported else access_key_id(claims.id)
     return JSON({**claims.describe(), "access_key_id": akid,

@@ -65,6 +65,14 @@ def test_clean_escapes_controls_like_repr() -> None:
         "a\\x1b[2Jb\\n\\t\\r\\x00\\x7f\\x85\\u202e\\u2066é[/]"
 
 
+def test_status_of_a_single_master(master: str) -> None:
+    out = sq(master, "status")
+    assert "a single master" in out and "master set" not in out
+    assert "1 (1 alive)" in out
+    s = json.loads(sq(master, "status", "--json"))
+    assert s["master_set"] is None and s["cluster"]["nodes"][0]["health"] == "alive"
+
+
 def test_payload_markup_and_escapes_through_lease_done(master: str) -> None:
     assert "safe#llm" in sq(master, "put", "safe#llm", NASTY, "--pid", "p1")
     out = sq(master, "lease", "safe#llm", "--payload", "--done")

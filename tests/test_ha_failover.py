@@ -273,3 +273,160 @@ def test_failover_with_the_etcd_elector(tmp_path) -> None:  # type: ignore[no-un
     finally:
         ms.stop()
         etcd.kill9()
+
+
+def test_status_shows_the_master_set(ms: MasterSetProcs) -> None:
+    """`squall status` asked of a standby: the leader's view of the set (members, leader,
+    epoch, each standby's lag, the elector), as a table and as JSON."""
+    from typer.testing import CliRunner
+
+    from squall.client.cli import app
+
+    lead = ms.wait_leader(60)
+    standby = (lead + 1) % 3
+    runner = CliRunner()
+
+    def status(*args: str) -> str:
+        r = runner.invoke(app, ["status", *args, "--master", ms.urls[standby]])
+        assert r.exit_code == 0, (r.output, r.exception)
+        return r.output
+
+    def in_sync() -> bool:
+        s = json.loads(status("--json"))["master_set"]
+        return all(m["in_sync"] for m in s["members"])
+
+    wait_for(in_sync, 60, what="every member in sync")
+    s = json.loads(status("--json"))["master_set"]
+    assert s["leader"] == ms.urls[lead] and s["me"] == ms.urls[lead]
+    assert s["epoch"] >= 1 and s["elector"] == "file"
+    assert sorted(m["url"] for m in s["members"]) == sorted(ms.urls)
+    assert [m["url"] for m in s["members"] if m["leader"]] == [ms.urls[lead]]
+    assert all(m["lag"] == 0 for m in s["members"] if not m["leader"])
+    text = status()
+    assert f"leader {ms.urls[lead]}, epoch {s['epoch']}" in text
+    assert "elector file" in text and text.count("standby") == 2
+    assert "0 records" in text
+
+
+def _beat(url: str, node_id: str = "fake-dn", body: str | None = None) -> dict[str, object]:
+    """One heartbeat of a data node that holds nothing, signed with the cluster key."""
+    from squall.common.security import tokens
+    from tests.ha_kit import CLUSTER_KEY
+
+    token = tokens.sign(CLUSTER_KEY.encode(), "heartbeat", [node_id], time.time() + 60)
+    body = body or json.dumps({"node_id": node_id, "address": "http://127.0.0.1:9",
+                               "started_at": 1.0, "seq": 0, "capacity_bytes": 1,
+                               "used_bytes": 0, "free_bytes": 1, "blob_count": 0,
+                               "full": True})
+    req = urllib.request.Request(f"{url}/v1/nodes/heartbeat", body.encode(),
+                                 headers={"Authorization": f"Bearer {token}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        out: dict[str, object] = json.loads(r.read())
+    return out
+
+
+def test_heartbeat_answers_carry_the_leaders_epoch(ms: MasterSetProcs) -> None:
+    """A data node learns the epoch from every heartbeat answer (it runs no delete command
+    from a lower one); after a failover the new leader's answers carry a higher epoch."""
+    old = ms.wait_leader(60)
+    e1 = int((ms.info(old) or {})["epoch"])
+    assert e1 >= 1 and _beat(ms.urls[old])["epoch"] == e1
+    ms.kill(old)
+    new = ms.wait_leader(60, not_=old)
+    e2 = int((ms.info(new) or {})["epoch"])
+    assert e2 > e1
+    assert wait_for(lambda: _beat(ms.urls[new]).get("epoch"), 60,
+                    what="a heartbeat answer from the new leader") == e2
+
+
+def test_a_leader_confirms_its_epoch_before_it_hands_out_deletes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A blob no task references is deleted through a heartbeat answer only after the
+    leader confirmed its epoch at a majority of journals: the answer names that epoch."""
+    m = MasterSetProcs(str(tmp_path), 3, lease_secs=2.0, extra=["--orphan-grace-s", "1"])
+    m.start_all()
+    try:
+        lead = m.wait_leader(90)
+        epoch = int((m.info(lead) or {})["epoch"])
+
+        def deleted() -> dict[str, object] | None:
+            body = json.dumps({"node_id": "fake-dn", "address": "http://127.0.0.1:9",
+                               "started_at": 1.0, "seq": 0, "capacity_bytes": 1 << 20,
+                               "used_bytes": 3, "free_bytes": 1 << 20, "blob_count": 1,
+                               "full": True, "blob_ids": ["orphan-1"], "blob_sizes": [3]})
+            a = _beat(m.urls[lead], body=body)
+            cmds = a.get("commands") or []
+            assert isinstance(cmds, list)
+            return a if any(c.get("op") == "delete" for c in cmds) else None
+
+        a = wait_for(deleted, 60, interval=0.3, what="a delete command for the orphan")
+        assert a["epoch"] == epoch
+        assert (m.info(lead) or {}).get("role") == "leader"
+    finally:
+        m.stop()
+
+
+def _post(url: str, path: str, body: dict[str, object], auth: str) -> dict[str, object]:
+    req = urllib.request.Request(f"{url}{path}", json.dumps(body).encode(),
+                                 headers={"Authorization": auth,
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=20) as r:
+        out: dict[str, object] = json.loads(r.read())
+    return out
+
+
+def test_sqs_keys_survive_a_failover(ms: MasterSetProcs) -> None:
+    """SQS access keys are logged: after the leader is killed, the new leader answers a
+    data node's lookup of a minted and of an imported key with the same signing key."""
+    from squall.common.security import tokens
+    from squall.master.sqskeys import signing_key
+    from tests.ha_kit import CLUSTER_KEY
+
+    old = ms.wait_leader(60)
+    minted = _post(ms.urls[old], "/v1/auth/sqs-keys", {"roles": ["producer"]},
+                   ADMIN["Authorization"])
+    imported = _post(ms.urls[old], "/v1/auth/sqs-keys",
+                     {"roles": ["admin"], "access_key_id": "FOOBARKEY",
+                      "secret_access_key": "FOOBARSECRET"}, ADMIN["Authorization"])
+    ms.kill(old)
+    new = ms.wait_leader(60, not_=old)
+    node = "Bearer " + tokens.sign(CLUSTER_KEY.encode(), "heartbeat", ["dn-1"],
+                                   time.time() + 60)
+    for k in (minted, imported):
+        got = wait_for(lambda k=k: _post(ms.urls[new], "/v1/nodes/sqs-key", {
+            "node_id": "dn-1", "access_key_id": k["access_key_id"], "date": "20260101",
+            "region": "us-east-1"}, node), 60, what="the new leader's lookup")
+        assert got["signing_key"] == signing_key(str(k["secret_access_key"]), "20260101",
+                                                 "us-east-1").hex()
+        assert got["principal"]["id"] == k["id"]  # type: ignore[index]
+
+
+def test_revocations_survive_a_failover(ms: MasterSetProcs) -> None:
+    """A credential revoked on the leader stays revoked on the next one (revocations are
+    logged), and the new leader's heartbeat answers tell the data nodes."""
+    def cluster_status(url: str, cred: str) -> int:
+        req = urllib.request.Request(f"{url}/v1/cluster",
+                                     headers={"Authorization": f"Bearer {cred}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            with e:
+                return int(e.code)
+
+    old = ms.wait_leader(60)
+    minted = _post(ms.urls[old], "/v1/auth/credentials", {"roles": ["monitor"]},
+                   ADMIN["Authorization"])
+    cred, cid = str(minted["credential"]), str(minted["id"])
+    assert cluster_status(ms.urls[old], cred) == 200
+    req = urllib.request.Request(f"{ms.urls[old]}/v1/auth/credentials/{cid}",
+                                 method="DELETE", headers=ADMIN)
+    with urllib.request.urlopen(req, timeout=20) as r:
+        assert r.status == 200
+    assert cluster_status(ms.urls[old], cred) == 401
+    ms.kill(old)
+    new = ms.wait_leader(60, not_=old)
+    assert wait_for(lambda: cluster_status(ms.urls[new], cred) in (401, 403), 60,
+                    what="the new leader refusing the revoked credential")
+    revoked = wait_for(lambda: _beat(ms.urls[new]), 60, what="a beat")["revoked"]
+    assert isinstance(revoked, list) and cid in revoked

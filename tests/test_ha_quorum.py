@@ -323,3 +323,22 @@ def test_a_longer_stale_log_loses_to_a_newer_epoch() -> None:
         assert b"stale3" not in held.values()
         await third.close()
     asyncio.run(go())
+
+
+def test_an_empty_append_confirms_or_fences_the_leader() -> None:
+    """An empty append (what a leader runs before it hands out delete commands) succeeds
+    while a majority follows its epoch, and is fenced once another member took a higher
+    one: a deposed leader cannot confirm itself."""
+    async def go() -> None:
+        journals = make_journals()
+        first = QuorumLog("a", clients(journals, Faults()), MEMBERS)
+        await first.recover(epoch_start)
+        await first.append([])
+        second = QuorumLog("b", clients(journals, Faults()), MEMBERS)
+        assert await second.recover(epoch_start) > first.epoch
+        with pytest.raises(Fenced):
+            await first.append([])
+        await second.append([])
+        await first.close()
+        await second.close()
+    asyncio.run(go())

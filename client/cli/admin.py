@@ -136,6 +136,47 @@ def stats(queue: Annotated[str | None, typer.Argument(help="a queue (default: th
             pass
 
 
+def _lag(m: dict[str, Any]) -> str:
+    if m.get("leader"):
+        return "-"
+    lag = m.get("lag")
+    return "?" if lag is None else f"{lag} records"
+
+
+def status(as_json: JsonOpt = False, master: MasterOpt = "http://127.0.0.1:7070") -> None:
+    """The cluster at a glance: data nodes, the WAL, totals and, on a master set, its
+    members, leader, epoch, each standby's lag and the elector (monitor role)."""
+    with connect(master) as c:
+        ov = c.overview()
+    if as_json:
+        print_json({k: ov.get(k) for k in ("cluster", "wal", "totals", "master_set")})
+        return
+    cl, w, t = ov.get("cluster") or {}, ov.get("wal") or {}, ov.get("totals") or {}
+    nodes = cl.get("nodes") or []
+    up = sum(1 for n in nodes if n.get("health") == "alive")
+    rows: list[list[Any]] = [
+        ["data nodes", f"{len(nodes)} ({up} alive)" if nodes else "none"],
+        ["under-replicated / lost blobs",
+         f"{cl.get('under_replicated', 0)} / {cl.get('lost', 0)}"],
+        ["WAL ticket (durable)", f"{w.get('ticket')} ({w.get('durable_ticket')})"],
+        ["WAL error", w.get("error") or "none"],
+        ["queues holding tasks", t.get("queues")], ["available", t.get("available")],
+        ["leased", t.get("leased")], ["delayed", t.get("delayed")],
+        ["completed", t.get("completed")]]
+    out.print(table("cluster", ["", "value"], rows))
+    ms = ov.get("master_set")
+    if not ms:
+        say("master: a single master")
+        return
+    say(f"master set: leader {ms.get('leader') or 'none'}, epoch {ms.get('epoch')}, "
+        f"elector {ms.get('elector')}, {ms.get('failovers', 0)} failover(s) seen by "
+        f"{ms.get('me')}")
+    show("members", ["member", "role", "journal", "in sync", "lag"],
+         [[m.get("url"), "leader" if m.get("leader") else "standby",
+           m.get("status") or "-", {True: "yes", False: "no"}.get(m.get("in_sync"), "?"),
+           _lag(m)] for m in ms.get("members") or []])
+
+
 def delete(queue: QueueArg,
            yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
            master: MasterOpt = "http://127.0.0.1:7070") -> None:
@@ -371,7 +412,7 @@ def schedule_delete(name: NameArg, master: MasterOpt = "http://127.0.0.1:7070") 
 
 
 def register(app: typer.Typer) -> None:
-    for fn in (queues, stats, delete, reset_leases, pause, resume, dead_letters, redrive):
+    for fn in (status, queues, stats, delete, reset_leases, pause, resume, dead_letters, redrive):
         app.command(fn.__name__.replace("_", "-"))(fn)
     app.add_typer(policy_app, name="policy")
     app.add_typer(schedule_app, name="schedule")

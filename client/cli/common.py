@@ -240,7 +240,8 @@ def dump_json(data: Any, indent: bool = False) -> str:
 
 
 def print_json(obj: Any) -> None:
-    data = [o.model_dump() for o in obj] if isinstance(obj, list) else obj.model_dump()
+    data = ([o.model_dump() for o in obj] if isinstance(obj, list) else
+            obj if isinstance(obj, dict) else obj.model_dump())
     sys.stdout.write(dump_json(data, indent=True) + "\n")
 
 

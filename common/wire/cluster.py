@@ -163,6 +163,9 @@ Command = Annotated[ReplicateCommand | ReplicateBatchCommand | DeleteCommand,
 class HeartbeatResponse(_Lenient):
     commands: Annotated[list[Command], Field(max_length=MAX_COMMANDS)] = []
     full_report: bool = Field(False, description="send the full inventory in the next beat")
+    epoch: int = Field(0, ge=0, description="the answering leader's epoch on a master set "
+                       "(0: a single master); a data node runs no delete command from an "
+                       "epoch below the highest it has seen")
     revoked: Annotated[list[str], Field(max_length=100_000)] = Field(
         [], description="ids of revoked client credentials (data nodes refuse them)")
 

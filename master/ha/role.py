@@ -212,6 +212,21 @@ class MasterSet:
         return (self.role == "leader" and ql is not None and ql.failed is None
                 and time.monotonic() <= self.lease_until)
 
+    async def confirm(self) -> int:
+        """This member still leads at its epoch: an empty append taken by a majority of
+        journals (they refuse a lower epoch). Returns the epoch; QuorumLost or Fenced
+        otherwise (and the member steps down). Called before a heartbeat answer hands out
+        delete commands, so a deposed leader's stale view deletes nothing."""
+        ql = self.ql
+        if ql is None or not self.serving():
+            raise QuorumLost(self.failure() or "not the leader")
+        try:
+            await ql.append([])
+        except QuorumLost:
+            self._poke()
+            raise
+        return ql.epoch
+
     def standby_reason(self) -> str:
         return (f"standby of {self.leader or 'an unknown leader'} "
                 f"(lag {self.lag()} records)")
@@ -534,6 +549,9 @@ class MasterSet:
         return {"members": new, "removed": url}
 
     # -- views ---------------------------------------------------------------------------
+    def epoch(self) -> int:
+        return self.ql.epoch if self.ql is not None else self.journal.promised
+
     def leader_view(self) -> dict[str, Any]:
         return {"leader": self.me if self.role == "leader" else self.leader,
                 "epoch": self.ql.epoch if self.ql is not None else self.journal.promised,

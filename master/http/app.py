@@ -51,8 +51,13 @@ def create_master_app(settings: MasterSettings, clock: Clock | None = None,
         app.state.telemetry = telemetry
         app.state.metrics = Exposition(MasterMetrics(master, telemetry, http, wal_times).collect)
         app.state.credentials = CredentialStore.open(settings.data_dir)
+        app.state.credentials.master = master  # revocations are logged
         app.state.peek = Peek()  # the task drawer's payload preview
-        app.state.sqs_keys = SqsKeys.open(settings.data_dir)
+        signer = access.keys.signer if access.keys is not None else None
+        app.state.sqs_keys = SqsKeys.open(  # on a master set: derived from the auth key
+            settings.data_dir, master=master,
+            shared=(signer.private_bytes_raw() if settings.master_set is not None
+                    and signer is not None else None))
         access.cluster_key, access.now = master.key, master.clock.now
         access.revoked = app.state.credentials.is_revoked
         if ha is not None:

@@ -203,6 +203,8 @@ class Index:
             self.policies, self.schedules, self.node_marks = {}, {}, {}
             self.pauses = {}
             self.ha_conf: dict[tuple[str, str], dict[str, Any]] = {}  # a master set's members
+            self.sqs_keys: dict[tuple[str, str], dict[str, Any]] = {}  # ("", credential id)
+            self.revocations: dict[tuple[str, str], dict[str, Any]] = {}  # same: expiry
             for k, v in txn.cursor(db=self.conf):
                 group, name = bytes(k[1:]).decode().split("\x00", 1)
                 self._conf(bytes(k[:1]))[(group, name)] = msgpack.unpackb(v)
@@ -494,7 +496,8 @@ class Index:
 
     def _conf(self, kind: bytes) -> dict[tuple[str, str], dict[str, Any]]:
         return {b"P": self.policies, b"N": self.node_marks,
-                b"F": self.pauses, b"H": self.ha_conf}.get(kind, self.schedules)
+                b"F": self.pauses, b"H": self.ha_conf,
+                b"A": self.sqs_keys, b"V": self.revocations}.get(kind, self.schedules)
 
     def ref_blob(self, txn: lmdb.Transaction, blob_id: str, delta: int) -> None:
         """Count a reference to a payload up or down; at zero it is freed for blob GC."""

@@ -15,6 +15,10 @@ same :func:`apply` runs live (inside the request's LMDB transaction) and on repl
                                            data node's decommission mark (kind "N",
                                            group "", name = node id) or a master
                                            set's members (kind "H", name "members")
+                                           or an SQS access key's claims (kind "A",
+                                           group "", name = credential id) or a
+                                           credential's revocation (kind "V", group
+                                           "", name = credential id, {expires_at})
     ("K", group, key, queue, pid, exp_ms)  an enqueue's idempotency key (see dedup.py;
                                            a plain put: replays idempotently)
     ("B", group, id, record|None)          a batch's record (see batches.py)

@@ -1,6 +1,7 @@
-"""The soak's cluster: a master and five data nodes (RF 2) as real processes, each in its
-own network namespace with its data folder on its own tmpfs (see netns.py, disks.py), or
-all on 127.0.0.1 and plain folders when namespaces cannot be built here."""
+"""The soak's cluster: a master (or a master set of 3, `masters`, a file lease electing)
+and five data nodes (RF 2) as real processes, each in its own network namespace with its
+data folder on its own tmpfs (see netns.py, disks.py), or all on 127.0.0.1 and plain
+folders when namespaces cannot be built here."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ BEAT_S = 0.5
 DEAD_AFTER_BEATS = 3
 MASTER_PORT, NODE_PORT = 7070, 7071
 MASTER_FS_MB, NODE_FS_MB = 256, 192
+SET_LEASE_S = 2.0  # a master set's elector lease
 
 
 class Server:
@@ -73,37 +75,46 @@ class Server:
 
 
 class SoakCluster:
-    def __init__(self, base: str, use_netns: bool) -> None:
+    def __init__(self, base: str, use_netns: bool, masters: int = 1) -> None:
         self.base = base
         self.net: Net | None = None
         self.tmpfs = False
-        names = {"m": 10, **{f"d{i}": 11 + i for i in range(NODES)}}
+        self.master_names = ["m"] if masters == 1 else [f"m{i}" for i in range(masters)]
+        names = {**{n: 10 if i == 0 else 20 + i for i, n in enumerate(self.master_names)},
+                 **{f"d{i}": 11 + i for i in range(NODES)}}
         if use_netns:
             self.net = Net(names)
             self.net.build()
             host = dict(self.net.ips)
-            ports = {"m": MASTER_PORT, **{f"d{i}": NODE_PORT for i in range(NODES)}}
+            ports = {**dict.fromkeys(self.master_names, MASTER_PORT),
+                     **{f"d{i}": NODE_PORT for i in range(NODES)}}
         else:
             host = dict.fromkeys(names, "127.0.0.1")
-            p0 = free_port_block(NODES + 1)
+            p0 = free_port_block(len(names))
             ports = {n: p0 + i for i, n in enumerate(names)}
-        murl = f"http://{host['m']}:{ports['m']}"
-        self.master = self._server("m", host["m"], ports["m"], [
-            "-m", "squall.master", "--heartbeat-interval-s", str(BEAT_S),
-            "--dead-after-beats", str(DEAD_AFTER_BEATS), "--replication-factor", str(RF),
-            "--orphan-grace-s", "120", "--checkpoint-interval-s", "5"])
+        murls = [f"http://{host[n]}:{ports[n]}" for n in self.master_names]
+        self.master_urls = ",".join(murls)  # what clients and data nodes are given
+        self.masters: list[Server] = []
+        for n, u in zip(self.master_names, murls, strict=True):
+            one = [] if masters == 1 else [
+                "--members", self.master_urls, "--advertise-url", u,
+                "--elector", f"file:{os.path.join(base, 'lease')}",
+                "--elector-lease-s", str(SET_LEASE_S)]
+            self.masters.append(self._server(n, host[n], ports[n], [
+                "-m", "squall.master", "--heartbeat-interval-s", str(BEAT_S),
+                "--dead-after-beats", str(DEAD_AFTER_BEATS), "--replication-factor", str(RF),
+                "--orphan-grace-s", "120", "--checkpoint-interval-s", "5", *one]))
         self.nodes = [self._server(f"d{i}", host[f"d{i}"], ports[f"d{i}"], [
-            "-m", "squall.datanode", "--master", murl, "--advertise",
+            "-m", "squall.datanode", "--master", self.master_urls, "--advertise",
             f"http://{host[f'd{i}']}:{ports[f'd{i}']}", "--heartbeat-interval-s", str(BEAT_S),
             "--full-report-every", "10", "--scrub-bytes-per-s", "0"]) for i in range(NODES)]
-        self.http = httpx.Client(base_url=self.master.url, timeout=10.0,
-                                auth=master_auth(self.master.url))
+        self.http = httpx.Client(timeout=10.0, auth=master_auth(self.master_urls))
 
     def _server(self, name: str, host: str, port: int, args: list[str]) -> Server:
         data = os.path.join(self.base, name)
         os.makedirs(data, exist_ok=True)
         if self.net is not None:
-            disks.mount_tmpfs(data, MASTER_FS_MB if name == "m" else NODE_FS_MB)
+            disks.mount_tmpfs(data, MASTER_FS_MB if name.startswith("m") else NODE_FS_MB)
             self.tmpfs = True
         argv = [sys.executable, *args, "--host", host, "--port", str(port),
                 "--data-dir", os.path.join(data, "data")]
@@ -114,17 +125,64 @@ class SoakCluster:
 
     @property
     def servers(self) -> list[Server]:
-        return [self.master, *self.nodes]
+        return [*self.masters, *self.nodes]
+
+    @property
+    def master(self) -> Server:
+        """The master; on a master set the leader (waiting for one)."""
+        if len(self.masters) == 1:
+            return self.masters[0]
+        return self.masters[self.wait_leader()]
+
+    def leader(self) -> int | None:
+        """The member that is ready (leads and its log is writable), if any."""
+        for i, s in enumerate(self.masters):
+            if not s.up:
+                continue
+            try:
+                if httpx.get(s.url + "/readyz", timeout=1.0).status_code == 200:
+                    return i
+            except httpx.HTTPError:
+                continue
+        return None
+
+    def wait_leader(self, timeout: float = 180.0, not_: int | None = None) -> int:
+        def found() -> int | None:
+            i = self.leader()
+            return None if i is None or i == not_ else i + 1  # 0 is a leader too
+
+        got = wait_for(found, timeout, interval=0.05, what="a leader")
+        assert got is not None
+        return got - 1
+
+    def role(self, i: int) -> str | None:
+        try:
+            r = httpx.get(self.masters[i].url + "/v1/leader", timeout=2.0)
+            return str(r.json().get("role")) if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def wait_ready(self) -> None:
+        """Every server serving: on a master set, a leader and every other member a
+        standby (only the leader answers /readyz with 200)."""
+        for s in self.nodes if len(self.masters) > 1 else self.servers:
+            s.wait_ready()
+        if len(self.masters) > 1:
+            self.wait_leader()
+            for i in range(len(self.masters)):
+                def member(i: int = i) -> bool:
+                    return self.role(i) in ("leader", "standby")
+
+                wait_for(member, 180, interval=0.1, what=f"{self.master_names[i]} in the set")
 
     def start(self) -> None:
         for s in self.servers:
             s.launch()
-        for s in self.servers:
-            s.wait_ready()
+        self.wait_ready()
         wait_for(lambda: self.alive() == NODES, 180, interval=0.1, what="data nodes alive")
 
     def info(self) -> Any:
-        return self.http.get("/v1/cluster").json()
+        return self.http.get(self.master.url + "/v1/cluster").json()
 
     def alive(self) -> int:
         return sum(n["state"] == "alive" for n in self.info()["nodes"])

@@ -29,6 +29,9 @@ from tests.helpers import wait_for
 KINDS = ("kill_master", "kill_node", "kill_two_nodes", "kill_holder_during_repair",
          "kill_worker", "fill_node_disk", "fill_master_disk", "partition_node")
 NEEDS_ROOT = ("fill_node_disk", "fill_master_disk", "partition_node")
+# a master set (`--masters 3`): the leader killed (-9) and restarted as a standby instead
+# of the master; the master's disk is not filled (a set member's journal is another test)
+SET_KINDS = {"kill_master": "kill_leader", "fill_master_disk": None}
 PROBE_QUEUE = "soak#probe"
 RESUME_LIMIT_S = 20.0
 
@@ -53,13 +56,15 @@ def plan(seed: int, kinds: tuple[str, ...], workers: int, n: int = 500) -> list[
     for _ in range(max(n, len(kinds))):
         kind = order.pop(0) if order else rng.choice(kinds)
         nodes = rng.sample(range(NODES), 2)
-        hold = {"kill_master": rng.uniform(0.3, 3.0), "kill_node": rng.uniform(0.5, 6.0),
+        hold = rng.uniform(0.3, 3.0) if kind == "kill_leader" else {
+                "kill_master": rng.uniform(0.3, 3.0), "kill_node": rng.uniform(0.5, 6.0),
                 "kill_two_nodes": rng.uniform(2.0, 6.0),
                 "kill_holder_during_repair": rng.uniform(2.0, 5.0),
                 "kill_worker": rng.uniform(0.0, 2.0), "fill_node_disk": rng.uniform(2.0, 6.0),
                 "fill_master_disk": rng.uniform(1.0, 4.0),
                 "partition_node": rng.uniform(2.0, 8.0)}[kind]
-        targets = {"kill_master": [], "kill_node": nodes[:1], "kill_two_nodes": nodes,
+        targets = {"kill_master": [], "kill_leader": [], "kill_node": nodes[:1],
+                   "kill_two_nodes": nodes,
                    "kill_holder_during_repair": nodes, "fill_node_disk": nodes[:1],
                    "fill_master_disk": [], "partition_node": nodes[:1],
                    "kill_worker": [rng.randrange(workers)]}[kind]
@@ -125,6 +130,22 @@ class Faults:
         t = time.monotonic()
         self.c.master.launch()
         self.c.master.wait_ready()
+        ep.notes["restart_s"] = round(time.monotonic() - t, 2)
+
+    def kill_leader(self, f: Fault, ep: Episode) -> None:
+        """A master set's leader killed (-9): time until another member leads, hold, then
+        the old leader restarted until it is a standby again."""
+        old = self.c.wait_leader()
+        t = time.monotonic()
+        self.c.masters[old].kill9()
+        new = self.c.wait_leader(not_=old)
+        ep.notes["failover_s"] = round(time.monotonic() - t, 2)
+        ep.notes["new_leader"] = self.c.master_names[new]
+        self._hold(f.hold_s)
+        t = time.monotonic()
+        self.c.masters[old].launch()
+        wait_for(lambda: self.c.role(old) == "standby", 180, interval=0.1,
+                 what=f"{self.c.master_names[old]} back as a standby")
         ep.notes["restart_s"] = round(time.monotonic() - t, 2)
 
     def _nodes_back(self, ids: list[int], ep: Episode, killed_at: float) -> None:
@@ -240,7 +261,7 @@ class Faults:
         pid = f"probe-{self.probes:05d}"
         data = payload_of(pid, 64)
         try:
-            with Client(self.c.master.url, timeout=5.0, retries=1) as cl:
+            with Client(self.c.master_urls, timeout=5.0, retries=1) as cl:
                 cl.put(PROBE_QUEUE, data, pid=pid, idempotency_key=pid)
         except SquallError as e:
             self.probe_led.write("put?", q=PROBE_QUEUE, pid=pid, crc=crc(data), n=64,
@@ -261,8 +282,8 @@ class Faults:
     def partition_node(self, f: Fault, ep: Episode) -> None:
         assert self.c.net is not None
         name = f"d{f.targets[0]}"
-        away = ["m"] if f.variant == "master" else \
-            ["m", *(f"d{i}" for i in range(NODES) if i != f.targets[0])]
+        away = list(self.c.master_names) if f.variant == "master" else \
+            [*self.c.master_names, *(f"d{i}" for i in range(NODES) if i != f.targets[0])]
         self.c.net.partition(name, away)
         self._watch(f.hold_s, self.c.nodes[f.targets[0]].url, ep)
         self.c.net.heal(name)

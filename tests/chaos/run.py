@@ -29,7 +29,7 @@ import httpx
 from squall.client import Client, NotFound
 from tests.chaos import disks, netns
 from tests.chaos.cluster import RF, SoakCluster
-from tests.chaos.faults import KINDS, NEEDS_ROOT, Faults, plan
+from tests.chaos.faults import KINDS, NEEDS_ROOT, SET_KINDS, Faults, plan
 from tests.chaos.ledger import check, read_all
 from tests.chaos.load import ALL_QUEUES, Producers, Workers
 from tests.chaos.report import write_report
@@ -49,6 +49,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--swarm-clients", type=int, default=128)
     p.add_argument("--swarm-seconds", type=float, default=15.0)
     p.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma-separated")
+    p.add_argument("--masters", type=int, default=1, choices=(1, 3, 5),
+                   help="a master set of this many members: kill_master kills the leader "
+                   "(kill_leader), fill_master_disk is left out")
     p.add_argument("--dir", default=None, help="work folder (default: a new temp folder)")
     p.add_argument("--report", default=None, help="write the figures (markdown) here")
     p.add_argument("--json", default=None, help="write the summary (JSON) here")
@@ -80,11 +83,13 @@ class Soak:
         self.a = a
         self.t_start = time.monotonic()
         kinds = tuple(k for k in a.kinds.split(",") if k)
-        unknown = set(kinds) - set(KINDS)
+        unknown = set(kinds) - set(KINDS) - ({"kill_leader"} if a.masters > 1 else set())
         if unknown:
             raise SystemExit(f"unknown fault kinds: {sorted(unknown)}")
         if a.no_netns:
             kinds = tuple(k for k in kinds if k not in NEEDS_ROOT)
+        if a.masters > 1:
+            kinds = tuple(dict.fromkeys(v for v in (SET_KINDS.get(k, k) for k in kinds) if v))
         self.kinds = kinds
         self.dir = a.dir or tempfile.mkdtemp(prefix="squall-soak-")
         self.ledger_dir = os.path.join(self.dir, "ledger")
@@ -92,7 +97,7 @@ class Soak:
         self.lines: list[str] = []
         self.failures: list[str] = []
         self.summary: dict[str, Any] = {"seed": a.seed, "dir": self.dir,
-                                        "netns": not a.no_netns}
+                                        "netns": not a.no_netns, "masters": a.masters}
 
     def log(self, msg: str) -> None:
         line = f"[soak {time.monotonic() - self.t_start:7.1f}s] {msg}"
@@ -104,7 +109,8 @@ class Soak:
         return (f"python -m tests.chaos.run --seed {a.seed} --seconds {a.seconds:g} "
                 f"--kinds {','.join(self.kinds)} --producers {a.producers} --rate {a.rate:g} "
                 f"--workers {a.workers} --swarm-clients {a.swarm_clients} "
-                f"--swarm-seconds {a.swarm_seconds:g}" + (" --no-netns" if a.no_netns else ""))
+                f"--swarm-seconds {a.swarm_seconds:g}" + (" --no-netns" if a.no_netns else "")
+                + (f" --masters {a.masters}" if a.masters > 1 else ""))
 
     def run(self) -> int:
         a = self.a
@@ -117,13 +123,13 @@ class Soak:
                      f"{f.variant}")
         for sig in (signal.SIGTERM, signal.SIGINT):  # stop cleanly: servers, mounts, netns
             signal.signal(sig, self._interrupted)
-        c = SoakCluster(self.dir, use_netns=not a.no_netns)
+        c = SoakCluster(self.dir, use_netns=not a.no_netns, masters=a.masters)
         workers: Workers | None = None
         try:
             c.start()
             self.log(f"cluster up: master {c.master.url}, nodes "
                      f"{', '.join(n.url for n in c.nodes)}")
-            workers = Workers(c.master.url, self.ledger_dir, self.dir, a.workers, a.seed)
+            workers = Workers(c.master_urls, self.ledger_dir, self.dir, a.workers, a.seed)
             workers.start()
             self.chaos(c, workers, schedule)
             self.settle(c, workers)
@@ -156,7 +162,7 @@ class Soak:
     # -- phase 1: load and faults ---------------------------------------------------------
     def chaos(self, c: SoakCluster, workers: Workers, schedule: list[Any]) -> None:
         a = self.a
-        producers = Producers(c.master.url, self.ledger_dir, a.producers, a.rate, a.seed,
+        producers = Producers(c.master_urls, self.ledger_dir, a.producers, a.rate, a.seed,
                               a.max_tasks)
         stop = threading.Event()
         faults = Faults(c, workers.kill_and_restart, stop, self.log, self.ledger_dir)
@@ -171,7 +177,7 @@ class Soak:
             if swarm is None and a.swarm_clients and time.monotonic() >= swarm_at:
                 self.log(f"swarm: {a.swarm_clients} clients for {a.swarm_seconds:g}s")
                 swarm = subprocess.Popen(
-                    [sys.executable, "-m", "tests.chaos.swarm", c.master.url,
+                    [sys.executable, "-m", "tests.chaos.swarm", c.master_urls,
                      os.path.join(self.ledger_dir, "swarm.jsonl"), str(a.seed),
                      str(a.swarm_seconds), str(a.swarm_clients)],
                     stdout=subprocess.PIPE, text=True)
@@ -207,8 +213,7 @@ class Soak:
             if not s.up:
                 self.log(f"restarting {s.name}, found down after the faults")
                 s.launch()
-        for s in c.servers:
-            s.wait_ready()
+        c.wait_ready()
         codes = workers.stop(30.0)
         self.log(f"workers stopped (exit codes {codes})")
         t = time.monotonic()
@@ -237,7 +242,7 @@ class Soak:
 
     def queued_blobs(self, c: SoakCluster) -> list[str]:
         out = []
-        with Client(c.master.url, timeout=30.0) as cl:
+        with Client(c.master_urls, timeout=30.0) as cl:
             for q in ALL_QUEUES:
                 try:
                     out += [t.payload.blob_id for t in cl.iter_tasks(q) if t.payload]
@@ -247,7 +252,7 @@ class Soak:
 
     # -- phase 3: drain -------------------------------------------------------------------
     def drain(self, c: SoakCluster) -> None:
-        w = Workers(c.master.url, self.ledger_dir, self.dir, 3, self.a.seed + 7)
+        w = Workers(c.master_urls, self.ledger_dir, self.dir, 3, self.a.seed + 7)
         w.generation = [1000] * 3  # distinct ledger file names from the chaos workers
         t = time.monotonic()
         w.start()
@@ -262,7 +267,7 @@ class Soak:
 
     def remaining(self, c: SoakCluster) -> int:
         n = 0
-        with Client(c.master.url, timeout=10.0) as cl:
+        with Client(c.master_urls, timeout=10.0) as cl:
             for q in ALL_QUEUES:
                 try:
                     n += cl.stats(q).total  # type: ignore[union-attr]
@@ -275,7 +280,7 @@ class Soak:
         v, exists = check(read_all(self.ledger_dir))
         self.failures += v.failures()
         counters: dict[str, Any] = {}
-        with Client(c.master.url, timeout=10.0) as cl:
+        with Client(c.master_urls, timeout=10.0) as cl:
             for q in ALL_QUEUES:
                 want = sum(1 for k in exists if k[0] == q)
                 try:

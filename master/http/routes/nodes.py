@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from squall.common.errors import Unavailable
 from squall.common.server.guard import PRINCIPAL
 from squall.common.wire.cluster import (
     AllocateRequest,
@@ -12,6 +13,7 @@ from squall.common.wire.cluster import (
 from squall.master.http.answers import JSON
 from squall.master.http.deps import MasterDep
 from squall.master.http.routes.frontdoor import node_speaks
+from squall.master.storage.wal import WALFailed
 
 
 async def heartbeat(body: HeartbeatRequest, request: Request, m: MasterDep) -> JSON:
@@ -22,8 +24,17 @@ async def heartbeat(body: HeartbeatRequest, request: Request, m: MasterDep) -> J
     # (the fast dispatcher) than through FastAPI
     node_speaks(m, request.scope.get(PRINCIPAL), request.headers.get("authorization"),
                 body.node_id)
-    answer = m.cluster.heartbeat(body).model_dump()
-    answer["revoked"] = sorted(request.app.state.credentials.revoked)
+    hb = m.cluster.heartbeat(body)
+    if m.ha is not None:
+        if any(c.op == "delete" for c in hb.commands):
+            try:  # deletes only from a leader a majority of journals still follows
+                hb.epoch = await m.ha.confirm()
+            except WALFailed as e:
+                raise Unavailable(f"not leading at a majority: {e}", retry_after=1) from None
+        else:
+            hb.epoch = m.ha.epoch()
+    answer = hb.model_dump()
+    answer["revoked"] = request.app.state.credentials.all_revoked()
     return JSON(answer)
 
 
