@@ -269,7 +269,7 @@ class QuorumLog:
 
     async def _copy(self, src: str, mine: dict[str, Any], theirs: dict[str, Any]) -> None:
         """Make this member's log equal `src`'s (recovery)."""
-        cur = int(mine["committed"])
+        cur = _base(mine)
         if cur < int(theirs["floor"]):
             raise QuorumLost(f"{src} no longer holds the records after ticket {cur} that "
                              "this member lacks: restore this member from a snapshot of a "
@@ -286,20 +286,29 @@ class QuorumLog:
             cur = recs[-1][0]
 
     async def _level(self, m: str, st: dict[str, Any]) -> bool:
-        """Bring journal `m` level with this member's log; True when done."""
-        cur = int(st["last"]) if st["accepted"] == self.epoch else int(st["committed"])
+        """Bring journal `m` level with this member's log; True when done. Raises
+        Unreachable when this log no longer holds the records `m` lacks (a checkpoint
+        dropped them): `m` must be restored from a copy of a standby's volume."""
+        cur = int(st["last"]) if st["accepted"] == self.epoch else _base(st)
         while True:
             recs = await self._call(self.me, "read", after=cur,
                                     max_records=self.chunk_records,
                                     max_bytes=self.chunk_bytes)
             # only what the log acknowledged: a group in flight travels with its append
             recs = [(int(t), bytes(b)) for t, b in recs if int(t) <= self.last]
+            if (recs[0][0] if recs else self.last + 1) != cur + 1 and cur < self.last:
+                # never a log with a hole: the records after `cur` were checkpointed away
+                raise Unreachable(f"{m} lacks the records after ticket {cur}, which this "
+                                  "member's log no longer holds: restore it from a copy of "
+                                  "a standby's volume")
             end = recs[-1][0] if recs else cur
             final = end >= self.last
             got = await self._call(m, "sync", cluster=self.cluster, epoch=self.epoch,
                                    base=cur, records=recs, committed=self.committed,
                                    final=final, leader=self.me)
-            self.match[m] = int(got["last"])
+            # what is known equal to this log (the journal may hold more, not compared yet):
+            # the leader's checkpoints keep the records after it
+            self.match[m] = min(int(got["last"]), end)
             if final:
                 return bool(got["accepted"] == self.epoch and got["last"] == self.last)
             cur = end
@@ -485,6 +494,14 @@ def _why(state: Any, cluster: str | None) -> str:
     if state["cluster"] != cluster:
         return f"foreign (cluster {state['cluster']})"
     return "formatted"
+
+
+def _base(state: dict[str, Any]) -> int:
+    """The ticket up to which a journal's log is known to be every leader's: its committed
+    ticket, or its log's floor if higher (records are checkpointed away only once the
+    member's index applied them, and an index applies only committed records; the
+    committed ticket a journal read back after a restart can be older)."""
+    return max(int(state["committed"]), min(int(state.get("floor", 0)), int(state["last"])))
 
 
 def _after(records: list[Record], ticket: int) -> list[Record]:

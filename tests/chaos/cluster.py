@@ -1,11 +1,14 @@
-"""The soak's cluster: a master (or a master set of 3, `masters`, a file lease electing)
-and five data nodes (RF 2) as real processes, each in its own network namespace with its
-data folder on its own tmpfs (see netns.py, disks.py), or all on 127.0.0.1 and plain
-folders when namespaces cannot be built here."""
+"""The soak's cluster: a master (or a master set of 3, `masters`, a file lease or an etcd
+electing) and five data nodes (RF 2) as real processes, each in its own network namespace
+with its data folder on its own tmpfs (see netns.py, disks.py), or all on 127.0.0.1 and
+plain folders when namespaces cannot be built here. With the etcd elector, one etcd
+(Debian's etcd-server) runs in a namespace of its own ("e"), so a member can be cut off
+from it by a route like any other host."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +31,14 @@ DEAD_AFTER_BEATS = 3
 MASTER_PORT, NODE_PORT = 7070, 7071
 MASTER_FS_MB, NODE_FS_MB = 256, 192
 SET_LEASE_S = 2.0  # a master set's elector lease
+CHECKPOINT_S = 5.0
+ETCD_TTL_S = 2  # the etcd elector's lease TTL (etcd's minimum is about 2 s)
+ETCD_PORT, ETCD_PEER_PORT = 2379, 2380
+ETCD_FS_MB = 64
+
+
+def etcd_binary() -> str | None:
+    return shutil.which("etcd")
 
 
 class Server:
@@ -55,6 +66,12 @@ class Server:
             raise RuntimeError(f"{self.name} exited ({self.log})")
         return httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200
 
+    def signal(self, sig: int) -> None:
+        """Send `sig` (SIGSTOP, SIGCONT) to the server (``ip netns exec`` execs: its pid)."""
+        if self.up:
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
     def wait_ready(self, timeout: float = 180.0) -> None:  # imports take a minute at load 40
         wait_for(self.ready, timeout, interval=0.05, what=f"{self.name} ready")
 
@@ -74,41 +91,80 @@ class Server:
                 self.kill9()
 
 
+class EtcdServer(Server):
+    """The etcd the master set's elector talks to; ready once ``/health`` says so."""
+
+    def ready(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited ({self.log})")
+        r = httpx.get(self.url + "/health", timeout=1.0)
+        return r.status_code == 200 and r.json().get("health") == "true"
+
+
 class SoakCluster:
-    def __init__(self, base: str, use_netns: bool, masters: int = 1) -> None:
+    def __init__(self, base: str, use_netns: bool, masters: int = 1,
+                 elector: str = "file", checkpoint_s: float = CHECKPOINT_S) -> None:
+        """`elector` (a master set): "file" (a lease file in `base`) or "etcd" (an etcd in
+        namespace "e"; needs the `etcd` binary). `checkpoint_s`: the masters'
+        checkpoint interval (a checkpoint drops the WAL segments the index holds)."""
         self.base = base
         self.net: Net | None = None
         self.tmpfs = False
         self.master_names = ["m"] if masters == 1 else [f"m{i}" for i in range(masters)]
         names = {**{n: 10 if i == 0 else 20 + i for i, n in enumerate(self.master_names)},
                  **{f"d{i}": 11 + i for i in range(NODES)}}
+        self.etcd: EtcdServer | None = None
+        if masters > 1 and elector == "etcd":
+            names["e"] = 30
         if use_netns:
             self.net = Net(names)
             self.net.build()
             host = dict(self.net.ips)
             ports = {**dict.fromkeys(self.master_names, MASTER_PORT),
-                     **{f"d{i}": NODE_PORT for i in range(NODES)}}
+                     **{f"d{i}": NODE_PORT for i in range(NODES)}, "e": ETCD_PORT}
+            peer_port = ETCD_PEER_PORT
         else:
             host = dict.fromkeys(names, "127.0.0.1")
-            p0 = free_port_block(len(names))
+            p0 = free_port_block(len(names) + 1)
             ports = {n: p0 + i for i, n in enumerate(names)}
+            peer_port = p0 + len(names)
         murls = [f"http://{host[n]}:{ports[n]}" for n in self.master_names]
         self.master_urls = ",".join(murls)  # what clients and data nodes are given
+        self.elector_spec = f"file:{os.path.join(base, 'lease')}"
+        if "e" in names:
+            self.etcd = self._etcd(host["e"], ports["e"], peer_port)
+            self.elector_spec = f"etcd:{self.etcd.url}/squall/soak?ttl={ETCD_TTL_S}"
         self.masters: list[Server] = []
         for n, u in zip(self.master_names, murls, strict=True):
             one = [] if masters == 1 else [
                 "--members", self.master_urls, "--advertise-url", u,
-                "--elector", f"file:{os.path.join(base, 'lease')}",
-                "--elector-lease-s", str(SET_LEASE_S)]
+                "--elector", self.elector_spec, "--elector-lease-s", str(SET_LEASE_S)]
             self.masters.append(self._server(n, host[n], ports[n], [
                 "-m", "squall.master", "--heartbeat-interval-s", str(BEAT_S),
                 "--dead-after-beats", str(DEAD_AFTER_BEATS), "--replication-factor", str(RF),
-                "--orphan-grace-s", "120", "--checkpoint-interval-s", "5", *one]))
+                "--orphan-grace-s", "120", "--checkpoint-interval-s", f"{checkpoint_s:g}", *one]))
         self.nodes = [self._server(f"d{i}", host[f"d{i}"], ports[f"d{i}"], [
             "-m", "squall.datanode", "--master", self.master_urls, "--advertise",
             f"http://{host[f'd{i}']}:{ports[f'd{i}']}", "--heartbeat-interval-s", str(BEAT_S),
             "--full-report-every", "10", "--scrub-bytes-per-s", "0"]) for i in range(NODES)]
         self.http = httpx.Client(timeout=10.0, auth=master_auth(self.master_urls))
+
+    def _etcd(self, host: str, port: int, peer_port: int) -> EtcdServer:
+        binary = etcd_binary()
+        if binary is None:
+            raise RuntimeError("the etcd elector needs the `etcd` binary (make etcd)")
+        data = os.path.join(self.base, "e")
+        os.makedirs(data, exist_ok=True)
+        if self.net is not None:
+            disks.mount_tmpfs(data, ETCD_FS_MB)
+        url, peer = f"http://{host}:{port}", f"http://{host}:{peer_port}"
+        argv = [binary, "--name", "soak", "--data-dir", os.path.join(data, "data"),
+                "--listen-client-urls", url, "--advertise-client-urls", url,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"soak={peer}", "--log-level", "error"]
+        if self.net is not None:
+            argv = self.net.wrap("e", argv)
+        return EtcdServer("e", argv, url, data, os.path.join(self.base, "etcd.log"))
 
     def _server(self, name: str, host: str, port: int, args: list[str]) -> Server:
         data = os.path.join(self.base, name)
@@ -155,11 +211,28 @@ class SoakCluster:
         assert got is not None
         return got - 1
 
-    def role(self, i: int) -> str | None:
+    def leader_view(self, i: int) -> dict[str, Any] | None:
+        """Member `i`'s ``GET /v1/leader`` (role, leader, epoch), None if it does not
+        answer."""
         try:
             r = httpx.get(self.masters[i].url + "/v1/leader", timeout=2.0)
-            return str(r.json().get("role")) if r.status_code == 200 else None
+            return dict(r.json()) if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
+            return None
+
+    def role(self, i: int) -> str | None:
+        v = self.leader_view(i)
+        return None if v is None else str(v.get("role"))
+
+    def journal_view(self, leader: int, i: int) -> dict[str, Any] | None:
+        """How the leader `leader` sees member `i`'s journal (in_sync, lag, status), from
+        its ``GET /v1/master/members``; None when it does not answer as the leader."""
+        try:
+            r = self.http.get(self.masters[leader].url + "/v1/master/members")
+            if r.status_code != 200 or r.json().get("role") != "leader":
+                return None
+            return dict(r.json()["log"]["members"][self.masters[i].url])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
 
     def wait_ready(self) -> None:
@@ -176,6 +249,9 @@ class SoakCluster:
                 wait_for(member, 180, interval=0.1, what=f"{self.master_names[i]} in the set")
 
     def start(self) -> None:
+        if self.etcd is not None:
+            self.etcd.launch()
+            self.etcd.wait_ready(60)
         for s in self.servers:
             s.launch()
         self.wait_ready()
@@ -205,6 +281,9 @@ class SoakCluster:
     def close(self) -> None:
         self.http.close()
         for s in self.servers:
+            s.signal(signal.SIGCONT)  # a member stopped when the soak was interrupted
             s.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
         if self.net is not None:
             self.net.heal_all()

@@ -32,6 +32,16 @@ def _other(kind: str, es: list[dict[str, Any]]) -> list[str]:
         other.append(f"errors: {errs[:2]}")
     if kind == "kill_master":
         other.append(f"restart s {_fmt([e['restart_s'] for e in es if 'restart_s' in e])}")
+    for note, label in (("failover_s", "failover s"), ("step_down_s", "stepped down s"),
+                        ("stopped_s", "stopped s"), ("caught_up_s", "re-added to in sync s"),
+                        ("standby_again_s", "standby again s"),
+                        *([("restart_s", "restarted to in sync s")]
+                          if kind == "kill_leader" else [])):
+        xs = [e[note] for e in es if e.get(note) is not None]
+        if xs:
+            other.append(f"{label} {_fmt(xs)}")
+    if kind == "stop_leader":
+        other.append(f"answers to a put sent while stopped: {[e.get('late_put') for e in es]}")
     if kind == "fill_master_disk":
         other.append("writes resumed after free s: "
                      f"{[e.get('writes_resume_s') for e in es]}; restarted by the harness: "
@@ -56,6 +66,10 @@ def write_report(path: str, s: dict[str, Any]) -> None:
         "",
         f"- seed **{s['seed']}**; network namespaces and tmpfs disks: "
         f"{'yes' if s.get('netns') else 'no (127.0.0.1, no partitions or disk faults)'}",
+        *([f"- a master set of {s['masters']}, elected by {s.get('elector')}"]
+          if s.get("masters", 1) > 1 else []),
+        *[f"- fault kind `{k}` skipped: {why}" for k, why in
+          (s.get("skipped_kinds") or {}).items()],
         f"- verdict: **{'FAILED' if s.get('failures') else 'passed'}**",
         "",
         "## Ledger",

@@ -28,14 +28,23 @@ import httpx
 
 from squall.client import Client, NotFound
 from tests.chaos import disks, netns
-from tests.chaos.cluster import RF, SoakCluster
-from tests.chaos.faults import KINDS, NEEDS_ROOT, SET_KINDS, Faults, plan
+from tests.chaos.cluster import CHECKPOINT_S, RF, SoakCluster, etcd_binary
+from tests.chaos.faults import (
+    KINDS,
+    NEEDS_ROOT,
+    SET_KINDS,
+    SET_NEEDS_ROOT,
+    SET_ONLY_KINDS,
+    Faults,
+    plan,
+)
 from tests.chaos.ledger import check, read_all
 from tests.chaos.load import ALL_QUEUES, Producers, Workers
 from tests.chaos.report import write_report
 from tests.helpers import ADMIN, wait_for
 
 RF_SAMPLE = 600  # blobs whose holders are counted node by node at the end
+SET_KEEP_LOG_S = 86400.0  # a master set's checkpoint interval when a standby is wiped
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -48,10 +57,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--swarm-clients", type=int, default=128)
     p.add_argument("--swarm-seconds", type=float, default=15.0)
-    p.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma-separated")
+    p.add_argument("--kinds", default=None, help="fault kinds, comma-separated (default: "
+                   "all; a master set's add " + ",".join(SET_ONLY_KINDS) + ")")
     p.add_argument("--masters", type=int, default=1, choices=(1, 3, 5),
                    help="a master set of this many members: kill_master kills the leader "
                    "(kill_leader), fill_master_disk is left out")
+    p.add_argument("--elector", default="auto", choices=("auto", "file", "etcd"),
+                   help="a master set's elector: a lease file, or an etcd in a namespace of "
+                   "its own (partition_leader_elector needs it); auto: etcd when that fault "
+                   "is wanted and an `etcd` binary and namespaces are there, else the file")
     p.add_argument("--dir", default=None, help="work folder (default: a new temp folder)")
     p.add_argument("--report", default=None, help="write the figures (markdown) here")
     p.add_argument("--json", default=None, help="write the summary (JSON) here")
@@ -82,22 +96,53 @@ class Soak:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
         self.t_start = time.monotonic()
+        if a.kinds is None:
+            a.kinds = ",".join((*KINDS, *SET_ONLY_KINDS) if a.masters > 1 else KINDS)
         kinds = tuple(k for k in a.kinds.split(",") if k)
-        unknown = set(kinds) - set(KINDS) - ({"kill_leader"} if a.masters > 1 else set())
+        unknown = set(kinds) - set(KINDS) - (
+            {"kill_leader", *SET_ONLY_KINDS} if a.masters > 1 else set())
         if unknown:
-            raise SystemExit(f"unknown fault kinds: {sorted(unknown)}")
+            raise SystemExit(f"unknown fault kinds: {sorted(unknown)}"
+                             + (" (a master set's own need --masters 3)"
+                                if set(unknown) & set(SET_ONLY_KINDS) else ""))
+        self.skipped: dict[str, str] = {}  # fault kind -> why it does not run here
         if a.no_netns:
-            kinds = tuple(k for k in kinds if k not in NEEDS_ROOT)
+            for k in kinds:
+                if k in NEEDS_ROOT or k in SET_NEEDS_ROOT:
+                    self.skipped[k] = "needs network namespaces and tmpfs (root)"
         if a.masters > 1:
             kinds = tuple(dict.fromkeys(v for v in (SET_KINDS.get(k, k) for k in kinds) if v))
+            self.elector = a.elector
+            if self.elector == "auto":
+                self.elector = "etcd" if ("partition_leader_elector" in kinds
+                                          and etcd_binary() and not a.no_netns) else "file"
+            if self.elector == "etcd" and etcd_binary() is None:
+                raise SystemExit("--elector etcd needs the `etcd` binary (make etcd)")
+            if "partition_leader_elector" in kinds and "partition_leader_elector" not in \
+                    self.skipped and self.elector != "etcd":
+                self.skipped["partition_leader_elector"] = (
+                    "no `etcd` binary (make etcd): the file elector is a file, with no "
+                    "network path to cut" if etcd_binary() is None else
+                    "the file elector is a file, with no network path to cut (--elector "
+                    "etcd)")
+        else:
+            self.elector = ""
+        kinds = tuple(k for k in kinds if k not in self.skipped)
         self.kinds = kinds
+        # a wiped member is re-added from the leader's log, which must still hold every
+        # record: checkpoints drop segments (docs/master.md, "Limits": a member re-added
+        # after that is restored from a copy of a standby's volume instead)
+        self.checkpoint_s = SET_KEEP_LOG_S if "wipe_standby" in kinds else CHECKPOINT_S
         self.dir = a.dir or tempfile.mkdtemp(prefix="squall-soak-")
         self.ledger_dir = os.path.join(self.dir, "ledger")
         os.makedirs(self.ledger_dir, exist_ok=True)
         self.lines: list[str] = []
         self.failures: list[str] = []
         self.summary: dict[str, Any] = {"seed": a.seed, "dir": self.dir,
-                                        "netns": not a.no_netns, "masters": a.masters}
+                                        "netns": not a.no_netns, "masters": a.masters,
+                                        "elector": self.elector, "kinds": list(kinds),
+                                        "checkpoint_s": self.checkpoint_s,
+                                        "skipped_kinds": self.skipped}
 
     def log(self, msg: str) -> None:
         line = f"[soak {time.monotonic() - self.t_start:7.1f}s] {msg}"
@@ -110,20 +155,27 @@ class Soak:
                 f"--kinds {','.join(self.kinds)} --producers {a.producers} --rate {a.rate:g} "
                 f"--workers {a.workers} --swarm-clients {a.swarm_clients} "
                 f"--swarm-seconds {a.swarm_seconds:g}" + (" --no-netns" if a.no_netns else "")
-                + (f" --masters {a.masters}" if a.masters > 1 else ""))
+                + (f" --masters {a.masters} --elector {self.elector}" if a.masters > 1
+                   else ""))
 
     def run(self) -> int:
         a = self.a
         schedule = plan(a.seed, self.kinds, a.workers)
         self.summary["replay"] = self.replay()
         self.log(f"SEED {a.seed}  replay: {self.summary['replay']}")
+        for k, why in self.skipped.items():
+            self.log(f"fault kind {k} skipped: {why}")
+        if a.masters > 1:
+            self.log(f"a master set of {a.masters}, elected by {self.elector}; checkpoints "
+                     f"every {self.checkpoint_s:g}s")
         self.log(f"work folder {self.dir}; the fault sequence starts:")
         for f in schedule[:12]:
             self.log(f"  after {f.gap_s:4.2f}s {f.kind} {f.targets} hold {f.hold_s}s "
                      f"{f.variant}")
         for sig in (signal.SIGTERM, signal.SIGINT):  # stop cleanly: servers, mounts, netns
             signal.signal(sig, self._interrupted)
-        c = SoakCluster(self.dir, use_netns=not a.no_netns, masters=a.masters)
+        c = SoakCluster(self.dir, use_netns=not a.no_netns, masters=a.masters,
+                        elector=self.elector or "file", checkpoint_s=self.checkpoint_s)
         workers: Workers | None = None
         try:
             c.start()
