@@ -124,12 +124,18 @@ profile-lease: $(STAMP)
 	$(BIN)/python -m bench.client_profile --only L,R --stem lease-profile
 
 ## soak: the master's model test on MODEL_SEEDS random seeds (each printed; a failure
-##       stops with its seed), then the chaos soak: 10 minutes of seeded faults against a
+##       stops with its seed), then the chaos soak: SOAK_MINUTES of seeded faults against a
 ##       master and 5 data nodes, checked against a ledger (docs/testing.md; replay with
-##       `$(BIN)/python -m bench.soak --seed N`), the same against a master set with
-##       leader kill -9s in its schedule (`--masters 3`), then a master set's leader
-##       killed 50 times under load, checked against a ledger
-soak: $(STAMP)
+##       `$(BIN)/python -m bench.soak --seed N`), the same against a master set of
+##       SOAK_MASTERS (0: not run) with its own faults in the schedule (the leader killed
+##       -9, SIGSTOPped past its lease, cut off from the elector (etcd) or from the other
+##       members, a standby wiped and re-added), then a master set's leader killed 50 times
+##       under load, checked against a ledger. SOAK_ARGS go to both soaks (e.g. "--seed N";
+##       one soak alone: `$(BIN)/python -m bench.soak --masters 3 --kinds ...`)
+SOAK_MINUTES ?= 10
+SOAK_MASTERS ?= 3
+SOAK_ARGS ?=
+soak: $(STAMP) etcd
 	@for i in $$(seq 1 $(MODEL_SEEDS)); do \
 	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
 	  echo "model test $$i/$(MODEL_SEEDS): --hypothesis-seed=$$seed"; \
@@ -138,8 +144,9 @@ soak: $(STAMP)
 	    echo "FAILED: SQUALL_MODEL_EXAMPLES=10 $(BIN)/pytest tests/test_model.py --hypothesis-seed=$$seed replays it"; exit 1; }; \
 	done; rm -f .model-seed.log
 	SQUALL_FLOW_SOAK=1 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_flow_e2e.py
-	$(BIN)/python -m bench.soak --minutes 10
-	$(BIN)/python -m bench.soak --minutes 10 --masters 3
+	$(BIN)/python -m bench.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
+	[ "$(SOAK_MASTERS)" = 0 ] || $(BIN)/python -m bench.soak --minutes $(SOAK_MINUTES) \
+	  --masters $(SOAK_MASTERS) $(SOAK_ARGS)
 	SQUALL_HA_KILLS=50 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_ha_failover.py \
 	  -k kill_the_leader
 

@@ -3,8 +3,10 @@
 Runs ``tests.chaos.run`` with a fault window of ``--minutes``, a random seed unless one is
 given (printed first thing: replay with ``--seed``), and writes the figures to
 ``bench/results/soak.md`` and ``soak.json``. Exit status 1 when any check failed.
-``--masters 3``: against a master set (a file lease elects), the master kills being kill
--9s of the leader, restarted as a standby; figures in ``soak-masters.md`` / ``.json``.
+``--masters 3``: against a master set, with its own faults in the schedule (the leader
+killed -9 or SIGSTOPped past its lease, cut off from the elector or from the other
+members; a standby wiped and re-added; docs/testing.md); figures in ``soak-masters.md`` /
+``.json``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", default=OUT)
     p.add_argument("--swarm-seconds", type=float, default=60.0)
     p.add_argument("--masters", type=int, default=1, choices=(1, 3, 5),
-                   help="a master set: leader kill -9s in the schedule (soak-masters.md)")
+                   help="a master set, with its own faults in the schedule (soak-masters.md)")
     a, rest = p.parse_known_args(argv)
     os.makedirs(a.out, exist_ok=True)
     stem = "soak" if a.masters == 1 else "soak-masters"

@@ -7,6 +7,8 @@ table are never touched. Layout::
     soak's own namespace ("hub"): bridge sq0 10.77.0.1/24, the harness, producers, workers
       veth -> namespace "m":  master     10.77.0.10
       veth -> namespace "d0": data node  10.77.0.11   ... "d4": 10.77.0.15
+      a master set: "m0" 10.77.0.10, "m1" 10.77.0.21, "m2" 10.77.0.22 (...); its etcd "e"
+      10.77.0.30 (partition_leader_elector cuts a member off from it)
 
 A partition adds ``blackhole`` routes inside the cut node's namespace towards the master
 and/or its peers: its own packets to them are dropped (its connects fail at once), and

@@ -66,6 +66,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="a master set's elector: a lease file, or an etcd in a namespace of "
                    "its own (partition_leader_elector needs it); auto: etcd when that fault "
                    "is wanted and an `etcd` binary and namespaces are there, else the file")
+    p.add_argument("--checkpoint-s", type=float, default=None,
+                   help="the masters' checkpoint interval (default 5 s; a master set's is a "
+                   "day when wipe_standby is scheduled: a wiped member is re-added from the "
+                   "leader's log)")
     p.add_argument("--dir", default=None, help="work folder (default: a new temp folder)")
     p.add_argument("--report", default=None, help="write the figures (markdown) here")
     p.add_argument("--json", default=None, help="write the summary (JSON) here")
@@ -132,7 +136,8 @@ class Soak:
         # a wiped member is re-added from the leader's log, which must still hold every
         # record: checkpoints drop segments (docs/master.md, "Limits": a member re-added
         # after that is restored from a copy of a standby's volume instead)
-        self.checkpoint_s = SET_KEEP_LOG_S if "wipe_standby" in kinds else CHECKPOINT_S
+        self.checkpoint_s = a.checkpoint_s or (SET_KEEP_LOG_S if "wipe_standby" in kinds
+                                               else CHECKPOINT_S)
         self.dir = a.dir or tempfile.mkdtemp(prefix="squall-soak-")
         self.ledger_dir = os.path.join(self.dir, "ledger")
         os.makedirs(self.ledger_dir, exist_ok=True)
@@ -156,7 +161,8 @@ class Soak:
                 f"--workers {a.workers} --swarm-clients {a.swarm_clients} "
                 f"--swarm-seconds {a.swarm_seconds:g}" + (" --no-netns" if a.no_netns else "")
                 + (f" --masters {a.masters} --elector {self.elector}" if a.masters > 1
-                   else ""))
+                   else "") + (f" --checkpoint-s {a.checkpoint_s:g}" if a.checkpoint_s
+                               else ""))
 
     def run(self) -> int:
         a = self.a
