@@ -14,6 +14,10 @@ and when the master asks; corrupt replicas dropped; outcomes of replicate comman
 A failed beat (master down, slow, 5xx, bad answer) never stops the node: it is logged, the
 next beat is a full report (so no delta is lost), corrupt and replication reports are kept
 for it, and the interval backs off (doubling, at most 4x) until the master answers again.
+Of a master set a failed beat means a failover is likely under way, and the new leader
+places no payload on a node it has not heard from: the node tries again every
+``FAILOVER_RETRY_S`` (at most ``FAILOVER_TRIES`` times in a row) before it backs off, and
+it beats at once when its requests to the master moved to another address.
 
 Commands in the answer run here: ``delete`` at once (all of an answer's deletes together,
 one transaction and one sync per 1000 ids), ``replicate`` and ``replicate_batch`` as
@@ -52,6 +56,8 @@ MAX_PENDING_REPORTS = 10_000
 REPORTS_PER_BEAT = 250  # more wait for the next beat, which comes early (bounded work)
 DELETE_TXN_IDS = 1000
 NUDGE_GAP_S = 0.1  # the shortest pause between two beats when copies finished early
+FAILOVER_RETRY_S = 0.25  # of a master set: the pause after a failed beat ...
+FAILOVER_TRIES = 40  # ... this many times in a row (10 s, past an elector's lease)
 MAX_REVOKED = 100_000
 PATH = "/v1/nodes/heartbeat"
 CONNECT_S, TIMEOUT_S = 2.0, 30.0  # a beat's connect and answer timeouts (never resent)
@@ -77,6 +83,8 @@ class Heartbeat:
         self._reports: list[ReplicationReport] = []
         self._copies: dict[tuple[str, str], asyncio.Task[None]] = {}  # (blob or batch, target)
         self._sem = asyncio.Semaphore(max(1, s.copies_max))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._beating = False  # a beat that moves on needs no beat after it
 
     @property
     def url(self) -> str:
@@ -85,7 +93,9 @@ class Heartbeat:
         return m.current + PATH if m is not None else ""
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
+        if self.node.masters is not None:
+            self.node.masters.on_switch = self.moved
         timed = True
         due = loop.time()
         while True:
@@ -97,6 +107,8 @@ class Heartbeat:
             # the period past what the master counts as a missed beat
             if timed or not ok:
                 due = started + self.interval_s * (1 if ok else backoff)
+            if not ok and self._failing_over():
+                due = min(due, started + FAILOVER_RETRY_S)
             if not ok:
                 await asyncio.sleep(max(0.0, due - loop.time()))
                 timed = True
@@ -105,6 +117,19 @@ class Heartbeat:
             if not timed:  # copies finished: report them soon, but not in a tight loop
                 await asyncio.sleep(max(0.0, started + NUDGE_GAP_S - loop.time()))
                 timed = loop.time() >= due
+
+    def _failing_over(self) -> bool:
+        m = self.node.masters
+        return (m is not None and m.several
+                and self.consecutive_failures <= FAILOVER_TRIES)
+
+    def moved(self) -> None:
+        """The node's requests to the master moved to another address (a standby named
+        a new leader, or the old one could not be reached): beat now, so the master that
+        leads hears from this node before it has to place payloads. Thread-safe."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and not self._beating:
+            loop.call_soon_threadsafe(self._nudge.set)
 
     async def _wait(self, delay: float) -> bool:
         """Sleep `delay` seconds or until a copy finished; True when the time ran out."""
@@ -147,6 +172,7 @@ class Heartbeat:
         """One heartbeat and its commands; True when the master answered. `timed`: a beat
         on the regular schedule (else an early one reporting finished copies)."""
         req = await self.build(timed)
+        self._beating = True
         try:
             peers, masters = self.node.peers, self.node.masters
             if peers is None or masters is None:
@@ -165,6 +191,8 @@ class Heartbeat:
         except Exception as e:
             self._failed(req, e)
             return False
+        finally:
+            self._beating = False
         self.seq += 1
         self.beats += 1
         if timed:
