@@ -119,8 +119,9 @@ async def _policy(ctx: Ctx, group: str, queue: str, fresh: bool = False) -> dict
     return policy
 
 
-def _own(policy: dict[str, Any]) -> dict[str, Any]:
-    return dict(policy)
+def _with_sqs(policy: dict[str, Any], sqs: dict[str, Any]) -> dict[str, Any]:
+    """The queue's own policy with `sqs` as its SQS attributes."""
+    return {**policy, "sqs": sqs}
 
 
 async def _save(ctx: Ctx, group: str, queue: str, policy: dict[str, Any]) -> None:
@@ -307,9 +308,7 @@ async def _catalog(ctx: Ctx, group: str, name: str, add: bool) -> None:
                 name not in names and len(names) >= Q.CATALOG_MAX):
             return
         names[name] = Q.UNLISTED
-    own = _own(policy)
-    own["sqs"] = names
-    await ctx.up.set_policy(group, Q.CATALOG, own)
+    await ctx.up.set_policy(group, Q.CATALOG, _with_sqs(policy, names))
 
 
 async def get_queue_url(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
@@ -426,9 +425,7 @@ async def tag_queue(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
         sqs[Q.TAG + str(k)] = v
     if sum(k.startswith(Q.TAG) for k in sqs) > Q.MAX_TAGS:
         raise invalid(f"Too many tags added for queue {name}.")
-    own = _own(policy)
-    own["sqs"] = sqs
-    await _save(ctx, group, name, own)
+    await _save(ctx, group, name, _with_sqs(policy, sqs))
     return {}
 
 
@@ -440,9 +437,7 @@ async def untag_queue(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     policy = await _policy(ctx, group, name, fresh=True)
     sqs = {k: v for k, v in (policy.get("sqs") or {}).items()
            if not (k.startswith(Q.TAG) and k[len(Q.TAG):] in keys)}
-    own = _own(policy)
-    own["sqs"] = sqs
-    await _save(ctx, group, name, own)
+    await _save(ctx, group, name, _with_sqs(policy, sqs))
     return {}
 
 
@@ -538,9 +533,7 @@ async def add_permission(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     sqs["Policy"] = orjson.dumps(qp).decode()
     if len(sqs["Policy"]) > 20480:
         raise invalid("The queue's Policy would be longer than 20480 characters.")
-    own = _own(policy)
-    own["sqs"] = sqs
-    await _save(ctx, group, name, own)
+    await _save(ctx, group, name, _with_sqs(policy, sqs))
     return {}
 
 
@@ -561,9 +554,7 @@ async def remove_permission(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
         sqs["Policy"] = orjson.dumps({**qp, "Statement": kept}).decode()
     else:
         sqs.pop("Policy", None)
-    own = _own(policy)
-    own["sqs"] = sqs
-    await _save(ctx, group, name, own)
+    await _save(ctx, group, name, _with_sqs(policy, sqs))
     return {}
 
 
