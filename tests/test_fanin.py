@@ -5,6 +5,7 @@ tests/test_model_fanin.py."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,11 +58,8 @@ class Harness(InProcessMaster):
 
 @pytest.fixture
 def h() -> Iterator[Harness]:
-    x = Harness()
-    try:
+    with contextlib.closing(Harness()) as x:
         yield x
-    finally:
-        x.close()
 
 
 def members(n: int, queue: str = "work") -> list[dict[str, Any]]:

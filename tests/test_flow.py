@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,11 +45,8 @@ class Harness(InProcessMaster):
 
 @pytest.fixture
 def h() -> Iterator[Harness]:
-    x = Harness()
-    try:
+    with contextlib.closing(Harness()) as x:
         yield x
-    finally:
-        x.close()
 
 
 def keyed(n: int, keys: int, prefix: str = "") -> list[TaskSpec]:
