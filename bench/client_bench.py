@@ -27,7 +27,6 @@ core; D sums its 8 processes). Every loop is bounded in count and time. Results:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import re
 import shutil
@@ -47,13 +46,13 @@ from bench.harness import (
     exit_code,
     fdatasync_latency,
     load1,
-    machine_info,
     metrics_text,
     ms,
     only_workloads,
     pct,
     print_table,
     proc_cpu_s,
+    results_doc,
     self_cpu_s,
     write_results,
 )
@@ -398,9 +397,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     stem = ("client-quick" if a.quick else "client").replace(
         "client", "client-set" if a.masters > 1 else "client")
     tmp = Path(tempfile.mkdtemp(prefix="squall-clibench-"))
-    doc: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                           "mode": "quick" if a.quick else "full", "machine": machine_info(),
-                           "sizes": asdict(sizes), "targets": TARGETS, "rows": []}
+    doc = results_doc(a.quick, sizes, TARGETS, rows=[])
     say(f"data and logs in {tmp}")
     try:
         with running_cluster(ClusterSpec(nodes=3, rf=2, masters=a.masters), tmp) as cl:

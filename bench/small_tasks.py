@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
 import shutil
@@ -41,7 +40,7 @@ from typing import Any
 from bench import pg_baseline as pgb
 from bench.client_bench import Ctx, Sizes, _drain_batches, _one_by_one
 from bench.dn_cluster import ClusterSpec, running_cluster
-from bench.harness import DEFAULT_OUT, fdatasync_latency, load1, machine_info, ms, pct, self_cpu_s
+from bench.harness import DEFAULT_OUT, fdatasync_latency, load1, ms, pct, results_doc, self_cpu_s
 from squall.client import Client, LeasedTask
 from squall.client._protocol import LEASE_VIA_NODE
 
@@ -381,9 +380,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
     z = sizes(a.quick)
     stem = "small-tasks-quick" if a.quick else "small-tasks"
-    doc: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                           "mode": "quick" if a.quick else "full", "machine": machine_info(),
-                           "sizes": asdict(z), "targets": TARGETS, "figures": []}
+    doc = results_doc(a.quick, z, TARGETS, figures=[])
     why = pgb.unavailable()
     if why:
         doc["pg_skipped"] = why
