@@ -54,6 +54,7 @@ from bench.harness import (
     proc_cpu_s,
     results_doc,
     self_cpu_s,
+    timed_loop,
     write_results,
 )
 from squall.client import Client, LeasedTask, Worker
@@ -258,16 +259,10 @@ class Trips:
 
 
 def _one_by_one(ctx: Ctx, n: int, step: Any) -> tuple[list[float], int, float, bool]:
-    lats: list[float] = []
-    t0 = time.perf_counter()
-    for i in range(n):
-        s = time.perf_counter()
-        if not step(i):
-            break
-        lats.append(time.perf_counter() - s)
-        if s - t0 > ctx.sizes.limit_s:
-            break
-    return lats, len(lats), time.perf_counter() - t0, len(lats) < n
+    """step(i) up to `n` times (falsy: stop) within the time limit: (latencies, calls,
+    seconds, stopped short)."""
+    lats, calls, el, _ = timed_loop(ctx.sizes.limit_s, n, lambda i: 1 if step(i) else 0)
+    return lats, calls, el, calls < n
 
 
 def workload_a(ctx: Ctx) -> list[CRow]:

@@ -45,7 +45,6 @@ from bench.dn_rows import (
     ms,
     phases,
     print_table,
-    timed_loop,
     write_results,
 )
 from bench.harness import (
@@ -56,6 +55,7 @@ from bench.harness import (
     pct,
     raise_priority,
     results_doc,
+    timed_loop,
 )
 from bench.profiling import Profiler
 

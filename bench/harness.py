@@ -284,6 +284,25 @@ def rate_row(rid: str, what: str, run: Run, unit: str, targets: Targets, per_ite
     return row.judge(targets)
 
 
+def timed_loop(limit_s: float, count: int, step: Any) -> tuple[list[float], int, float, bool]:
+    """Call step(i) for i in range(count) until done or `limit_s`; (latencies, items, wall
+    seconds, truncated). step returns the items it did (0: stop)."""
+    lats: list[float] = []
+    items = 0
+    t0 = time.perf_counter()
+    for i in range(count):
+        s = time.perf_counter()
+        k = step(i)
+        e = time.perf_counter()
+        if not k:
+            break
+        lats.append(e - s)
+        items += k
+        if e - t0 > limit_s:
+            return lats, items, e - t0, True
+    return lats, items, time.perf_counter() - t0, False
+
+
 def machine_info() -> dict[str, Any]:
     cpu = ""
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
