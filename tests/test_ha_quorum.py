@@ -342,3 +342,65 @@ def test_an_empty_append_confirms_or_fences_the_leader() -> None:
         await first.close()
         await second.close()
     asyncio.run(go())
+
+
+def test_a_re_added_journal_counts_only_once_caught_up() -> None:
+    """The model test's counterexample: a record acknowledged on a and c while b is down;
+    c's disk is wiped and the leader re-adds it (empty log). Had c counted at once, b and c
+    (a down) would recover without the record. A joining journal refuses to promise, so
+    that recovery fails instead; once the leader caught c up it counts again."""
+    async def go() -> None:
+        journals = make_journals()
+        ql = QuorumLog("a", clients(journals, Down("b")), MEMBERS)
+        await ql.recover(epoch_start)
+        rec = (ql.last + 1, b"acked")
+        await ql.append([rec])  # on a and c
+        journals["c"] = Journal("c", MemLog(), MemMeta())  # wiped
+        ql.clients["c"] = FakeClient(journals["c"], Faults())
+        st = await ql.format_member("c")
+        assert st["joining"] == ql.committed == rec[0]
+        # a joining journal promises no epoch, also after a restart (the ticket is saved)
+        journals["c"] = Journal("c", journals["c"].log, journals["c"].meta_store)
+        ql.clients["c"] = FakeClient(journals["c"], Faults())
+        with pytest.raises(Refused) as e:
+            journals["c"].new_epoch("c1", 99)
+        assert e.value.kind == "joining"
+        # b and c with a down: no majority of caught-up journals, nothing recovered short
+        other = QuorumLog("b", clients(clone(journals), Down("a")), MEMBERS)
+        with pytest.raises(QuorumLost, match="caught up"):
+            await other.recover(epoch_start)
+        await other.close()
+        # the leader catches c up: c's joining ends and it takes the next groups
+        assert await ql.catch_up_step("c")
+        assert journals["c"].joining is None and "c" in ql.in_sync
+        assert dict(journals["c"].log.records)[rec[0]] == rec[1]
+        nxt = (ql.last + 1, b"next")
+        await ql.append([nxt])
+        await ql.close()
+        # now b and c (a down) recover both records
+        await _recover_and_check(journals, [rec, nxt], "b", Down("a"))
+    asyncio.run(go())
+
+
+def test_a_joining_journal_is_caught_up_by_the_next_leader() -> None:
+    """The leader that re-added a journal dies before catching it up: the next leader
+    (on the other two) levels it, which ends its joining."""
+    async def go() -> None:
+        journals = make_journals()
+        ql = QuorumLog("a", clients(journals, Faults()), MEMBERS, background=False)
+        await ql.recover(epoch_start)
+        acked = [(ql.last + 1, b"x"), (ql.last + 2, b"y")]
+        await ql.append(acked)
+        journals["c"] = Journal("c", MemLog(), MemMeta())  # wiped, re-added, not caught up
+        ql.clients["c"] = FakeClient(journals["c"], Faults())
+        await ql.format_member("c")
+        await ql.close()
+        nxt = QuorumLog("b", clients(journals, Faults()), MEMBERS, background=False)
+        await nxt.recover(epoch_start)
+        assert "c" not in nxt.in_sync and journals["c"].joining is not None
+        assert await nxt.catch_up_step("c")
+        assert journals["c"].joining is None
+        assert journals["c"].log.records == journals["b"].log.records
+        await nxt.close()
+        await _recover_and_check(journals, acked, "c", Down("a"))
+    asyncio.run(go())

@@ -4,7 +4,7 @@ Every member of a master set keeps a journal: its own WAL (the records, opaque b
 increasing tickets) plus a small fsynced *meta* file::
 
     <data_dir>/journal.json  {"cluster": id, "promised": epoch, "accepted": epoch,
-                              "committed": ticket}
+                              "committed": ticket, "joining": ticket or null}
 
 - ``promised``: the highest epoch this journal promised (``new_epoch``). It refuses
   ``append`` and ``sync`` from any lower epoch ("fenced"): a deposed leader's next group
@@ -18,6 +18,14 @@ increasing tickets) plus a small fsynced *meta* file::
 A journal without a meta file (a new or wiped disk) or with another cluster's id answers
 "unformatted" / "foreign" to every call but ``state`` and never counts toward a quorum
 until an operator re-adds it (``format`` from the leader), then it is caught up.
+
+- ``joining``: set by a re-add (``format(..., until=<the leader's committed ticket>)``)
+  and persisted. A joining journal's log is empty while records up to that ticket are
+  acknowledged, so it refuses to promise (``new_epoch`` answers "joining"): it counts
+  toward no recovery majority and is never a recovery source. A leader's ``sync`` (or an
+  ``append`` that follows it) clears it once this log is a prefix of that leader's log
+  (accepted == the leader's epoch) reaching the ticket: from then on it holds every record
+  acknowledged before the re-add (Kafka KIP-853: a wiped voter must not vote its way back).
 
 The handlers are plain methods serialized by one lock (a WAL write blocks: call them from a
 worker thread). They raise :class:`Refused` with a kind the leader acts on.
@@ -37,7 +45,8 @@ Record = tuple[int, bytes]
 
 class Refused(Exception):
     """A journal refused a call. kind: ``fenced`` (a higher epoch was promised),
-    ``out_of_sync`` (the append does not follow its log), ``unformatted``, ``foreign``."""
+    ``out_of_sync`` (the append does not follow its log), ``unformatted``, ``foreign``,
+    ``joining`` (re-added, not caught up yet: it promises no epoch)."""
 
     def __init__(self, kind: str, detail: str, state: dict[str, Any] | None = None) -> None:
         super().__init__(f"{kind}: {detail}")
@@ -112,6 +121,7 @@ class State:
     last: int
     committed: int
     floor: int
+    joining: int | None = None
 
     def wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,17 +144,29 @@ class Journal:
         self.promised = int(m.get("promised", 0))
         self.accepted = int(m.get("accepted", 0))
         self.committed = min(int(m.get("committed", 0)), log.last_ticket)
+        joining = m.get("joining")
+        self.joining: int | None = None if joining is None else int(joining)
         self.appends = 0
         self.writer: str | None = None  # the leader whose groups this journal takes now
 
     # -- helpers -------------------------------------------------------------------------
     def _save(self) -> None:
         self.meta_store.save({"cluster": self.cluster, "promised": self.promised,
-                              "accepted": self.accepted, "committed": self.committed})
+                              "accepted": self.accepted, "committed": self.committed,
+                              "joining": self.joining})
 
     def _state(self) -> State:
         return State(self.member, self.cluster is not None, self.cluster, self.promised,
-                     self.accepted, self.log.last_ticket, self.committed, self.log.floor)
+                     self.accepted, self.log.last_ticket, self.committed, self.log.floor,
+                     self.joining)
+
+    def _joined(self, epoch: int) -> bool:
+        """Clear `joining` once this log is the leader's (of `epoch`) up to the ticket."""
+        if (self.joining is not None and self.accepted == epoch
+                and self.log.last_ticket >= self.joining):
+            self.joining = None
+            return True
+        return False
 
     def _check(self, cluster: str, epoch: int) -> None:
         if self.cluster is None:
@@ -174,12 +196,15 @@ class Journal:
         with self._lock:
             return self._state().wire()
 
-    def format(self, cluster: str, epoch: int, *, adopt: bool = False) -> dict[str, Any]:
+    def format(self, cluster: str, epoch: int, *, adopt: bool = False,
+               until: int | None = None) -> dict[str, Any]:
         """Make this (unformatted: new or wiped) journal a member of `cluster`: at
         bootstrap, or when an operator re-adds it. A journal of another cluster is never
         re-formatted here: wipe its volume first (its index holds that cluster's state).
         `adopt`: the bootstrapping leader's own log may hold records (a single master's
-        volume becoming the first member); they become the set's log."""
+        volume becoming the first member); they become the set's log. `until`: a re-add
+        by a leader, whose committed ticket it is: the journal is *joining* (promises no
+        epoch) until a leader caught it up to there."""
         with self._lock:
             if self.cluster == cluster:
                 return self._state().wire()
@@ -193,6 +218,7 @@ class Journal:
                               self._state().wire())
             self.cluster, self.promised = cluster, max(self.promised, epoch)
             self.accepted = 0
+            self.joining = None if until is None else max(0, int(until))
             self._save()
             return self._state().wire()
 
@@ -200,6 +226,10 @@ class Journal:
         """Promise `epoch` (strictly above every epoch promised before)."""
         with self._lock:
             self._check(cluster, epoch)
+            if self.joining is not None:
+                raise Refused("joining", f"journal of {self.member} was re-added and is not "
+                              f"caught up to ticket {self.joining} yet: it promises no "
+                              "epoch", self._state().wire())
             if epoch <= self.promised:
                 raise Refused("fenced", f"epoch {epoch} was not above the promised "
                               f"{self.promised}", self._state().wire())
@@ -222,6 +252,8 @@ class Journal:
                 self.log.write(records)
                 self.appends += 1
             self.writer = leader or None
+            if self._joined(epoch):
+                self._save()
             # not saved here: a committed ticket read back lower after a restart only makes
             # the next sync compare more records and the standby apply later (two fsyncs
             # per group saved); promises and accepted epochs are always saved
@@ -263,6 +295,7 @@ class Journal:
                 self.log.truncate_after(end)  # past the leader's end: never committed
             if self.log.last_ticket == end:  # a prefix of the leader's log, all compared
                 self.accepted = epoch
+            self._joined(epoch)
             self.writer = leader or None
             self.committed = min(self.committed, self.log.last_ticket)
             self._advance(min(committed, end))

@@ -84,7 +84,7 @@ class QuorumLog:
 
     def __init__(self, me: str, clients: dict[str, JournalClient], members: list[str],
                  *, timeout: float = 5.0, chunk_records: int = CHUNK_RECORDS,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 chunk_bytes: int = CHUNK_BYTES, background: bool = True) -> None:
         if me not in members:
             raise ValueError(f"{me} is not a member of {members}")
         self.me, self.clients, self.members = me, clients, list(members)
@@ -103,6 +103,9 @@ class QuorumLog:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._catching: dict[str, asyncio.Task[None]] = {}
         self.closed = False
+        # False: lagging journals are caught up only by calls to catch_up_step (the model
+        # test drives them, so no timer decides how far a catch-up got)
+        self.background = background
         # metrics
         # metrics hooks: one journal's append (secs), a group's wait for its majority
         self.on_append: Callable[[float], None] | None = None
@@ -156,7 +159,9 @@ class QuorumLog:
         for o in out.values():
             if isinstance(o, BaseException) and not isinstance(o, Exception):
                 raise o
-        return out
+        # in the members' order, not the order tasks finished in (a set of tasks iterates
+        # by their ids): what follows calls the journals in this order
+        return {m: out[m] for m in members}
 
     # -- leadership ------------------------------------------------------------------------
     async def recover(self, epoch_start: Callable[[int], bytes],
@@ -236,14 +241,19 @@ class QuorumLog:
             if not isinstance(states[self.me], dict):
                 raise QuorumLost(f"this member's own journal failed: {states[self.me]}")
         self.cluster = states[self.me]["cluster"]
+        if states[self.me].get("joining") is not None:
+            raise QuorumLost("this member's journal was re-added and is not caught up yet: "
+                             "it cannot lead until a leader has caught it up")
+        # a joining journal (re-added, not caught up) promises nothing: it does not count
         ok = {m: s for m, s in states.items()
-              if isinstance(s, dict) and s["formatted"] and s["cluster"] == self.cluster}
+              if isinstance(s, dict) and s["formatted"] and s["cluster"] == self.cluster
+              and s.get("joining") is None}
         for m, s in states.items():
             if m not in ok:
                 self.status[m] = _why(s, self.cluster)
         if len(ok) < self.majority:
             raise QuorumLost(f"only {len(ok)} of {len(self.members)} journals answered "
-                             f"formatted; a majority is {self.majority}")
+                             f"formatted and caught up; a majority is {self.majority}")
         return ok, boot
 
     async def _promise(self, ok: dict[str, Any]) -> dict[str, Any]:
@@ -398,7 +408,8 @@ class QuorumLog:
         self._catch_up_later(m)
 
     def _catch_up_later(self, m: str) -> None:
-        if self.closed or m == self.me or m in self._catching or m not in self.members:
+        if (self.closed or not self.background or m == self.me or m in self._catching
+                or m not in self.members):
             return
         task = asyncio.ensure_future(self._catch_up(m))
         self._catching[m] = task
@@ -409,23 +420,10 @@ class QuorumLog:
         pause = 0.1
         while not self.closed and self.failed is None and m in self.members:
             try:
-                st = await self._call(m, "state")
-                if not st["formatted"] or st["cluster"] != self.cluster:
-                    self.status[m] = _why(st, self.cluster)
-                else:
-                    if st["last"] < self.last - 1:  # the bulk, without holding appends
-                        await self._level(m, st)
-                        st = await self._call(m, "state")
-                    async with self._gate:  # the end, with no append in flight
-                        if await self._level(m, st):
-                            self.in_sync.add(m)
-                            self.status[m] = "in sync"
-                            log.info("journal %s is in sync again at ticket %d", m, self.last)
-                            return
-            except (Refused, Unreachable) as e:
-                self.status[m] = str(e)
-                if isinstance(e, Refused) and e.kind == "fenced":
-                    self.fenced, self.failed = True, f"fenced by {m}: {e.detail}"
+                if await self.catch_up_step(m):
+                    return
+            except (Refused, Unreachable):
+                if self.fenced:
                     return
             except asyncio.CancelledError:
                 raise
@@ -434,6 +432,33 @@ class QuorumLog:
                 self.status[m] = f"catch-up failed: {e}"
             await asyncio.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+    async def catch_up_step(self, m: str) -> bool:
+        """One attempt to bring journal `m` level (a re-added, joining one included: the
+        sync that levels it ends its joining); True once it counts again. Raises Refused
+        or Unreachable (a fenced refusal also fails this log)."""
+        if m == self.me or m in self.in_sync:
+            return m in self.in_sync
+        try:
+            st = await self._call(m, "state")
+            if not st["formatted"] or st["cluster"] != self.cluster:
+                self.status[m] = _why(st, self.cluster)
+                return False
+            if st["last"] < self.last - 1:  # the bulk, without holding appends
+                await self._level(m, st)
+                st = await self._call(m, "state")
+            async with self._gate:  # the end, with no append in flight
+                if await self._level(m, st):
+                    self.in_sync.add(m)
+                    self.status[m] = "in sync"
+                    log.info("journal %s is in sync again at ticket %d", m, self.last)
+                    return True
+            return False
+        except (Refused, Unreachable) as e:
+            self.status[m] = str(e)
+            if isinstance(e, Refused) and e.kind == "fenced":
+                self.fenced, self.failed = True, f"fenced by {m}: {e.detail}"
+            raise
 
     # -- membership --------------------------------------------------------------------------
     def set_members(self, members: list[str], clients: dict[str, JournalClient]) -> None:
@@ -454,9 +479,13 @@ class QuorumLog:
                 self._catch_up_later(m)
 
     async def format_member(self, m: str) -> dict[str, Any]:
-        """Format a new (unformatted) journal into this cluster, before it is added."""
+        """Format a new (unformatted) journal into this cluster, before it is added (or
+        re-added): it is *joining* until caught up to this log's committed ticket, and
+        promises no epoch before (its empty log must not count toward a recovery)."""
+        self.in_sync.discard(m)  # an empty log: it counts once caught up
         out: dict[str, Any] = await self._call(m, "format", cluster=self.cluster,
-                                               epoch=self.epoch)
+                                               epoch=self.epoch, until=self.committed)
+        self.status[m] = _why(out, self.cluster)
         return out
 
     async def close(self) -> None:
@@ -484,6 +513,8 @@ def _why(state: Any, cluster: str | None) -> str:
         return "unformatted (new or wiped disk): re-add it"
     if state["cluster"] != cluster:
         return f"foreign (cluster {state['cluster']})"
+    if state.get("joining") is not None:
+        return f"joining (re-added, not caught up to ticket {state['joining']} yet)"
     return "formatted"
 
 
