@@ -157,7 +157,7 @@ class MasterSetMachine(RuleBasedStateMachine):
 
         async def go() -> None:
             await ql.catch_up_step(m)
-        with contextlib.suppress(Refused, Unreachable):
+        with contextlib.suppress(Refused, Unreachable, QuorumLost):
             asyncio.run(go())
         if ql.failed is not None:  # fenced: this leadership is over
             self._drop_leader()
