@@ -26,6 +26,10 @@ target) whose outcomes (one per blob) go into the next beats. When copies finish
 beats early (at most every ``NUDGE_GAP_S``) to report them and fetch the next ones, so a
 repair runs at the speed of the copies, not of the heartbeat period; early beats do not
 count towards ``full_report_every``.
+
+The highest master-set epoch an answer carried is kept in ``<data_dir>/master-epoch``
+(0600, replaced atomically and fsynced before the answer's commands run, read at start):
+a deposed leader's deletes stay refused after this node restarts (docs/decisions/0026).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from typing import Any
 
 import orjson
@@ -61,6 +66,39 @@ FAILOVER_TRIES = 40  # ... this many times in a row (10 s, past an elector's lea
 MAX_REVOKED = 100_000
 PATH = "/v1/nodes/heartbeat"
 CONNECT_S, TIMEOUT_S = 2.0, 30.0  # a beat's connect and answer timeouts (never resent)
+EPOCH_FILE = "master-epoch"
+
+
+def load_epoch(path: str) -> int:
+    """The epoch kept in `path`; 0 when there is none. An unreadable file fails the start
+    (a node that forgot its epoch would run a deposed leader's deletes)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(64).strip()
+    except FileNotFoundError:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"{path} does not hold a master epoch ({text[:20]!r}); it is "
+                         "rewritten by the next heartbeat answer once removed")
+    return int(text)
+
+
+def save_epoch(path: str, epoch: int) -> None:
+    """Write `epoch` to `path` durably: a temporary file (0600), fsynced, renamed over it,
+    the directory fsynced."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, b"%d\n" % epoch)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 class Heartbeat:
@@ -74,7 +112,9 @@ class Heartbeat:
         self._nudge = asyncio.Event()
         self.beats = self.failures = self.consecutive_failures = 0
         self.commands_run = 0
-        self.epoch = 0  # the highest master-set epoch a heartbeat answer carried
+        # the highest master-set epoch a heartbeat answer carried, kept across restarts
+        self.epoch_path = os.path.join(s.data_dir, EPOCH_FILE)
+        self.epoch = self.saved_epoch = load_epoch(self.epoch_path)
         self.fenced_deletes = 0  # delete commands dropped: from a deposed leader
         self.last_ok_at = 0.0
         self.last_error = ""
@@ -206,8 +246,24 @@ class Heartbeat:
         if isinstance(revoked, list):  # the master's revocation list, whole every beat
             self.node.revoked = frozenset(str(x) for x in revoked[:MAX_REVOKED])
         del self._corrupt[:len(req.corrupt)]
-        await self.execute(self.admit(body))
+        commands = self.admit(body)
+        await self.keep_epoch()
+        await self.execute(commands)
         return True
+
+    async def keep_epoch(self) -> None:
+        """Make a risen epoch durable before the answer's commands run (a failure is
+        logged and retried with the next answer; the deletes of the newest epoch are safe
+        to run meanwhile)."""
+        epoch = self.epoch
+        if epoch <= self.saved_epoch:
+            return
+        try:
+            await asyncio.to_thread(save_epoch, self.epoch_path, epoch)
+        except OSError as e:
+            log.warning("could not keep master epoch %d in %s: %s", epoch, self.epoch_path, e)
+            return
+        self.saved_epoch = max(self.saved_epoch, epoch)
 
     def admit(self, body: dict[str, Any]) -> list[Any]:
         """The answer's commands, without its deletes when it comes from a master-set

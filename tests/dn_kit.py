@@ -45,6 +45,7 @@ class FakeMaster:
         self.beats: list[HeartbeatRequest] = []
         self.commands: dict[str, list[dict[str, Any]]] = {}
         self.failing = False
+        self.epoch: int | None = None  # the master-set epoch its answers carry (None: none)
         self.lock = threading.Lock()
         self.app = FastAPI()
 
@@ -61,7 +62,10 @@ class FakeMaster:
             with self.lock:
                 self.beats.append(body)
                 cmds = self.commands.pop(body.node_id, [])
-            return JSONResponse({"commands": cmds})
+            answer: dict[str, Any] = {"commands": cmds}
+            if self.epoch is not None:
+                answer["epoch"] = self.epoch
+            return JSONResponse(answer)
 
     def send(self, node_id: str, *commands: dict[str, Any]) -> None:
         with self.lock:
