@@ -60,13 +60,14 @@ from bench.harness import (
     fdatasync_latency,
     get_json,
     load1,
-    machine_info,
     master_server,
     metric,
     ms,
     pct,
     print_table,
+    raise_priority,
     rate_row,
+    results_doc,
     running,
     write_results,
 )
@@ -358,20 +359,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     sizes = Sizes().quick() if a.quick else Sizes()
     stem = "admin-quick" if a.quick else "admin"
     console = Console(stderr=True)
-    if a.nice:
-        try:
-            os.nice(-a.nice)  # inherited by the servers started below
-        except OSError as e:
-            console.log(f"--nice {a.nice} not applied: {e}")
-            a.nice = 0
+    a.nice = raise_priority(a.nice, console.log)
     tmp = Path(tempfile.mkdtemp(prefix="squall-admin-bench-"))
     (tmp / "logs").mkdir()
     ctx = Ctx(sizes, tmp, tmp / "logs", console.log)
-    doc: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                           "mode": "quick" if a.quick else "full", "machine": machine_info(),
-                           "sizes": asdict(sizes), "targets": TARGETS,
-                           "reap_batch_default": MasterSettings.reap_batch, "nice": -a.nice,
-                           "rows": []}
+    doc = results_doc(a.quick, sizes, TARGETS, reap_batch_default=MasterSettings.reap_batch,
+                      nice=-a.nice, rows=[])
     console.log(f"data and logs in {tmp}")
     try:
         doc["rows"] = run_workloads(ctx, a)

@@ -27,7 +27,6 @@ core; D sums its 8 processes). Every loop is bounded in count and time. Results:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import re
 import shutil
@@ -47,14 +46,15 @@ from bench.harness import (
     exit_code,
     fdatasync_latency,
     load1,
-    machine_info,
     metrics_text,
     ms,
     only_workloads,
     pct,
     print_table,
     proc_cpu_s,
+    results_doc,
     self_cpu_s,
+    timed_loop,
     write_results,
 )
 from squall.client import Client, LeasedTask, Worker
@@ -259,16 +259,10 @@ class Trips:
 
 
 def _one_by_one(ctx: Ctx, n: int, step: Any) -> tuple[list[float], int, float, bool]:
-    lats: list[float] = []
-    t0 = time.perf_counter()
-    for i in range(n):
-        s = time.perf_counter()
-        if not step(i):
-            break
-        lats.append(time.perf_counter() - s)
-        if s - t0 > ctx.sizes.limit_s:
-            break
-    return lats, len(lats), time.perf_counter() - t0, len(lats) < n
+    """step(i) up to `n` times (falsy: stop) within the time limit: (latencies, calls,
+    seconds, stopped short)."""
+    lats, calls, el, _ = timed_loop(ctx.sizes.limit_s, n, lambda i: 1 if step(i) else 0)
+    return lats, calls, el, calls < n
 
 
 def workload_a(ctx: Ctx) -> list[CRow]:
@@ -398,9 +392,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     stem = ("client-quick" if a.quick else "client").replace(
         "client", "client-set" if a.masters > 1 else "client")
     tmp = Path(tempfile.mkdtemp(prefix="squall-clibench-"))
-    doc: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                           "mode": "quick" if a.quick else "full", "machine": machine_info(),
-                           "sizes": asdict(sizes), "targets": TARGETS, "rows": []}
+    doc = results_doc(a.quick, sizes, TARGETS, rows=[])
     say(f"data and logs in {tmp}")
     try:
         with running_cluster(ClusterSpec(nodes=3, rf=2, masters=a.masters), tmp) as cl:

@@ -22,7 +22,6 @@ Every loop is bounded in count and time. Results: a table on stdout and
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import shutil
 import sys
@@ -46,16 +45,17 @@ from bench.dn_rows import (
     ms,
     phases,
     print_table,
-    timed_loop,
     write_results,
 )
 from bench.harness import (
     exit_code,
     fdatasync_latency,
     load1,
-    machine_info,
     only_workloads,
     pct,
+    raise_priority,
+    results_doc,
+    timed_loop,
 )
 from bench.profiling import Profiler
 
@@ -274,19 +274,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     def say(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}  (load {load1()})", file=sys.stderr)
 
-    if a.nice:
-        try:
-            os.nice(-a.nice)
-        except OSError as e:
-            say(f"--nice not applied: {e}")
-            a.nice = 0
+    a.nice = raise_priority(a.nice, say)
     tmp = Path(tempfile.mkdtemp(prefix="squall-dnbench-"))
     prof = Profiler(a.out / "profiles" if a.profile else None)
     ctx = Ctx(sizes, tmp, prof, say)
-    doc: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                           "mode": "quick" if a.quick else "full", "machine": machine_info(),
-                           "sizes": asdict(sizes), "targets": TARGETS, "nice": -a.nice,
-                           "rows": []}
+    doc = results_doc(a.quick, sizes, TARGETS, nice=-a.nice, rows=[])
     say(f"data and logs in {tmp}")
     try:
         for w in WORKLOADS:

@@ -14,41 +14,20 @@ import multiprocessing as mp
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 QUEUE = "d4x4"
 
 
-def _phase_put(cli: Any, tag: str, n: int, size: int, end_by: float, res: dict[str, Any]
-               ) -> None:
-    data = os.urandom(size)
+def _phase(step: Callable[[int], bool], n: int, end_by: float, res: dict[str, Any]) -> None:
+    """step(i) for i in range(n) (False: nothing left), each timed into `res`; stops past
+    `end_by` (truncated) or after 50 errors."""
     for i in range(n):
         s = time.perf_counter()
         try:
-            cli.put(f"{tag}{i:06d}", data)
-        except Exception as e:
-            res["errors"] += 1
-            res["first_error"] = res["first_error"] or repr(e)[:300]
-            if res["errors"] > 50:
-                break
-            continue
-        done = time.perf_counter()
-        res["lats"].append(done - s)
-        res["items"] += 1
-        if done > end_by:
-            res["truncated"] = True
-            break
-
-
-def _phase_drain(cli: Any, n: int, end_by: float, res: dict[str, Any]) -> None:
-    for _ in range(n):
-        s = time.perf_counter()
-        try:
-            tasks = cli.lease(1)
-            if not tasks:
+            if not step(i):
                 return
-            cli.get(tasks[0])
-            cli.dequeue(tasks)
         except Exception as e:
             res["errors"] += 1
             res["first_error"] = res["first_error"] or repr(e)[:300]
@@ -61,6 +40,29 @@ def _phase_drain(cli: Any, n: int, end_by: float, res: dict[str, Any]) -> None:
         if done > end_by:
             res["truncated"] = True
             return
+
+
+def _phase_put(cli: Any, tag: str, n: int, size: int, end_by: float, res: dict[str, Any]
+               ) -> None:
+    data = os.urandom(size)
+
+    def put(i: int) -> bool:
+        cli.put(f"{tag}{i:06d}", data)
+        return True
+
+    _phase(put, n, end_by, res)
+
+
+def _phase_drain(cli: Any, n: int, end_by: float, res: dict[str, Any]) -> None:
+    def take(i: int) -> bool:
+        tasks = cli.lease(1)
+        if not tasks:
+            return False
+        cli.get(tasks[0])
+        cli.dequeue(tasks)
+        return True
+
+    _phase(take, n, end_by, res)
 
 
 def _blank() -> dict[str, Any]:

@@ -1,10 +1,9 @@
-"""Shared pieces of the data node benchmark: targets, sizes, result rows, the bounded
-timing loop, and the results files (table, JSON, Markdown)."""
+"""Shared pieces of the data node benchmark: targets, sizes, result rows and the results
+files (table, JSON, Markdown)."""
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -115,25 +114,6 @@ class Ctx:
         d = self.tmp / f"{self.n:02d}-{name}"
         d.mkdir(parents=True)
         return d
-
-
-def timed_loop(limit_s: float, count: int, step: Any) -> tuple[list[float], int, float, bool]:
-    """Call step(i) for i in range(count) until done or `limit_s`; (latencies, items, wall
-    seconds, truncated). step returns the items it did (0: stop)."""
-    lats: list[float] = []
-    items = 0
-    t0 = time.perf_counter()
-    for i in range(count):
-        s = time.perf_counter()
-        k = step(i)
-        e = time.perf_counter()
-        if not k:
-            break
-        lats.append(e - s)
-        items += k
-        if e - t0 > limit_s:
-            return lats, items, e - t0, True
-    return lats, items, time.perf_counter() - t0, False
 
 
 

@@ -22,76 +22,25 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from squall.client import Client, NewTask, SquallError
 from squall.common.security import auth
+from tests.ha_kit import MasterSetProcs
 
-KEY = "bench-cluster-key-0123456789abcdef"
 AUTH = b"ed25519-private:YmVuY2gtYXV0aC1rZXktMDEyMzQ1Njc4OWFiY2RlZmc"  # the master's key
 
 
-def ports(n: int) -> list[int]:
-    out = []
-    for _ in range(n):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            out.append(s.getsockname()[1])
-    return out
-
-
-class Procs:
-    def __init__(self, root: str, n: int, lease_s: float = 2.0) -> None:
-        self.root, self.n, self.lease_s = root, n, lease_s
-        self.ports = ports(n)
-        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.env = {**os.environ, "SQUALL_CLUSTER_KEY": KEY, "SQUALL_AUTH_KEY": AUTH.decode()}
-
-    def start(self, i: int) -> None:
-        argv = [sys.executable, "-m", "squall.master", "--data-dir",
-                os.path.join(self.root, f"m{i}"), "--port", str(self.ports[i])]
-        if self.n > 1:
-            argv += ["--members", ",".join(self.urls), "--elector",
-                     f"file:{os.path.join(self.root, 'lease')}", "--elector-lease-s",
-                     str(self.lease_s)]
-        with open(os.path.join(self.root, f"m{i}.log"), "ab") as log:
-            self.procs[i] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                             env=self.env, start_new_session=True)
-
-    def ready(self, i: int) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.urls[i]}/readyz", timeout=1.0) as r:
-                return bool(r.status == 200)
-        except (OSError, ValueError):
-            return False
-
-    def leader(self, timeout: float = 60.0, not_: int | None = None) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for i in range(self.n):
-                if i != not_ and self.procs[i].poll() is None and self.ready(i):
-                    return i
-            time.sleep(0.01)
-        raise TimeoutError(f"no leader in {timeout}s ({self.root})")
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+def master_set(root: str, n: int) -> MasterSetProcs:
+    """`n` members started (one: a plain master), each requiring a token."""
+    ps = MasterSetProcs(root, n)
+    ps.env["SQUALL_AUTH_KEY"] = AUTH.decode()
+    os.makedirs(ps.root)
+    ps.start_all()
+    return ps
 
 
 def throughput(url: str, token: str, tasks: int, queue: str) -> dict[str, float]:
@@ -112,12 +61,11 @@ def throughput(url: str, token: str, tasks: int, queue: str) -> dict[str, float]
     return {"put": tasks / put_s, "lease_ack": done / ack_s}
 
 
-def failovers(ps: Procs, token: str, kills: int) -> list[float]:
+def failovers(ps: MasterSetProcs, token: str, kills: int) -> list[float]:
     out: list[float] = []
     for k in range(kills):
-        lead = ps.leader()
-        ps.procs[lead].send_signal(signal.SIGKILL)
-        ps.procs[lead].wait(30)
+        lead = ps.wait_leader()
+        ps.kill(lead)
         t0 = time.monotonic()
         deadline = t0 + 120
         done = False
@@ -139,12 +87,8 @@ def failovers(ps: Procs, token: str, kills: int) -> list[float]:
         ps.start(lead)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # back and caught up before the next kill
-            try:
-                with urllib.request.urlopen(f"{ps.urls[lead]}/v1/leader", timeout=1) as r:
-                    if json.load(r)["role"] == "standby":
-                        break
-            except (OSError, ValueError):
-                pass
+            if (ps.info(lead) or {}).get("role") == "standby":
+                break
             time.sleep(0.05)
     return out
 
@@ -168,12 +112,9 @@ def main() -> None:
     try:
         for r in range(a.rounds):  # alternate, so a busy moment hits both
             for n in (1, 3):
-                ps = Procs(os.path.join(root, f"r{r}n{n}"), n)
-                os.makedirs(ps.root)
-                for i in range(n):
-                    ps.start(i)
+                ps = master_set(os.path.join(root, f"r{r}n{n}"), n)
                 try:
-                    lead = ps.leader()
+                    lead = ps.wait_leader()
                     rows[str(n)].append(throughput(ps.urls[lead], token, a.tasks, "b#q"))
                     if n == 3 and r == a.rounds - 1 and a.kills:
                         fo = failovers(ps, token, a.kills)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import json
 import os
 import platform
@@ -21,8 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +284,25 @@ def rate_row(rid: str, what: str, run: Run, unit: str, targets: Targets, per_ite
     return row.judge(targets)
 
 
+def timed_loop(limit_s: float, count: int, step: Any) -> tuple[list[float], int, float, bool]:
+    """Call step(i) for i in range(count) until done or `limit_s`; (latencies, items, wall
+    seconds, truncated). step returns the items it did (0: stop)."""
+    lats: list[float] = []
+    items = 0
+    t0 = time.perf_counter()
+    for i in range(count):
+        s = time.perf_counter()
+        k = step(i)
+        e = time.perf_counter()
+        if not k:
+            break
+        lats.append(e - s)
+        items += k
+        if e - t0 > limit_s:
+            return lats, items, e - t0, True
+    return lats, items, time.perf_counter() - t0, False
+
+
 def machine_info() -> dict[str, Any]:
     cpu = ""
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
@@ -314,6 +334,26 @@ def machine_info() -> dict[str, Any]:
             "python": platform.python_version(),
             "platform": platform.platform(), "packages": versions, "commit": commit,
             "fdatasync_ms": fdatasync_latency(), "load_at_start": list(os.getloadavg())}
+
+
+def results_doc(quick: bool, sizes: Any, targets: Any, **more: Any) -> dict[str, Any]:
+    """The head of a benchmark's results document: date, mode, machine, sizes (a
+    dataclass), targets, then `more` in its order."""
+    return {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "mode": "quick" if quick else "full", "machine": machine_info(),
+            "sizes": asdict(sizes), "targets": targets, **more}
+
+
+def raise_priority(n: int, say: Callable[[str], object]) -> int:
+    """``--nice N``: raise this process's priority by `n` (root only), inherited by the
+    servers and clients it starts. The `n` applied: 0 when refused (said)."""
+    if n:
+        try:
+            os.nice(-n)
+        except OSError as e:
+            say(f"--nice {n} not applied: {e}")
+            return 0
+    return n
 
 
 def fdatasync_latency(n: int = 200) -> dict[str, float | None]:

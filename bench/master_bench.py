@@ -64,6 +64,8 @@ from bench.harness import (
     pct,
     print_table,
     proc_cpu_s,
+    raise_priority,
+    results_doc,
     running,
     write_results,
 )
@@ -391,21 +393,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     def say(msg: str) -> None:
         console.log(msg)
 
-    if a.nice:
-        try:
-            os.nice(-a.nice)  # inherited by the servers and client processes started below
-        except OSError as e:
-            say(f"--nice {a.nice} not applied: {e}")
-            a.nice = 0
+    a.nice = raise_priority(a.nice, say)
     tmp = Path(tempfile.mkdtemp(prefix="squall-bench-"))
     logs = tmp / "logs"
     logs.mkdir()
     prof = Profiler(a.out / "profiles" if a.profile else None)
     ctx = Ctx(sizes, tmp, logs, prof, say)
-    doc: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                           "mode": "quick" if a.quick else "full", "machine": machine_info(),
-                           "sizes": asdict(sizes), "targets": TARGETS, "nice": -a.nice,
-                           "rows": []}
+    doc = results_doc(a.quick, sizes, TARGETS, nice=-a.nice, rows=[])
     say(f"data and logs in {tmp}")
     try:
         for w in WORKLOADS:

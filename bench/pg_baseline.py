@@ -33,10 +33,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.harness import timed_loop
 
 SCHEMA = """
 CREATE TABLE tasks (
@@ -226,69 +228,51 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _measure(pg: Postgres, n_of: Any, body: Any) -> Measured:
+def _measure(pg: Postgres, limit_s: float, count: int, step: Callable[[int], int]
+             ) -> Measured:
+    """step(i) up to `count` times, each returning the tasks it did (0: stop), within
+    `limit_s` (``timed_loop``), with the server's and this process's CPU seconds."""
     s0, c0, t0 = pg.cpu_s(), _cpu(), time.perf_counter()
-    n, lats = body()
+    lats, n, _, _ = timed_loop(limit_s, count, step)
     el = time.perf_counter() - t0
-    return Measured(n_of(n), el, lats, pg.cpu_s() - s0, _cpu() - c0)
+    return Measured(n, el, lats, pg.cpu_s() - s0, _cpu() - c0)
 
 
 def put_one(pg: Postgres, q: str, n: int, data: bytes, limit_s: float) -> Measured:
     """A: one INSERT per call (one transaction), one client."""
     with _connect(pg) as c:
-        def body() -> tuple[int, list[float]]:
-            lats: list[float] = []
-            t0 = time.perf_counter()
-            for _ in range(n):
-                s = time.perf_counter()
-                c.execute(PUT1, (q, data))
-                lats.append(time.perf_counter() - s)
-                if s - t0 > limit_s:
-                    break
-            return len(lats), lats
-        return _measure(pg, lambda k: k, body)
+        def put(i: int) -> int:
+            c.execute(PUT1, (q, data))
+            return 1
+        return _measure(pg, limit_s, n, put)
 
 
 def put_many(pg: Postgres, q: str, n: int, data: bytes, batch: int, limit_s: float) -> Measured:
     """B: one INSERT of ``batch`` rows per call (one transaction)."""
     with _connect(pg) as c:
-        def body() -> tuple[int, list[float]]:
-            lats: list[float] = []
-            t0, done = time.perf_counter(), 0
-            while done < n:
-                k = min(batch, n - done)
-                s = time.perf_counter()
-                c.execute(PUTN, (q, [data] * k))
-                lats.append(time.perf_counter() - s)
-                done += k
-                if s - t0 > limit_s:
-                    break
-            return done, lats
-        return _measure(pg, lambda k: k, body)
+        def put(i: int) -> int:
+            k = min(batch, n - i * batch)
+            c.execute(PUTN, (q, [data] * k))
+            return k
+        return _measure(pg, limit_s, -(-n // batch), put)
 
 
 def lease_done(pg: Postgres, q: str, n: int, size: int, batch: int, limit_s: float) -> Measured:
     """Lease ``batch`` (one transaction) then delete them (another), until ``n`` are done;
     every payload's size is checked."""
     with _connect(pg) as c:
-        bad = [0]
+        bad, got = [0], [0]
 
-        def body() -> tuple[int, list[float]]:
-            lats: list[float] = []
-            t0, got = time.perf_counter(), 0
-            while got < n:
-                s = time.perf_counter()
-                rows = c.execute(LEASE, (LEASE_S, q, batch)).fetchall()
-                if not rows:
-                    break
-                bad[0] += sum(len(r[1]) != size for r in rows)
+        def take(i: int) -> int:
+            if got[0] >= n:
+                return 0
+            rows = c.execute(LEASE, (LEASE_S, q, batch)).fetchall()
+            bad[0] += sum(len(r[1]) != size for r in rows)
+            if rows:
                 c.execute(DONE, ([r[0] for r in rows],))
-                lats.append(time.perf_counter() - s)
-                got += len(rows)
-                if s - t0 > limit_s:
-                    break
-            return got, lats
-        m = _measure(pg, lambda k: k, body)
+            got[0] += len(rows)
+            return len(rows)
+        m = _measure(pg, limit_s, n, take)
     m.errors = bad[0] + int(m.n != n)
     return m
 

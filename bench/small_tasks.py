@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
 import shutil
@@ -41,7 +40,7 @@ from typing import Any
 from bench import pg_baseline as pgb
 from bench.client_bench import Ctx, Sizes, _drain_batches, _one_by_one
 from bench.dn_cluster import ClusterSpec, running_cluster
-from bench.harness import DEFAULT_OUT, fdatasync_latency, load1, machine_info, ms, pct, self_cpu_s
+from bench.harness import DEFAULT_OUT, fdatasync_latency, load1, ms, pct, results_doc, self_cpu_s
 from squall.client import Client, LeasedTask
 from squall.client._protocol import LEASE_VIA_NODE
 
@@ -133,24 +132,31 @@ def lease_one(r: Run, via_node: bool, rid: str) -> Figure:
                "tasks/s", 0.0, 0)
     with Client(r.ctx.cluster.url, lease_via_node=via_node) as c:
         c.put_many(q, (data for _ in range(z.a_tasks)), batch_size=BATCH)
-        held: list[LeasedTask] = []
-        bad = [0]
-
-        def step(i: int) -> bool:
-            got = c.lease(q, 1, 600, payloads=True, done=held)
-            held[:] = got
-            if not got:
-                return False
-            bad[0] += got[0].payload() != data
-            return True
-
-        s0, c0 = _meter(r)
-        lats, n, el, _ = _one_by_one(r.ctx, z.a_tasks, step)
-        if held:
-            c.done(held)
-        _squall(f, n, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
-        f.errors += bad[0] + int(n != z.a_tasks)
+        _lease_each(r, c, q, data, z.a_tasks, f)
     return f
+
+
+def _lease_each(r: Run, c: Client, q: str, data: bytes, tasks: int, f: Figure,
+                payloads: bool = True) -> None:
+    """lease(1, done=previous) one task at a time, each payload checked against `data`,
+    the last acknowledged at the end: the squall half of `f`."""
+    held: list[LeasedTask] = []
+    bad = [0]
+
+    def step(i: int) -> bool:
+        got = c.lease(q, 1, 600, payloads=payloads, done=held)
+        held[:] = got
+        if not got:
+            return False
+        bad[0] += got[0].payload() != data
+        return True
+
+    s0, c0 = _meter(r)
+    lats, n, el, _ = _one_by_one(r.ctx, tasks, step)
+    if held:
+        c.done(held)
+    _squall(f, n, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
+    f.errors += bad[0] + int(n != tasks)
 
 
 def work_a(r: Run) -> list[Figure]:
@@ -171,28 +177,19 @@ def work_a(r: Run) -> list[Figure]:
         put.errors += int(n != z.a_tasks)
         if r.pg:
             _pg(lease, pgb.lease_done(r.pg, "a", z.a_tasks, len(data), 1, z.limit_s))
-        held: list[LeasedTask] = []
-        bad = [0]
-
-        def step(i: int) -> bool:
-            got = c.lease(q, 1, 600, payloads=True, done=held)
-            held[:] = got
-            if not got:
-                return False
-            bad[0] += got[0].payload() != data
-            return True
-
-        s0, c0 = _meter(r)
-        lats, n, el, _ = _one_by_one(r.ctx, z.a_tasks, step)
-        if held:
-            c.done(held)
-        _squall(lease, n, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
-        lease.errors += bad[0] + int(n != z.a_tasks)
+        _lease_each(r, c, q, data, z.a_tasks, lease)
     out = [put, lease]
     if r.compare:
         out.append(lease_one(r, not r.via_node, "A.lease_done." + (
             "master" if r.via_node else "node")))
     return out
+
+
+def _drain(r: Run, c: Client, q: str, n: int, f: Figure) -> None:
+    """Lease and acknowledge the `n` tasks of `q` in batches: the squall half of `f`."""
+    got, lats, el, c0, s0, bad = _drain_batches(r.ctx, c, q, n)
+    _squall(f, got, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
+    f.errors += bad + int(got != n)
 
 
 def work_b(r: Run) -> list[Figure]:
@@ -224,9 +221,7 @@ def work_b(r: Run) -> list[Figure]:
                     "PostgreSQL: one call at a time")
         if r.pg:
             _pg(lease, pgb.lease_done(r.pg, "b", z.b_tasks, len(data), BATCH, z.limit_s))
-        got, lats, el, c0, s0, bad = _drain_batches(r.ctx, c, q, n)
-        _squall(lease, got, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
-        lease.errors += bad + int(got != n)
+        _drain(r, c, q, n, lease)
     out = [put, lease]
     if r.compare:
         other = not r.via_node
@@ -235,9 +230,7 @@ def work_b(r: Run) -> list[Figure]:
                    "tasks/s", 0.0, 0)
         with Client(r.ctx.cluster.url, lease_via_node=other) as c:
             n = c.put_many(q, (data for _ in range(z.b_tasks)), batch_size=BATCH)
-            got, lats, el, c0, s0, bad = _drain_batches(r.ctx, c, q, n)
-        _squall(f, got, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
-        f.errors += bad + int(got != n)
+            _drain(r, c, q, n, f)
         out.append(f)
     return out
 
@@ -304,23 +297,7 @@ def work_c(r: Run, out: Path) -> list[Figure]:
         s0, c0 = _meter(r)
         lats, n, el, _ = _one_by_one(r.ctx, z.c_tasks, lambda i: c.put(q, data))
         _squall(put, n, el, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
-        held: list[LeasedTask] = []
-        bad = [0]
-
-        def step(i: int) -> bool:
-            got = c.lease(q, 1, 600, done=held)
-            held[:] = got
-            if not got:
-                return False
-            bad[0] += got[0].payload() != data
-            return True
-
-        s0, c0 = _meter(r)
-        lats, n2, el2, _ = _one_by_one(r.ctx, z.c_tasks, step)
-        if held:
-            c.done(held)
-        _squall(lease, n2, el2, lats, r.ctx.server_cpu() - s0, self_cpu_s() - c0)
-        lease.errors += bad[0] + int(n2 != z.c_tasks)
+        _lease_each(r, c, q, data, z.c_tasks, lease, payloads=False)
     for f in (put, lease):
         f.squall = round(f.squall * mb, 1)
         if f.id in last:
@@ -403,9 +380,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
     z = sizes(a.quick)
     stem = "small-tasks-quick" if a.quick else "small-tasks"
-    doc: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                           "mode": "quick" if a.quick else "full", "machine": machine_info(),
-                           "sizes": asdict(z), "targets": TARGETS, "figures": []}
+    doc = results_doc(a.quick, z, TARGETS, figures=[])
     why = pgb.unavailable()
     if why:
         doc["pg_skipped"] = why

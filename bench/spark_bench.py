@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from bench.dn_cluster import ClusterSpec, running_cluster
-from bench.harness import AUTH
+from bench.harness import AUTH, raise_priority
 from bench.master_bench import machine_info
 from squall.client import Client, NewTask
 
@@ -239,12 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="raise this process's priority by N (root), inherited by the servers "
                          "and Spark: on a machine other work shares")
     args = ap.parse_args(argv)
-    if args.nice:
-        try:
-            os.nice(-args.nice)
-        except OSError as e:
-            print(f"--nice {args.nice} not applied: {e}")
-            args.nice = 0
+    args.nice = raise_priority(args.nice, print)
     scale = 10 if args.quick else 1
     rows, tasks = 20_000 // scale, 20_000 // scale
     only = set(args.only.split(","))

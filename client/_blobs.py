@@ -53,6 +53,7 @@ BATCH_BLOB_BYTES = 256 << 10  # blobs up to this size go in :batch-put requests 
 BATCH_BODY_BYTES = 8 << 20  # ... of at most this many bytes
 BATCH_GET_IDS = 1000  # blob ids per :batch-get request (the node's limit)
 NODE_PENALTY_S = 30.0
+NODES_TTL_S = 10.0  # how long the list of alive data nodes is used before it is asked again
 _SKIP = (TransportError, StatusError)  # a replica failure: try the next replica
 _FATAL = (Unauthorized, Forbidden)  # the token is wrong for every replica alike
 
@@ -85,6 +86,38 @@ class NodeBook:
         now = time.monotonic()
         ok = [u for u in order if now - self._failed.get(u, -1e18) >= self.penalty_s]
         return ok or order[:1]
+
+
+class AliveNodes:
+    """The data nodes the master lists as alive (``GET /v1/cluster``, asked again after
+    ``NODES_TTL_S``) for requests sent straight to a node: each request starts one node
+    further on, with the nodes `book` saw fail recently last."""
+
+    def __init__(self, retry: Retry, book: NodeBook) -> None:
+        self.retry, self.book = retry, book
+        self.urls: list[str] = []
+        self.at = -1e18
+        self.turn = 0
+
+    def next_order(self) -> Proto[list[str]]:
+        """The nodes to try for one request, in order; none: use the master's path."""
+        if time.monotonic() - self.at >= NODES_TTL_S:
+            try:
+                ans = yield from call(Call("GET", "/v1/cluster", retries=0), self.retry)
+                self.urls = [n["address"] for n in ans.get("nodes", ())
+                             if n.get("state") == "alive"]
+            except SquallError:
+                self.urls = []
+            self.at = time.monotonic()
+        if not self.urls:
+            return []
+        self.turn += 1
+        k = self.turn % len(self.urls)
+        return self.book.order(self.urls[k:] + self.urls[:k])
+
+    def rest(self) -> None:
+        """No node for ``NODES_TTL_S``: the requests take the master's path meanwhile."""
+        self.urls, self.at = [], time.monotonic()
 
 
 def _auth(token: str | None) -> dict[str, str]:

@@ -21,16 +21,14 @@ it is resent.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import msgpack
 
-from squall.client._blobs import NodeBook
+from squall.client._blobs import AliveNodes, NodeBook
 from squall.client._effects import Call, Proto, Retry, call, lost_answer, may_have_applied
 from squall.common.errors import BadRequest, Forbidden, SquallError, Unauthorized
 
-NODES_TTL_S = 10.0
 MAX_BYTES = 64 << 10
 
 
@@ -41,9 +39,7 @@ class FrontDoor:
         self.headers = {"Content-Type": "application/msgpack"}
         if token:  # the data node checks the client's credential (role producer)
             self.headers["Authorization"] = f"Bearer {token}"
-        self._nodes: list[str] = []
-        self._at = -1e18
-        self._turn = 0
+        self.nodes = AliveNodes(retry, nodes)
         self.used = self.fallbacks = 0
 
     def eligible(self, sources: list[Any]) -> bool:
@@ -51,24 +47,13 @@ class FrontDoor:
                 and all(s is None or (isinstance(s, bytes) and len(s) <= self.max_bytes)
                         for s in sources))
 
-    def _refresh(self) -> Proto[None]:
-        if time.monotonic() - self._at < NODES_TTL_S:
-            return
-        try:
-            ans = yield from call(Call("GET", "/v1/cluster", retries=0), self.retry)
-            self._nodes = [n["address"] for n in ans.get("nodes", ())
-                           if n.get("state") == "alive"]
-        except SquallError:
-            self._nodes = []
-        self._at = time.monotonic()
-
     def enqueue(self, group: str, name: str, specs: list[dict[str, Any]], sources: list[Any]
                 ) -> Proto[tuple[list[dict[str, Any]] | None, str | None]]:
         """The master's enqueue results, or None: no node took it (use the classic path);
         and what happened to the first attempt that may have been applied (a node that
         lost the master's answer, a connection lost after sending), or None."""
-        yield from self._refresh()
-        if not self._nodes:
+        order = yield from self.nodes.next_order()
+        if not order:
             return None, None
         tasks = []
         for spec, src in zip(specs, sources, strict=True):
@@ -77,11 +62,8 @@ class FrontDoor:
                 t["payload"] = src
             tasks.append(t)
         body = msgpack.packb({"tasks": tasks}, use_bin_type=True)
-        self._turn += 1
-        order = self._nodes[self._turn % len(self._nodes):] + self._nodes[
-            :self._turn % len(self._nodes)]
         unknown: str | None = None
-        for node in self.book.order(order)[:3]:
+        for node in order[:3]:
             c = Call("POST", f"{node}/v1/groups/{group}/queues/{name}/tasks", content=body,
                      headers=self.headers,
                      timeout=self.timeout_s, retries=0)
@@ -99,5 +81,5 @@ class FrontDoor:
             self.used += 1
             return list(ans["enqueued"]), None
         self.fallbacks += 1
-        self._nodes, self._at = [], time.monotonic()  # the classic path for NODES_TTL_S
+        self.nodes.rest()  # the classic path for NODES_TTL_S
         return None, unknown

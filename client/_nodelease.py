@@ -24,18 +24,16 @@ that is missing or fails is read from its replicas, as after a direct lease.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
 
-from squall.client._blobs import NodeBook
+from squall.client._blobs import AliveNodes, NodeBook
 from squall.client._effects import Call, ConnectError, Proto, Reply, Retry, call, may_have_applied
 from squall.common.checksum import crc32c
 from squall.common.errors import BadRequest, Overloaded, SquallError, TransportError, Unavailable
 from squall.common.wire.payload import OK, decode_lease_answer
 
-NODES_TTL_S = 10.0
 TRIES = 2  # nodes tried before the lease goes to the master
 
 
@@ -46,35 +44,19 @@ class NodeLease:
         self.headers = {"Content-Type": "application/json"}
         if token:  # the node, then the master, check the client's credential
             self.headers["Authorization"] = f"Bearer {token}"
-        self._nodes: list[str] = []
-        self._at = -1e18
-        self._turn = 0
+        self.nodes = AliveNodes(retry, book)
         self.used = self.fallbacks = 0
-
-    def _refresh(self) -> Proto[None]:
-        if time.monotonic() - self._at < NODES_TTL_S:
-            return
-        try:
-            ans = yield from call(Call("GET", "/v1/cluster", retries=0), self.retry)
-            self._nodes = [n["address"] for n in ans.get("nodes", ())
-                           if n.get("state") == "alive"]
-        except SquallError:
-            self._nodes = []
-        self._at = time.monotonic()
 
     def lease(self, group: str, name: str, body: dict[str, Any],
               dequeue: list[dict[str, Any]]
               ) -> Proto[tuple[dict[str, Any], dict[str, bytes]] | None]:
         """(the master's answer, the payloads attached by blob id, unchecked), or None: no
         node took it (lease on the master)."""
-        yield from self._refresh()
-        if not self._nodes:
+        order = yield from self.nodes.next_order()
+        if not order:
             return None
         content = orjson.dumps({**body, "dequeue": dequeue} if dequeue else body)
         wait = body.get("wait_secs")
-        self._turn += 1
-        k = self._turn % len(self._nodes)
-        order = self.book.order(self._nodes[k:] + self._nodes[:k])
         for node in order[:TRIES]:
             c = Call("POST", f"{node}/v1/groups/{group}/queues/{name}/lease", content=content,
                      headers=self.headers, raw=True, idempotent=False, retries=0,
@@ -101,7 +83,7 @@ class NodeLease:
             self.used += 1
             return doc, {f.blob_id: f.data for f in frames if f.status == OK}
         self.fallbacks += 1
-        self._nodes, self._at = [], time.monotonic()  # the master directly for NODES_TTL_S
+        self.nodes.rest()  # the master directly for NODES_TTL_S
         return None
 
 

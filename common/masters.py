@@ -17,7 +17,7 @@ behaves exactly as before: there is nothing to switch to.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -135,6 +135,7 @@ class Masters:
         self._origins = {origin(a) for a in addrs}
         self._lock = threading.Lock()
         self.switches = 0  # how often the address in use changed (tests, status)
+        self.on_switch: Callable[[], None] | None = None  # called (no lock held) on a change
 
     def __len__(self) -> int:
         return len(self._addrs)
@@ -169,10 +170,13 @@ class Masters:
                     return None
                 self._addrs.append(leader)
                 self._origins.add(origin(leader))
-            if self._current != leader:
+            moved = self._current != leader
+            if moved:
                 self._current = leader
                 self.switches += 1
-            return leader
+        if moved:
+            self._moved()
+        return leader
 
     def advance(self, failed: str) -> str:
         """`failed` could not be reached (or named no leader): the next address after it,
@@ -185,10 +189,17 @@ class Masters:
             except ValueError:
                 i = -1
             nxt = self._addrs[(i + 1) % len(self._addrs)]
-            if nxt != self._current:
+            moved = nxt != self._current
+            if moved:
                 self._current = nxt
                 self.switches += 1
-            return nxt
+        if moved:
+            self._moved()
+        return nxt
+
+    def _moved(self) -> None:
+        if self.on_switch is not None:
+            self.on_switch()
 
     def has_origin(self, key: tuple[str, str, int] | None) -> bool:
         """Whether (scheme, host, port) is a master's (its credential may go there)."""

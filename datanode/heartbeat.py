@@ -14,6 +14,10 @@ and when the master asks; corrupt replicas dropped; outcomes of replicate comman
 A failed beat (master down, slow, 5xx, bad answer) never stops the node: it is logged, the
 next beat is a full report (so no delta is lost), corrupt and replication reports are kept
 for it, and the interval backs off (doubling, at most 4x) until the master answers again.
+Of a master set a failed beat means a failover is likely under way, and the new leader
+places no payload on a node it has not heard from: the node tries again every
+``FAILOVER_RETRY_S`` (at most ``FAILOVER_TRIES`` times in a row) before it backs off, and
+it beats at once when its requests to the master moved to another address.
 
 Commands in the answer run here: ``delete`` at once (all of an answer's deletes together,
 one transaction and one sync per 1000 ids), ``replicate`` and ``replicate_batch`` as
@@ -22,6 +26,10 @@ target) whose outcomes (one per blob) go into the next beats. When copies finish
 beats early (at most every ``NUDGE_GAP_S``) to report them and fetch the next ones, so a
 repair runs at the speed of the copies, not of the heartbeat period; early beats do not
 count towards ``full_report_every``.
+
+The highest master-set epoch an answer carried is kept in ``<data_dir>/master-epoch``
+(0600, replaced atomically and fsynced before the answer's commands run, read at start):
+a deposed leader's deletes stay refused after this node restarts (docs/decisions/0026).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from typing import Any
 
 import orjson
@@ -52,9 +61,44 @@ MAX_PENDING_REPORTS = 10_000
 REPORTS_PER_BEAT = 250  # more wait for the next beat, which comes early (bounded work)
 DELETE_TXN_IDS = 1000
 NUDGE_GAP_S = 0.1  # the shortest pause between two beats when copies finished early
+FAILOVER_RETRY_S = 0.25  # of a master set: the pause after a failed beat ...
+FAILOVER_TRIES = 40  # ... this many times in a row (10 s, past an elector's lease)
 MAX_REVOKED = 100_000
 PATH = "/v1/nodes/heartbeat"
 CONNECT_S, TIMEOUT_S = 2.0, 30.0  # a beat's connect and answer timeouts (never resent)
+EPOCH_FILE = "master-epoch"
+
+
+def load_epoch(path: str) -> int:
+    """The epoch kept in `path`; 0 when there is none. An unreadable file fails the start
+    (a node that forgot its epoch would run a deposed leader's deletes)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(64).strip()
+    except FileNotFoundError:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"{path} does not hold a master epoch ({text[:20]!r}); it is "
+                         "rewritten by the next heartbeat answer once removed")
+    return int(text)
+
+
+def save_epoch(path: str, epoch: int) -> None:
+    """Write `epoch` to `path` durably: a temporary file (0600), fsynced, renamed over it,
+    the directory fsynced."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, b"%d\n" % epoch)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 class Heartbeat:
@@ -68,7 +112,9 @@ class Heartbeat:
         self._nudge = asyncio.Event()
         self.beats = self.failures = self.consecutive_failures = 0
         self.commands_run = 0
-        self.epoch = 0  # the highest master-set epoch a heartbeat answer carried
+        # the highest master-set epoch a heartbeat answer carried, kept across restarts
+        self.epoch_path = os.path.join(s.data_dir, EPOCH_FILE)
+        self.epoch = self.saved_epoch = load_epoch(self.epoch_path)
         self.fenced_deletes = 0  # delete commands dropped: from a deposed leader
         self.last_ok_at = 0.0
         self.last_error = ""
@@ -77,6 +123,8 @@ class Heartbeat:
         self._reports: list[ReplicationReport] = []
         self._copies: dict[tuple[str, str], asyncio.Task[None]] = {}  # (blob or batch, target)
         self._sem = asyncio.Semaphore(max(1, s.copies_max))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._beating = False  # a beat that moves on needs no beat after it
 
     @property
     def url(self) -> str:
@@ -85,7 +133,9 @@ class Heartbeat:
         return m.current + PATH if m is not None else ""
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
+        if self.node.masters is not None:
+            self.node.masters.on_switch = self.moved
         timed = True
         due = loop.time()
         while True:
@@ -97,6 +147,8 @@ class Heartbeat:
             # the period past what the master counts as a missed beat
             if timed or not ok:
                 due = started + self.interval_s * (1 if ok else backoff)
+            if not ok and self._failing_over():
+                due = min(due, started + FAILOVER_RETRY_S)
             if not ok:
                 await asyncio.sleep(max(0.0, due - loop.time()))
                 timed = True
@@ -105,6 +157,19 @@ class Heartbeat:
             if not timed:  # copies finished: report them soon, but not in a tight loop
                 await asyncio.sleep(max(0.0, started + NUDGE_GAP_S - loop.time()))
                 timed = loop.time() >= due
+
+    def _failing_over(self) -> bool:
+        m = self.node.masters
+        return (m is not None and m.several
+                and self.consecutive_failures <= FAILOVER_TRIES)
+
+    def moved(self) -> None:
+        """The node's requests to the master moved to another address (a standby named
+        a new leader, or the old one could not be reached): beat now, so the master that
+        leads hears from this node before it has to place payloads. Thread-safe."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and not self._beating:
+            loop.call_soon_threadsafe(self._nudge.set)
 
     async def _wait(self, delay: float) -> bool:
         """Sleep `delay` seconds or until a copy finished; True when the time ran out."""
@@ -147,6 +212,7 @@ class Heartbeat:
         """One heartbeat and its commands; True when the master answered. `timed`: a beat
         on the regular schedule (else an early one reporting finished copies)."""
         req = await self.build(timed)
+        self._beating = True
         try:
             peers, masters = self.node.peers, self.node.masters
             if peers is None or masters is None:
@@ -165,6 +231,8 @@ class Heartbeat:
         except Exception as e:
             self._failed(req, e)
             return False
+        finally:
+            self._beating = False
         self.seq += 1
         self.beats += 1
         if timed:
@@ -178,8 +246,24 @@ class Heartbeat:
         if isinstance(revoked, list):  # the master's revocation list, whole every beat
             self.node.revoked = frozenset(str(x) for x in revoked[:MAX_REVOKED])
         del self._corrupt[:len(req.corrupt)]
-        await self.execute(self.admit(body))
+        commands = self.admit(body)
+        await self.keep_epoch()
+        await self.execute(commands)
         return True
+
+    async def keep_epoch(self) -> None:
+        """Make a risen epoch durable before the answer's commands run (a failure is
+        logged and retried with the next answer; the deletes of the newest epoch are safe
+        to run meanwhile)."""
+        epoch = self.epoch
+        if epoch <= self.saved_epoch:
+            return
+        try:
+            await asyncio.to_thread(save_epoch, self.epoch_path, epoch)
+        except OSError as e:
+            log.warning("could not keep master epoch %d in %s: %s", epoch, self.epoch_path, e)
+            return
+        self.saved_epoch = max(self.saved_epoch, epoch)
 
     def admit(self, body: dict[str, Any]) -> list[Any]:
         """The answer's commands, without its deletes when it comes from a master-set

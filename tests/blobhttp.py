@@ -37,6 +37,17 @@ def _raise_for(r: httpx.Response) -> None:
         raise from_response(r.status_code, body, float(ra) if ra and ra.isdigit() else None)
 
 
+def _forwarding(replicas: Iterable[str], quorum: int | None) -> dict[str, str]:
+    """The query of a put: the replicas the node forwards to, and the quorum."""
+    params: dict[str, str] = {}
+    reps = list(replicas)
+    if reps:
+        params["replicas"] = ",".join(reps)
+    if quorum is not None:
+        params["quorum"] = str(quorum)
+    return params
+
+
 def put_blob(client: httpx.Client, node: str, blob_id: str, data: bytes | Iterable[bytes],
              token: str, replicas: Iterable[str] = (), crc: int | None = None,
              size: int | None = None, quorum: int | None = None) -> PutResult:
@@ -50,12 +61,7 @@ def put_blob(client: httpx.Client, node: str, blob_id: str, data: bytes | Iterab
         headers[CRC_HEADER] = str(crc)
     if size is not None:
         headers["Content-Length"] = str(size)
-    params: dict[str, str] = {}
-    reps = list(replicas)
-    if reps:
-        params["replicas"] = ",".join(reps)
-    if quorum is not None:
-        params["quorum"] = str(quorum)
+    params = _forwarding(replicas, quorum)
     try:
         r = client.put(f"{node.rstrip('/')}/v1/blobs/{blob_id}", content=data, headers=headers,
                        params=params)
@@ -113,12 +119,7 @@ def delete_blob(client: httpx.Client, node: str, blob_id: str, token: str) -> bo
 def put_batch(client: httpx.Client, node: str, items: Iterable[tuple[str, bytes]], token: str,
               replicas: Iterable[str] = (), quorum: int | None = None) -> BatchPutResult:
     """Store many small blobs in one request, all or nothing on each node."""
-    params: dict[str, str] = {}
-    reps = list(replicas)
-    if reps:
-        params["replicas"] = ",".join(reps)
-    if quorum is not None:
-        params["quorum"] = str(quorum)
+    params = _forwarding(replicas, quorum)
     try:
         r = client.post(f"{node.rstrip('/')}/v1/blobs:batch-put", content=encode_frames(items),
                         headers={**_auth(token), "Content-Type": "application/octet-stream"},

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse
 
 from squall.common.errors import StatusError
 from squall.common.security import tokens
 from squall.common.wire.cluster import HeartbeatRequest
-from tests.helpers import DataNodeProcess, start_all
+from tests.helpers import DISPATCH_ENV, DataNodeProcess, start_all
 
 KEY = b"squall-test-cluster-key-0123456789"
 ENV = {"SQUALL_CLUSTER_KEY": KEY.decode()}
@@ -44,6 +45,7 @@ class FakeMaster:
         self.beats: list[HeartbeatRequest] = []
         self.commands: dict[str, list[dict[str, Any]]] = {}
         self.failing = False
+        self.epoch: int | None = None  # the master-set epoch its answers carry (None: none)
         self.lock = threading.Lock()
         self.app = FastAPI()
 
@@ -60,7 +62,10 @@ class FakeMaster:
             with self.lock:
                 self.beats.append(body)
                 cmds = self.commands.pop(body.node_id, [])
-            return JSONResponse({"commands": cmds})
+            answer: dict[str, Any] = {"commands": cmds}
+            if self.epoch is not None:
+                answer["epoch"] = self.epoch
+            return JSONResponse(answer)
 
     def send(self, node_id: str, *commands: dict[str, Any]) -> None:
         with self.lock:
@@ -114,6 +119,19 @@ def chunks(total: int, part: int = 1 << 20, seed: bytes = b"") -> Iterator[bytes
         k = min(part, total - n)
         yield os.urandom(k) if not seed else (seed * (k // len(seed) + 1))[:k]
         n += k
+
+
+def both_dispatch_nodes(name: str) -> Any:
+    """A module-scoped `nodes` fixture: two nodes serving their hot routes with the fast
+    dispatcher, then two through FastAPI's stack, so every test runs both ways
+    (``nodes = both_dispatch_nodes("mine")``)."""
+    @pytest.fixture(scope="module", params=sorted(DISPATCH_ENV))
+    def nodes(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+              ) -> Iterator[list[DataNodeProcess]]:
+        with node_processes(tmp_path_factory.mktemp(name), 2,
+                            DISPATCH_ENV[request.param]) as ps:
+            yield ps
+    return nodes
 
 
 @contextlib.contextmanager

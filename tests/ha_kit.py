@@ -45,12 +45,13 @@ class MasterSetProcs:
         return os.path.join(self.root, f"m{i}")
 
     def start(self, i: int) -> None:
+        """Start member `i`; with `n` = 1, a plain master (no set: the bench's baseline)."""
+        ha = ["--members", ",".join(self.urls), "--elector", self.elector,
+              "--elector-lease-s", str(self.lease_secs)] if self.n > 1 else []
         with open(os.path.join(self.root, f"m{i}.log"), "ab") as log:
             self.procs[i] = subprocess.Popen(
                 [sys.executable, "-m", "squall.master", "--data-dir", self.data_dir(i),
-                 "--port", str(self.ports[i]), "--members", ",".join(self.urls),
-                 "--elector", self.elector, "--elector-lease-s", str(self.lease_secs),
-                 *self.extra],
+                 "--port", str(self.ports[i]), *ha, *self.extra],
                 stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
 
     def start_all(self) -> None:

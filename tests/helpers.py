@@ -302,6 +302,16 @@ async def asgi_master(settings: Any, clock: Any, fast_dispatch: bool = True
             yield c, app.state.master
 
 
+async def asgi_body(receive: Any) -> bytes:
+    """The whole body of an ASGI request (for the stand-in servers)."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
+
+
 @contextlib.contextmanager
 def running_app(app: Any, timeout: float = 20.0, **config: Any) -> Iterator[str]:
     """Serve an ASGI app (e.g. a fake master) with uvicorn in a thread of this process, on an

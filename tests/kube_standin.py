@@ -30,6 +30,8 @@ from typing import Any
 
 import orjson
 
+from tests.helpers import asgi_body
+
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -69,12 +71,7 @@ class LeaseApi:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await asgi_body(receive)
         method, path = scope["method"], scope["path"]
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         code, ans = self.handle(method, path, headers.get("authorization"), body)

@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import orjson
 
+from tests.helpers import asgi_body
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -59,12 +61,7 @@ class Member:
         if scope["type"] != "http":
             return
         method, path = scope["method"], scope["path"]
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await asgi_body(receive)
         with self.lock:
             role, leader = self.role, self.leader
         if path == "/healthz":

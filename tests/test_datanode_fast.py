@@ -23,16 +23,10 @@ from squall.common.wire import payload
 from squall.datanode.replication.peers import Peers, PeerUnreachable
 from squall.datanode.store.blobstore import BlobStore
 from tests import blobhttp
-from tests.dn_kit import node_processes, tok
-from tests.helpers import ADMIN, DISPATCH_ENV, DataNodeProcess, free_port
+from tests.dn_kit import both_dispatch_nodes, tok
+from tests.helpers import ADMIN, DataNodeProcess, free_port
 
-
-@pytest.fixture(scope="module", params=sorted(DISPATCH_ENV))
-def nodes(tmp_path_factory, request) -> Iterator[list[DataNodeProcess]]:  # type: ignore[no-untyped-def]
-    """Two nodes serving their hot routes with the fast dispatcher, then two through
-    FastAPI's stack: every test runs both ways."""
-    with node_processes(tmp_path_factory.mktemp("dnfast"), 2, DISPATCH_ENV[request.param]) as ps:
-        yield ps
+nodes = both_dispatch_nodes("dnfast")
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,11 @@ from squall.common.errors import BadRequest, NotFound
 from squall.common.security import tokens
 from squall.common.wire import payload
 from tests import blobhttp
-from tests.dn_kit import KEY, auth, chunks, node_processes, tok
-from tests.helpers import ADMIN, DISPATCH_ENV, DataNodeProcess
+from tests.dn_kit import KEY, auth, both_dispatch_nodes, chunks, tok
+from tests.helpers import ADMIN, DataNodeProcess
 from tests.test_datanode_tokens import mutations
 
-
-@pytest.fixture(scope="module", params=sorted(DISPATCH_ENV))
-def nodes(tmp_path_factory, request) -> Iterator[list[DataNodeProcess]]:  # type: ignore[no-untyped-def]
-    """Two nodes serving their hot routes with the fast dispatcher, then two through
-    FastAPI's stack: every test runs both ways."""
-    with node_processes(tmp_path_factory.mktemp("dn"), 2, DISPATCH_ENV[request.param]) as ps:
-        yield ps
+nodes = both_dispatch_nodes("dn")
 
 
 @pytest.fixture(scope="module")

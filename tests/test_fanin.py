@@ -5,16 +5,13 @@ tests/test_model_fanin.py."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import tempfile
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from squall.common.clock import ManualClock
 from squall.common.errors import Conflict, NotFound
 from squall.common.wire.models import (
     BatchRequest,
@@ -26,24 +23,15 @@ from squall.common.wire.models import (
     TaskSpec,
     UpdateRequest,
 )
-from squall.master.service import Master, MasterSettings
-from tests.crashkit import kill9
+from tests.crashkit import InProcessMaster
 
 G = "g"
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
-class Harness:
+class Harness(InProcessMaster):
     def __init__(self) -> None:
-        self.tmp = tempfile.mkdtemp(prefix="squall-fanin-")
-        self.settings = MasterSettings(data_dir=os.path.join(self.tmp, "d"), fsync=False,
-                                       index_sync=False)
-        self.clock = ManualClock()
-        self.loop = asyncio.new_event_loop()
-        self.m = Master(self.settings, self.clock)
-
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
+        super().__init__("squall-fanin-")
 
     def batch(self, **kw: Any) -> dict[str, Any]:
         return dict(self.run(self.m.create_batch(G, BatchRequest.model_validate(kw))))
@@ -67,24 +55,11 @@ class Harness:
     def info(self, bid: str) -> dict[str, Any]:
         return self.m.batch_info(G, bid)
 
-    def restart(self) -> None:
-        kill9(self.m)
-        self.run(asyncio.sleep(0))
-        self.m = Master(self.settings, self.clock)
-
-    def close(self) -> None:
-        self.m.close()
-        self.run(asyncio.sleep(0))
-        self.loop.close()
-
 
 @pytest.fixture
 def h() -> Iterator[Harness]:
-    x = Harness()
-    try:
+    with contextlib.closing(Harness()) as x:
         yield x
-    finally:
-        x.close()
 
 
 def members(n: int, queue: str = "work") -> list[dict[str, Any]]:

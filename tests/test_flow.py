@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
-import tempfile
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from squall.common.clock import ManualClock
 from squall.common.errors import BadRequest
 from squall.common.wire.models import (
     LeaseRequest,
@@ -23,23 +21,14 @@ from squall.common.wire.models import (
     TaskSpec,
     UpdateRequest,
 )
-from squall.master.service import Master, MasterSettings
-from tests.crashkit import kill9
+from tests.crashkit import InProcessMaster
 
 G, Q = "g", "q"
 
 
-class Harness:
+class Harness(InProcessMaster):
     def __init__(self) -> None:
-        self.tmp = tempfile.mkdtemp(prefix="squall-flow-")
-        self.settings = MasterSettings(data_dir=os.path.join(self.tmp, "d"), fsync=False,
-                                       index_sync=False)
-        self.clock = ManualClock()
-        self.loop = asyncio.new_event_loop()
-        self.m = Master(self.settings, self.clock)
-
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
+        super().__init__("squall-flow-")
 
     def enqueue(self, specs: list[TaskSpec], queue: str = Q) -> None:
         for i in range(0, len(specs), 1000):
@@ -53,24 +42,11 @@ class Harness:
         self.run(self.m.update(G, UpdateRequest(dequeue=[
             TaskRef(queue=queue, pid=t["pid"], token=t["token"]) for t in tasks])))
 
-    def restart(self) -> None:
-        kill9(self.m)
-        self.run(asyncio.sleep(0))  # let the dropped batch's flush end
-        self.m = Master(self.settings, self.clock)
-
-    def close(self) -> None:
-        self.m.close()
-        self.run(asyncio.sleep(0))
-        self.loop.close()
-
 
 @pytest.fixture
 def h() -> Iterator[Harness]:
-    x = Harness()
-    try:
+    with contextlib.closing(Harness()) as x:
         yield x
-    finally:
-        x.close()
 
 
 def keyed(n: int, keys: int, prefix: str = "") -> list[TaskSpec]:

@@ -64,8 +64,8 @@ def test_a_busy_front_door_is_not_capped_by_its_blocks(cluster: DevCluster) -> N
         fd = c._core.front
         assert fd is not None
         assert c.put("fd#busy", b"warm", pid="warm") is not None  # the node list is loaded
-        one = fd._nodes[0]
-        fd._nodes, fd._at = [one], time.monotonic() + 3600  # every batch to the same node
+        one = fd.nodes.urls[0]
+        fd.nodes.urls, fd.nodes.at = [one], time.monotonic() + 3600  # every batch to one node
         used = fd.used
         n = c.put_many("fd#busy", (b"%d" % i for i in range(12_000)), batch_size=100)
         assert n == 12_000
@@ -93,8 +93,8 @@ def _first(c: Client, url: str, nodes: list[str]) -> None:
     """Make the client's front door try `url` first next."""
     fd = c._core.front
     assert fd is not None
-    fd._nodes, fd._at = [url, *(n for n in nodes if n != url)], time.monotonic() + 3600
-    fd._turn = -1
+    fd.nodes.urls, fd.nodes.at = [url, *(n for n in nodes if n != url)], time.monotonic() + 3600
+    fd.nodes.turn = -1
 
 
 def _blobs(url: str) -> float:

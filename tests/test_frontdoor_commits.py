@@ -191,6 +191,18 @@ async def test_a_commit_carries_at_most_commit_updates_max_requests(
     await d.aclose()
 
 
+async def _stored(items: list[tuple[str, bytes, int]]) -> list[tuple[BlobMeta, bool]]:
+    """A store's put_batch that keeps every blob."""
+    return [(BlobMeta(b, 0, len(data), crc, 0, 0, 0), True) for b, data, crc in items]
+
+
+async def _peers_full(node: Any, body: bytes, metas: list[BlobMeta], peers: list[str],
+                      batch_receipt: bool = False) -> list[PeerError]:
+    """forward_batch refused by every peer: disk full."""
+    return [PeerError(address=p, status=507, code="insufficient_storage",
+                      message="disk full") for p in peers]
+
+
 async def test_a_batch_short_of_its_write_quorum_is_refused_before_any_commit(
         door: tuple[FrontDoor, StuckMaster], monkeypatch: pytest.MonkeyPatch) -> None:
     """Stored here but refused by the block's only peer: 1 of 2 copies, quorum 2. The client
@@ -198,20 +210,12 @@ async def test_a_batch_short_of_its_write_quorum_is_refused_before_any_commit(
     dropped so that the retry gets a new placement."""
     d, master = door
 
-    async def put_batch(items: list[tuple[str, bytes, int]]) -> list[tuple[BlobMeta, bool]]:
-        return [(BlobMeta(b, 0, len(data), crc, 0, 0, 0), True) for b, data, crc in items]
-
-    async def forward(node: Any, body: bytes, metas: list[BlobMeta], peers: list[str],
-                      batch_receipt: bool = False) -> list[PeerError]:
-        return [PeerError(address=p, status=507, code="insufficient_storage",
-                          message="disk full") for p in peers]
-
-    d.node.store = SimpleNamespace(put_batch=put_batch)
+    d.node.store = SimpleNamespace(put_batch=_stored)
     d.node.puts = d.node.peer_errors = 0
     d.node.batch_receipt = lambda metas: "receipt"
     d._block = _Block("b", 1000, expires_at=1e12, replicas=["http://peer"], quorum=2,
                       granted_at=0.0)
-    monkeypatch.setattr(frontdoor, "forward_batch", forward)
+    monkeypatch.setattr(frontdoor, "forward_batch", _peers_full)
     d.coalescer = None  # forwards one by one, through forward_batch
     with pytest.raises(Unavailable, match=r"write quorum not met .* durable on 1 of 2 "
                                           r"replicas, 2 needed; failed: http://peer: disk full"):
@@ -241,18 +245,10 @@ async def test_a_parallel_put_short_of_its_quorum_is_withdrawn_before_the_refusa
                             for _ in body["updates"]],
                 "settled": [{"ok": {"confirmed": 0, "removed": 1}} for _ in body["settles"]]}
 
-    async def put_batch(items: list[tuple[str, bytes, int]]) -> list[tuple[BlobMeta, bool]]:
-        return [(BlobMeta(b, 0, len(data), crc, 0, 0, 0), True) for b, data, crc in items]
-
-    async def forward(node: Any, body: bytes, metas: list[BlobMeta], peers: list[str],
-                      batch_receipt: bool = False) -> list[PeerError]:
-        return [PeerError(address=p, status=507, code="insufficient_storage",
-                          message="disk full") for p in peers]
-
     monkeypatch.setattr(d, "_post", post)
-    monkeypatch.setattr(frontdoor, "forward_batch", forward)
+    monkeypatch.setattr(frontdoor, "forward_batch", _peers_full)
     d.coalescer = None
-    d.node.store = SimpleNamespace(put_batch=put_batch)
+    d.node.store = SimpleNamespace(put_batch=_stored)
     d.node.puts = d.node.peer_errors = 0
     d.node.batch_receipt = lambda metas: "receipt"
     for fails in (False, True):

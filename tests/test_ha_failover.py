@@ -167,6 +167,9 @@ def test_a_wiped_standby_is_unformatted_until_re_added(ms: MasterSetProcs) -> No
         assert r.status == 200
     wait_for(lambda: members()["log"]["members"][ms.urls[wiped]]["in_sync"],  # type: ignore[index]
              60, what="the re-added member in sync")
+    # re-added, it was joining (promising no epoch) until caught up; now it counts
+    with open(os.path.join(ms.data_dir(wiped), "journal.json")) as f:
+        assert json.load(f)["joining"] is None
     with Client(ms.urls[lead], retries=0, timeout=5.0) as c:
         c.put("ha#w", None, pid="after")
     # the re-added member now holds the log: lose another one, nothing is lost

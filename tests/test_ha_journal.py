@@ -93,3 +93,30 @@ def test_a_member_replays_only_what_its_journal_knows_committed(tmp_path) -> Non
         assert m.index.applied == 2 and m.index.lease_seq == 200
     finally:
         m.close()
+
+
+def test_a_re_added_journal_stays_joining_across_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A re-added journal on the real WAL and meta file: joining (no promise) and its
+    incarnation survive a restart; a call naming another incarnation is refused; only
+    an append with join=True, once its log reaches the ticket, ends joining."""
+    d = str(tmp_path / "wal")
+    os.makedirs(d)
+    meta = str(tmp_path / "journal.json")
+    wal = open_wal(d)
+    j = Journal("http://m2", WalLog(wal), FileMeta(meta))
+    inc = j.format("c", 3, until=2)["incarnation"]
+    wal.close()
+    wal = open_wal(d)
+    j = Journal("http://m2", WalLog(wal), FileMeta(meta))
+    st = j.state()
+    assert (st["joining"], st["incarnation"], st["promised"]) == (2, inc, 3)
+    with pytest.raises(Refused, match="joining"):
+        j.new_epoch("c", 4)
+    with pytest.raises(Refused, match="re-formatted"):
+        j.sync("c", 3, 0, [(1, b"a")], 0, True, incarnation="an-earlier-one")
+    j.sync("c", 3, 0, [(1, b"a"), (2, b"b")], 2, True, incarnation=inc)
+    assert j.state()["joining"] == 2  # levelled, but the leader has not confirmed yet
+    j.append("c", 3, 2, [], 2, incarnation=inc, join=True)
+    assert j.state()["joining"] is None
+    j.new_epoch("c", 4)
+    wal.close()

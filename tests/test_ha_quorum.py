@@ -342,3 +342,144 @@ def test_an_empty_append_confirms_or_fences_the_leader() -> None:
         await first.close()
         await second.close()
     asyncio.run(go())
+
+
+def test_a_re_added_journal_counts_only_once_caught_up() -> None:
+    """The model test's counterexample: a record acknowledged on a and c while b is down;
+    c's disk is wiped and the leader re-adds it (empty log). Had c counted at once, b and c
+    (a down) would recover without the record. A joining journal refuses to promise, so
+    that recovery fails instead; once the leader caught c up it counts again."""
+    async def go() -> None:
+        journals = make_journals()
+        ql = QuorumLog("a", clients(journals, Down("b")), MEMBERS)
+        await ql.recover(epoch_start)
+        rec = (ql.last + 1, b"acked")
+        await ql.append([rec])  # on a and c
+        journals["c"] = Journal("c", MemLog(), MemMeta())  # wiped
+        ql.clients["c"] = FakeClient(journals["c"], Faults())
+        st = await ql.format_member("c")
+        assert st["joining"] == ql.committed == rec[0]
+        # a joining journal promises no epoch, also after a restart (the ticket is saved)
+        journals["c"] = Journal("c", journals["c"].log, journals["c"].meta_store)
+        ql.clients["c"] = FakeClient(journals["c"], Faults())
+        with pytest.raises(Refused) as e:
+            journals["c"].new_epoch("c1", 99)
+        assert e.value.kind == "joining"
+        # b and c with a down: no majority of caught-up journals, nothing recovered short
+        other = QuorumLog("b", clients(clone(journals), Down("a")), MEMBERS)
+        with pytest.raises(QuorumLost, match="caught up"):
+            await other.recover(epoch_start)
+        await other.close()
+        # c counts only once the leader confirmed its epoch on a majority of the others:
+        # not with b down
+        with pytest.raises(QuorumLost):
+            await ql.catch_up_step("c")
+        assert journals["c"].joining is not None
+        # b is back: a new leadership on a catches b and then c up; c's joining ends
+        ql = QuorumLog("a", clients(journals, Faults()), MEMBERS, background=False)
+        await ql.recover(epoch_start)
+        assert await ql.catch_up_step("c")
+        assert journals["c"].joining is None and "c" in ql.in_sync
+        assert dict(journals["c"].log.records)[rec[0]] == rec[1]
+        nxt = (ql.last + 1, b"next")
+        await ql.append([nxt])
+        await ql.close()
+        # now b and c (a down) recover both records
+        await _recover_and_check(journals, [rec, nxt], "b", Down("a"))
+    asyncio.run(go())
+
+
+def test_a_joining_journal_is_caught_up_by_the_next_leader() -> None:
+    """The leader that re-added a journal dies before catching it up: the next leader
+    (on the other two) levels it, which ends its joining."""
+    async def go() -> None:
+        journals = make_journals()
+        ql = QuorumLog("a", clients(journals, Faults()), MEMBERS, background=False)
+        await ql.recover(epoch_start)
+        acked = [(ql.last + 1, b"x"), (ql.last + 2, b"y")]
+        await ql.append(acked)
+        journals["c"] = Journal("c", MemLog(), MemMeta())  # wiped, re-added, not caught up
+        ql.clients["c"] = FakeClient(journals["c"], Faults())
+        await ql.format_member("c")
+        await ql.close()
+        nxt = QuorumLog("b", clients(journals, Faults()), MEMBERS, background=False)
+        await nxt.recover(epoch_start)
+        assert "c" not in nxt.in_sync and journals["c"].joining is not None
+        assert await nxt.catch_up_step("c")
+        assert journals["c"].joining is None
+        assert journals["c"].log.records == journals["b"].log.records
+        await nxt.close()
+        await _recover_and_check(journals, acked, "c", Down("a"))
+    asyncio.run(go())
+
+
+class WipeOnce(FakeClient):
+    """b's journal is wiped and re-added (by the old leader) just before the first call
+    of `method` reaches it."""
+
+    def __init__(self, journals: dict[str, Journal], m: str, method: str,
+                 until: int) -> None:
+        super().__init__(journals[m], Faults())
+        self.journals, self.m, self.method, self.until = journals, m, method, until
+
+    async def call(self, method: str, args: dict[str, Any]) -> Any:
+        if method == self.method and self.until >= 0:
+            fresh = Journal(self.m, MemLog(), MemMeta())
+            fresh.format("c1", 1, until=self.until)
+            self.journals[self.m] = self.journal = fresh
+            self.until = -1
+        return await super().call(method, args)
+
+
+def test_a_promise_from_a_wiped_journal_is_not_acted_on() -> None:
+    """c's candidacy is promised by b and c; b holds the acknowledged record, c does not.
+    b's disk is wiped and b re-added before c reads b's log: c refuses to take the log it
+    reads then for the one b promised with (the journal's incarnation changed), whatever
+    that new log holds."""
+    async def go() -> None:
+        journals = make_journals()
+        ql = QuorumLog("a", clients(journals, Down("c")), MEMBERS)
+        await ql.recover(epoch_start)
+        rec = (ql.last + 1, b"acked")
+        await ql.append([rec])  # on a and b
+        await ql.close()
+        cand = QuorumLog("c", {"a": FakeClient(journals["a"], Down("a")),
+                               "b": WipeOnce(journals, "b", "read", ql.committed),
+                               "c": FakeClient(journals["c"], Faults())}, MEMBERS)
+        with pytest.raises(QuorumLost, match="re-formatted"):
+            await cand.recover(epoch_start)
+        await cand.close()
+        assert rec not in journals["c"].log.records
+        await _recover_and_check(journals, [rec], "a", Faults())
+    asyncio.run(go())
+
+
+def test_a_deposed_leader_cannot_make_a_wiped_journal_count() -> None:
+    """a leads (epoch 1); c takes epoch 2 with b and acknowledges a record on b and c. b
+    is wiped; a, deposed but unaware, re-adds and levels it with its own (older) log. b
+    must stay joining: a cannot confirm its epoch on a majority of the others (c refuses),
+    so b never counts with a log that lacks c's record."""
+    async def go() -> None:
+        journals = make_journals()
+        old = QuorumLog("a", clients(journals, Faults()), MEMBERS, background=False)
+        await old.recover(epoch_start)
+        await old.append([(old.last + 1, b"old")])
+        new = QuorumLog("c", clients(journals, Down("a")), MEMBERS, background=False)
+        await new.recover(epoch_start)
+        rec = (new.last + 1, b"acked by c")
+        await new.append([rec])  # on b and c
+        await new.close()
+        journals["b"] = Journal("b", MemLog(), MemMeta())  # wiped
+        old.clients["b"] = FakeClient(journals["b"], Faults())
+        await old.format_member("b")
+        with pytest.raises(Fenced):
+            await old.catch_up_step("b")
+        assert journals["b"].joining is not None
+        await old.close()
+        # c down: a and b must not recover (b is joining) rather than lose the record
+        ql = QuorumLog("a", clients(clone(journals), Down("c")), MEMBERS)
+        with pytest.raises(QuorumLost):
+            await ql.recover(epoch_start)
+        await ql.close()
+        await _recover_and_check(journals, [rec], "a", Faults())
+    asyncio.run(go())

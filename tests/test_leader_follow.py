@@ -252,3 +252,32 @@ def test_spark_takes_several_masters() -> None:
         "http://a:1,http://b:2"
     with Client(resolve({"master": ("http://a:1", "http://b:2")}, env={})[0]) as c:
         assert c.masters.addresses == ("http://a:1", "http://b:2")
+
+
+def test_a_data_node_finds_a_new_leader_without_waiting_for_its_period(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A new leader places payloads only on nodes it heard from: during a failover a node
+    beats again within a fraction of a second (not its 30 s period, doubled), and when its
+    front door's requests move to a new leader it beats there at once."""
+    cluster = start_cluster(tmp_path / "c", 2, heartbeat_interval_s=30.0)
+    try:
+        with member(cluster.master_url) as a, member(cluster.master_url) as b, \
+                Client(cluster.master_url, token=cluster.admin) as c:
+            cluster.kill_node(1)
+            cluster.start_node(1, master=f"{a.url},{b.url}")  # no member leads yet
+            wait_for(lambda: a.refused("/v1/nodes/heartbeat") >= 3, 20,
+                     what="the node's beats retried while no member leads")
+            a.set("leader")
+            wait_for(lambda: forwarded(a, "/v1/nodes/heartbeat") >= 1, 20,
+                     what="a beat through the member that now leads")
+            beats = forwarded(a, "/v1/nodes/heartbeat")
+            # a failover: a is a standby naming b; the node learns it from its commits
+            a.set("standby", b.url)
+            b.set("leader")
+            for i in range(20):
+                c.put("dn#moved", b"x" * 100, pid=f"p{i:02}")
+            assert forwarded(b, "/v1/nodes/commit") >= 1
+            wait_for(lambda: forwarded(b, "/v1/nodes/heartbeat") >= 1, 20,
+                     what="a beat through the new leader, at once")
+            assert forwarded(a, "/v1/nodes/heartbeat") == beats
+    finally:
+        cluster.stop()

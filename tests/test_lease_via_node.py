@@ -155,8 +155,8 @@ def test_a_node_killed_mid_lease_loses_nothing(tmp_path: Path) -> None:
             nl = c._core.via_node
             assert nl is not None
             c.cluster()
-            nl._nodes, nl._at = [crashing, good], 1e18  # the first lease goes to node 1
-            nl._turn = -1
+            nl.nodes.urls, nl.nodes.at = [crashing, good], 1e18  # the first lease to node 1
+            nl.nodes.turn = -1
             tasks = c.lease("lvn#kill", 5, 2.0, payloads=True)  # node 1 dies; node 2 leases
             wait_for(lambda: cl.node_procs[1].poll() is not None, 10, what="node 1 died")
             assert len(tasks) == 5 and nl.used == 1

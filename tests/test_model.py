@@ -17,11 +17,8 @@ dequeue, renew, release, enqueue in that order, all or nothing.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +28,6 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from squall.common.clock import ManualClock
 from squall.common.errors import (
     BadRequest,
     LeaseLost,
@@ -50,10 +46,9 @@ from squall.common.wire.models import (
     UpdateRequest,
 )
 from squall.common.wire.names import PID_MAX_BYTES
-from squall.master.service import Master, MasterSettings
 from squall.master.storage.records import AVAILABLE, DELAYED, LEASED, STATE_NAMES, Task, pidkey
 from squall.master.tasks.engine import AUTO_PID_DIGITS, ms
-from tests.crashkit import dump_index, kill9, restore_index, snapshot_index
+from tests.crashkit import InProcessMaster, dump_index
 from tests.helpers import FAKE_TOKEN, forge_token, lease_seq
 
 G = "g"
@@ -261,32 +256,17 @@ class Model:
 
 
 # -- the machine ----------------------------------------------------------------------------
-class MasterMachine(RuleBasedStateMachine):
+class MasterMachine(InProcessMaster, RuleBasedStateMachine):
     def __init__(self) -> None:
-        super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="squall-model-")
-        # small segments, so checkpoints really drop WAL files; no fsyncs: a crash here
-        # keeps the page cache (kill9), and a power loss is simulated by restore_index
-        self.settings = MasterSettings(data_dir=os.path.join(self.tmp, "data"),
-                                       segment_bytes=1024, fsync=False, index_sync=False)
-        self.snapshot: str | None = None  # data.mdb as of the last checkpoint
-        self.clock = ManualClock()
-        self.loop = asyncio.new_event_loop()
-        self.m = Master(self.settings, self.clock)
-        self.loop.run_until_complete(
-            self.m.set_policy(G, "a", Policy(max_attempts=MAX_ATTEMPTS)))
+        # small segments, so checkpoints really drop WAL files
+        super().__init__("squall-model-", segment_bytes=1024)
+        self.run(self.m.set_policy(G, "a", Policy(max_attempts=MAX_ATTEMPTS)))
         self.model = Model()
         self.handles: list[tuple[str, str, str]] = []  # every lease ever granted
         self.auto_pids: list[str] = []
 
     def teardown(self) -> None:
-        try:
-            if not self.m.wal._closed:  # else a crash rule failed half-way: just clean up
-                self.m.close()
-            self.loop.run_until_complete(asyncio.sleep(0))  # let dropped batches' flushes end
-        finally:
-            self.loop.close()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        self.close()
 
     # -- helpers ---------------------------------------------------------------------------
     def now(self) -> int:
@@ -522,16 +502,12 @@ class MasterMachine(RuleBasedStateMachine):
 
     @rule()
     def checkpoint(self) -> None:
-        self.m.checkpoint()
-        # what the disk holds for sure after a power loss: the index as of this sync
-        self.snapshot = os.path.join(self.tmp, "snapshot.mdb")
-        snapshot_index(self.settings.data_dir, self.snapshot)
+        self.checkpoint_and_snapshot()
 
     @rule()
     def crash_and_replay(self) -> None:
         before = dump_index(self.m)
-        kill9(self.m)
-        self.m = Master(self.settings, self.clock)
+        self.restart()
         assert self.m.replayed == 0  # LMDB survived the process: nothing to redo
         assert dump_index(self.m) == before
 
@@ -543,9 +519,7 @@ class MasterMachine(RuleBasedStateMachine):
         self.model.sweep(self.now())
         self.reap_all()
         before = dump_index(self.m)
-        kill9(self.m)
-        restore_index(self.settings.data_dir, self.snapshot)
-        self.m = Master(self.settings, self.clock)
+        self.restart(power_loss=True)
         event(f"power loss: replayed {'some' if self.m.replayed else 'no'} records")
         self.m.sweep_once()
         self.reap_all()
@@ -643,7 +617,7 @@ FKEYS = ("k0", "k1", "k2")
 fkey_st = st.sampled_from([None, *FKEYS])
 
 
-class FlowMachine(RuleBasedStateMachine):
+class FlowMachine(InProcessMaster, RuleBasedStateMachine):
     """Queue "f" with keyed tasks under changing flow policies and pauses. Every lease is
     checked against a model of the selection (pid order, skipping what a limit or a pause
     holds; or, for a fair queue, the same counts and per-key pid order), and the master's
@@ -651,14 +625,7 @@ class FlowMachine(RuleBasedStateMachine):
     loss (the index rolled back to a checkpoint and the WAL replayed)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="squall-flow-model-")
-        self.settings = MasterSettings(data_dir=os.path.join(self.tmp, "data"),
-                                       segment_bytes=1024, fsync=False, index_sync=False)
-        self.snapshot: str | None = None
-        self.clock = ManualClock()
-        self.loop = asyncio.new_event_loop()
-        self.m = Master(self.settings, self.clock)
+        super().__init__("squall-flow-model-", segment_bytes=1024)
         # pid -> [key, state, due, token]; the limits and pauses in force
         self.tasks: dict[str, list[Any]] = {}
         self.policies: dict[str, dict[str, Any]] = {"": {}, FQ: {}}  # group's, queue's
@@ -668,13 +635,7 @@ class FlowMachine(RuleBasedStateMachine):
         self.n = 0
 
     def teardown(self) -> None:
-        try:
-            if not self.m.wal._closed:
-                self.m.close()
-            self.loop.run_until_complete(asyncio.sleep(0))
-        finally:
-            self.loop.close()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        self.close()
 
     def pol(self, name: str) -> Any:
         """The effective policy field: the queue's, else the group's."""
@@ -692,9 +653,6 @@ class FlowMachine(RuleBasedStateMachine):
     @property
     def fair(self) -> bool:
         return bool(self.pol("fair"))
-
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
 
     def now(self) -> int:
         return ms(self.clock.now())
@@ -820,22 +778,15 @@ class FlowMachine(RuleBasedStateMachine):
 
     @rule()
     def checkpoint(self) -> None:
-        self.m.checkpoint()
-        self.snapshot = os.path.join(self.tmp, "snapshot.mdb")
-        snapshot_index(self.settings.data_dir, self.snapshot)
+        self.checkpoint_and_snapshot()
 
     @rule()
     def crash_and_replay(self) -> None:
-        kill9(self.m)
-        self.loop.run_until_complete(asyncio.sleep(0))
-        self.m = Master(self.settings, self.clock)
+        self.restart()
 
     @rule()
     def power_loss_and_replay(self) -> None:
-        kill9(self.m)
-        self.loop.run_until_complete(asyncio.sleep(0))
-        restore_index(self.settings.data_dir, self.snapshot)
-        self.m = Master(self.settings, self.clock)
+        self.restart(power_loss=True)
 
     @invariant()
     def counts_match_the_index(self) -> None:

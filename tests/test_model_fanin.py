@@ -14,19 +14,14 @@ restart (either kind) gives back exactly the index it had.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from squall.common.clock import ManualClock
 from squall.common.errors import Conflict, NotFound
 from squall.common.wire.models import (
     BatchRequest,
@@ -37,8 +32,7 @@ from squall.common.wire.models import (
     TaskSpec,
     UpdateRequest,
 )
-from squall.master.service import Master, MasterSettings
-from tests.crashkit import dump_index, kill9, restore_index, snapshot_index
+from tests.crashkit import InProcessMaster, dump_index
 
 G = "g"
 W, CB, U = "w", "cb", "u"  # members (max_attempts 1: a failure dead-letters), callbacks,
@@ -110,30 +104,14 @@ class Model:
             self.batches.pop(t.cb_of, None)
 
 
-class FaninMachine(RuleBasedStateMachine):
+class FaninMachine(InProcessMaster, RuleBasedStateMachine):
     def __init__(self) -> None:
-        super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="squall-fanin-model-")
-        self.settings = MasterSettings(data_dir=os.path.join(self.tmp, "data"),
-                                       segment_bytes=2048, fsync=False, index_sync=False)
-        self.snapshot: str | None = None
-        self.clock = ManualClock()
-        self.loop = asyncio.new_event_loop()
-        self.m = Master(self.settings, self.clock)
+        super().__init__("squall-fanin-model-", segment_bytes=2048)
         self.run(self.m.set_policy(G, W, Policy(max_attempts=1)))
         self.model = Model()
 
     def teardown(self) -> None:
-        try:
-            if not self.m.wal._closed:
-                self.m.close()
-            self.loop.run_until_complete(asyncio.sleep(0))
-        finally:
-            self.loop.close()
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
+        self.close()
 
     def leased(self, queue: str) -> list[tuple[tuple[str, str], MTask]]:
         return sorted((k, t) for k, t in self.model.tasks.items()
@@ -281,15 +259,12 @@ class FaninMachine(RuleBasedStateMachine):
 
     @rule()
     def checkpoint(self) -> None:
-        self.m.checkpoint()
-        self.snapshot = os.path.join(self.tmp, "snapshot.mdb")
-        snapshot_index(self.settings.data_dir, self.snapshot)
+        self.checkpoint_and_snapshot()
 
     @rule()
     def crash_and_replay(self) -> None:
         before = dump_index(self.m)
-        kill9(self.m)
-        self.m = Master(self.settings, self.clock)
+        self.restart()
         assert dump_index(self.m) == before
 
     @precondition(lambda self: self.snapshot is not None)
@@ -297,9 +272,7 @@ class FaninMachine(RuleBasedStateMachine):
     def power_loss_and_replay(self) -> None:
         self.m.sweep_once()  # sweeps are derived state, not logged: compare swept states
         before = dump_index(self.m)
-        kill9(self.m)
-        restore_index(self.settings.data_dir, self.snapshot)
-        self.m = Master(self.settings, self.clock)
+        self.restart(power_loss=True)
         self.m.sweep_once()
         assert dump_index(self.m) == before
 

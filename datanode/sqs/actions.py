@@ -17,6 +17,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -119,8 +120,9 @@ async def _policy(ctx: Ctx, group: str, queue: str, fresh: bool = False) -> dict
     return policy
 
 
-def _own(policy: dict[str, Any]) -> dict[str, Any]:
-    return dict(policy)
+def _with_sqs(policy: dict[str, Any], sqs: dict[str, Any]) -> dict[str, Any]:
+    """The queue's own policy with `sqs` as its SQS attributes."""
+    return {**policy, "sqs": sqs}
 
 
 async def _save(ctx: Ctx, group: str, queue: str, policy: dict[str, Any]) -> None:
@@ -307,9 +309,7 @@ async def _catalog(ctx: Ctx, group: str, name: str, add: bool) -> None:
                 name not in names and len(names) >= Q.CATALOG_MAX):
             return
         names[name] = Q.UNLISTED
-    own = _own(policy)
-    own["sqs"] = names
-    await ctx.up.set_policy(group, Q.CATALOG, own)
+    await ctx.up.set_policy(group, Q.CATALOG, _with_sqs(policy, names))
 
 
 async def get_queue_url(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
@@ -426,9 +426,7 @@ async def tag_queue(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
         sqs[Q.TAG + str(k)] = v
     if sum(k.startswith(Q.TAG) for k in sqs) > Q.MAX_TAGS:
         raise invalid(f"Too many tags added for queue {name}.")
-    own = _own(policy)
-    own["sqs"] = sqs
-    await _save(ctx, group, name, own)
+    await _save(ctx, group, name, _with_sqs(policy, sqs))
     return {}
 
 
@@ -440,9 +438,7 @@ async def untag_queue(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     policy = await _policy(ctx, group, name, fresh=True)
     sqs = {k: v for k, v in (policy.get("sqs") or {}).items()
            if not (k.startswith(Q.TAG) and k[len(Q.TAG):] in keys)}
-    own = _own(policy)
-    own["sqs"] = sqs
-    await _save(ctx, group, name, own)
+    await _save(ctx, group, name, _with_sqs(policy, sqs))
     return {}
 
 
@@ -538,9 +534,7 @@ async def add_permission(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     sqs["Policy"] = orjson.dumps(qp).decode()
     if len(sqs["Policy"]) > 20480:
         raise invalid("The queue's Policy would be longer than 20480 characters.")
-    own = _own(policy)
-    own["sqs"] = sqs
-    await _save(ctx, group, name, own)
+    await _save(ctx, group, name, _with_sqs(policy, sqs))
     return {}
 
 
@@ -561,9 +555,7 @@ async def remove_permission(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
         sqs["Policy"] = orjson.dumps({**qp, "Statement": kept}).decode()
     else:
         sqs.pop("Policy", None)
-    own = _own(policy)
-    own["sqs"] = sqs
-    await _save(ctx, group, name, own)
+    await _save(ctx, group, name, _with_sqs(policy, sqs))
     return {}
 
 
@@ -715,6 +707,11 @@ async def send_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     policy = await _policy(ctx, group, queue)
     o = _prepare(ctx, doc, policy, group, queue, "")
     (pid,) = await _enqueue(ctx, group, queue, [o])
+    return _sent(queue, o, pid)
+
+
+def _sent(queue: str, o: _Out, pid: str) -> dict[str, Any]:
+    """The answer for a message sent (a batch entry's without its Id)."""
     out = {**o.answer, "MessageId": pid}
     if queue.endswith(Q.FIFO):
         out["SequenceNumber"] = _sequence(pid)
@@ -744,11 +741,8 @@ async def send_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
     ok: list[dict[str, Any]] = []
     if outs:
         pids = await _enqueue(ctx, group, queue, outs)
-        for o, pid in zip(outs, pids, strict=True):
-            r = {"Id": o.entry_id, **o.answer, "MessageId": pid}
-            if queue.endswith(Q.FIFO):
-                r["SequenceNumber"] = _sequence(pid)
-            ok.append(r)
+        ok = [{"Id": o.entry_id, **_sent(queue, o, pid)}
+              for o, pid in zip(outs, pids, strict=True)]
     return {"Successful": ok, "Failed": failed}
 
 
@@ -919,35 +913,34 @@ async def _acts(ctx: Ctx, group: str, kind: str, items: list[dict[str, Any]]
     return list(await asyncio.gather(*(one(it) for it in items)))
 
 
-async def delete_message(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
-    group, queue = _queue_of(ctx, doc)
-    await _policy(ctx, group, queue)  # an unknown queue before a bad handle, as SQS
-    pid, token = _handle(ctx, group, queue, doc.get("ReceiptHandle"))
-    (err,) = await _acts(ctx, group, "dequeue", [{"queue": queue, "pid": pid, "token": token}])
-    if err is not None and err.shape != "MessageNotInflight":
-        raise err
-    return {}  # a stale handle: "succeeds, but the message might not be deleted" (as SQS)
+def _answer(entries: list[dict[str, Any]], errs: list[SqsError | None]) -> dict[str, Any]:
+    """A batch action's answer: each entry Successful, or Failed with its error."""
+    ok, failed = [], []
+    for e, err in zip(entries, errs, strict=True):
+        if err is None:
+            ok.append({"Id": e["Id"]})
+        else:
+            failed.append(err.entry(e["Id"]))
+    return {"Successful": ok, "Failed": failed}
 
 
-async def delete_message_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
-    group, queue = _queue_of(ctx, doc)
-    await _policy(ctx, group, queue)
-    entries = _entries(doc, "Entries", "DeleteMessage")
-    ok, failed, items, ids = [], [], [], []
-    for e in entries:
+async def _delete(ctx: Ctx, group: str, queue: str, entries: list[dict[str, Any]],
+                  batch: bool = False) -> list[SqsError | None]:
+    """Dequeue each entry's message: its error, or None (also for a stale handle, which
+    "succeeds, but the message might not be deleted", as SQS)."""
+    results: list[SqsError | None] = [None] * len(entries)
+    items = []
+    for i, e in enumerate(entries):
         try:
             pid, token = _handle(ctx, group, queue, e.get("ReceiptHandle"))
         except SqsError as bad:
-            failed.append(_entry_error(bad, e).entry(e["Id"]))
+            results[i] = _entry_error(bad, e) if batch else bad
             continue
-        items.append({"queue": queue, "pid": pid, "token": token})
-        ids.append(e["Id"])
-    for i, res in zip(ids, await _acts(ctx, group, "dequeue", items), strict=True):
-        if res is None or res.shape == "MessageNotInflight":
-            ok.append({"Id": i})
-        else:
-            failed.append(res.entry(i))
-    return {"Successful": ok, "Failed": failed}
+        items.append((i, {"queue": queue, "pid": pid, "token": token}))
+    errs = await _acts(ctx, group, "dequeue", [it for _, it in items])
+    for (i, _), err in zip(items, errs, strict=True):
+        results[i] = None if err is not None and err.shape == "MessageNotInflight" else err
+    return results
 
 
 def _entry_error(err: SqsError, e: dict[str, Any]) -> SqsError:
@@ -992,27 +985,36 @@ async def _change(ctx: Ctx, group: str, queue: str, entries: list[dict[str, Any]
     return results
 
 
-async def change_message_visibility(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
-    group, queue = _queue_of(ctx, doc)
-    await _policy(ctx, group, queue)
-    (err,) = await _change(ctx, group, queue, [doc])
-    if err is not None:
-        raise err
-    return {}
+Action = Callable[[Ctx, dict[str, Any]], Awaitable[dict[str, Any]]]
+EachHandle = Callable[[Ctx, str, str, list[dict[str, Any]], bool],
+                      Awaitable[list[SqsError | None]]]
 
 
-async def change_message_visibility_batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
-    group, queue = _queue_of(ctx, doc)
-    await _policy(ctx, group, queue)
-    entries = _entries(doc, "Entries", "ChangeMessageVisibility")
-    ok, failed = [], []
-    for e, err in zip(entries, await _change(ctx, group, queue, entries, True),
-                      strict=True):
-        if err is None:
-            ok.append({"Id": e["Id"]})
-        else:
-            failed.append(err.entry(e["Id"]))
-    return {"Successful": ok, "Failed": failed}
+def _by_handle(each: EachHandle, kind: str) -> tuple[Action, Action]:
+    """An action on receipt handles and its batch form: the queue must exist before a
+    handle is looked at (as SQS); the single action raises its error, the batch answers
+    each entry's."""
+
+    async def single(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
+        group, queue = _queue_of(ctx, doc)
+        await _policy(ctx, group, queue)
+        (err,) = await each(ctx, group, queue, [doc], False)
+        if err is not None:
+            raise err
+        return {}
+
+    async def batch(ctx: Ctx, doc: dict[str, Any]) -> dict[str, Any]:
+        group, queue = _queue_of(ctx, doc)
+        await _policy(ctx, group, queue)
+        entries = _entries(doc, "Entries", kind)
+        return _answer(entries, await each(ctx, group, queue, entries, True))
+
+    return single, batch
+
+
+delete_message, delete_message_batch = _by_handle(_delete, "DeleteMessage")
+change_message_visibility, change_message_visibility_batch = _by_handle(
+    _change, "ChangeMessageVisibility")
 
 
 ACTIONS = {

@@ -129,15 +129,7 @@ class Env:
             while self._exclusive:
                 self._gate.wait()
             self._readers += 1
-        try:
-            txn = self.env.begin(buffers=True) if buffers else self.env.begin()
-            with txn:
-                yield txn
-        finally:
-            with self._gate:
-                self._readers -= 1
-                if not self._readers:
-                    self._gate.notify_all()
+        yield from self._counted_read(buffers)
 
     @contextlib.contextmanager
     def read_now(self, buffers: bool = False) -> Iterator[lmdb.Transaction[Any] | None]:
@@ -151,6 +143,11 @@ class Env:
         if not ok:
             yield None
             return
+        yield from self._counted_read(buffers)
+
+    def _counted_read(self, buffers: bool) -> Iterator[lmdb.Transaction[Any]]:
+        """The read transaction of :meth:`read` and :meth:`read_now`, whose reader is
+        counted already: uncounted when it ends (a resize waits for none left)."""
         try:
             txn = self.env.begin(buffers=True) if buffers else self.env.begin()
             with txn:

@@ -4,7 +4,8 @@ Every member of a master set keeps a journal: its own WAL (the records, opaque b
 increasing tickets) plus a small fsynced *meta* file::
 
     <data_dir>/journal.json  {"cluster": id, "promised": epoch, "accepted": epoch,
-                              "committed": ticket}
+                              "committed": ticket, "joining": ticket or null,
+                              "incarnation": id}
 
 - ``promised``: the highest epoch this journal promised (``new_epoch``). It refuses
   ``append`` and ``sync`` from any lower epoch ("fenced"): a deposed leader's next group
@@ -19,6 +20,19 @@ A journal without a meta file (a new or wiped disk) or with another cluster's id
 "unformatted" / "foreign" to every call but ``state`` and never counts toward a quorum
 until an operator re-adds it (``format`` from the leader), then it is caught up.
 
+- ``joining``: set by a re-add (``format(..., until=<the leader's committed ticket>)``)
+  and persisted. A joining journal's log is empty while records up to that ticket are
+  acknowledged, so it refuses to promise (``new_epoch`` answers "joining"): it counts
+  toward no recovery majority and is never a recovery source. Only an ``append`` with
+  ``join=True`` clears it, once this log is a prefix of that leader's log (accepted == the
+  leader's epoch) reaching the ticket; the leader sends it after it confirmed its epoch on
+  a majority of the *other* journals (a deposed leader cannot, so it cannot make a wiped
+  journal count: Kafka KIP-853, a wiped voter must not vote its way back).
+- ``incarnation``: a random id made by ``format``. A wipe loses the journal's promises
+  with its disk, so a leader that got a promise (or a state) from an earlier incarnation
+  passes that id with ``append``, ``sync`` and ``read``, and a re-formatted journal refuses
+  them ("out_of_sync"): a promise from a wiped disk is never acted on.
+
 The handlers are plain methods serialized by one lock (a WAL write blocks: call them from a
 worker thread). They raise :class:`Refused` with a kind the leader acts on.
 """
@@ -28,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -37,7 +52,8 @@ Record = tuple[int, bytes]
 
 class Refused(Exception):
     """A journal refused a call. kind: ``fenced`` (a higher epoch was promised),
-    ``out_of_sync`` (the append does not follow its log), ``unformatted``, ``foreign``."""
+    ``out_of_sync`` (the append does not follow its log), ``unformatted``, ``foreign``,
+    ``joining`` (re-added, not caught up yet: it promises no epoch)."""
 
     def __init__(self, kind: str, detail: str, state: dict[str, Any] | None = None) -> None:
         super().__init__(f"{kind}: {detail}")
@@ -112,6 +128,8 @@ class State:
     last: int
     committed: int
     floor: int
+    joining: int | None = None
+    incarnation: str | None = None
 
     def wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,19 +152,32 @@ class Journal:
         self.promised = int(m.get("promised", 0))
         self.accepted = int(m.get("accepted", 0))
         self.committed = min(int(m.get("committed", 0)), log.last_ticket)
+        joining = m.get("joining")
+        self.joining: int | None = None if joining is None else int(joining)
+        self.incarnation: str | None = m.get("incarnation")
         self.appends = 0
         self.writer: str | None = None  # the leader whose groups this journal takes now
 
     # -- helpers -------------------------------------------------------------------------
     def _save(self) -> None:
         self.meta_store.save({"cluster": self.cluster, "promised": self.promised,
-                              "accepted": self.accepted, "committed": self.committed})
+                              "accepted": self.accepted, "committed": self.committed,
+                              "joining": self.joining, "incarnation": self.incarnation})
 
     def _state(self) -> State:
         return State(self.member, self.cluster is not None, self.cluster, self.promised,
-                     self.accepted, self.log.last_ticket, self.committed, self.log.floor)
+                     self.accepted, self.log.last_ticket, self.committed, self.log.floor,
+                     self.joining, self.incarnation)
 
-    def _check(self, cluster: str, epoch: int) -> None:
+    def _joined(self, epoch: int) -> bool:
+        """Clear `joining` once this log is the leader's (of `epoch`) up to the ticket."""
+        if (self.joining is not None and self.accepted == epoch
+                and self.log.last_ticket >= self.joining):
+            self.joining = None
+            return True
+        return False
+
+    def _check(self, cluster: str, epoch: int, incarnation: str = "") -> None:
         if self.cluster is None:
             raise Refused("unformatted", f"journal of {self.member} is unformatted (new or "
                           "wiped disk): re-add it with `squall master members add`",
@@ -154,6 +185,10 @@ class Journal:
         if cluster != self.cluster:
             raise Refused("foreign", f"journal of {self.member} belongs to cluster "
                           f"{self.cluster}, not {cluster}", self._state().wire())
+        if incarnation and incarnation != self.incarnation:
+            raise Refused("out_of_sync", f"journal of {self.member} was re-formatted (a "
+                          "wiped disk re-added) since this leader heard from it",
+                          self._state().wire())
         if epoch < self.promised:
             raise Refused("fenced", f"epoch {epoch} is below the promised epoch "
                           f"{self.promised}", self._state().wire())
@@ -174,12 +209,15 @@ class Journal:
         with self._lock:
             return self._state().wire()
 
-    def format(self, cluster: str, epoch: int, *, adopt: bool = False) -> dict[str, Any]:
+    def format(self, cluster: str, epoch: int, *, adopt: bool = False,
+               until: int | None = None) -> dict[str, Any]:
         """Make this (unformatted: new or wiped) journal a member of `cluster`: at
         bootstrap, or when an operator re-adds it. A journal of another cluster is never
         re-formatted here: wipe its volume first (its index holds that cluster's state).
         `adopt`: the bootstrapping leader's own log may hold records (a single master's
-        volume becoming the first member); they become the set's log."""
+        volume becoming the first member); they become the set's log. `until`: a re-add
+        by a leader, whose committed ticket it is: the journal is *joining* (promises no
+        epoch) until a leader caught it up to there."""
         with self._lock:
             if self.cluster == cluster:
                 return self._state().wire()
@@ -193,6 +231,8 @@ class Journal:
                               self._state().wire())
             self.cluster, self.promised = cluster, max(self.promised, epoch)
             self.accepted = 0
+            self.incarnation = uuid.uuid4().hex
+            self.joining = None if until is None else max(0, int(until))
             self._save()
             return self._state().wire()
 
@@ -200,6 +240,10 @@ class Journal:
         """Promise `epoch` (strictly above every epoch promised before)."""
         with self._lock:
             self._check(cluster, epoch)
+            if self.joining is not None:
+                raise Refused("joining", f"journal of {self.member} was re-added and is not "
+                              f"caught up to ticket {self.joining} yet: it promises no "
+                              "epoch", self._state().wire())
             if epoch <= self.promised:
                 raise Refused("fenced", f"epoch {epoch} was not above the promised "
                               f"{self.promised}", self._state().wire())
@@ -209,11 +253,14 @@ class Journal:
             return self._state().wire()
 
     def append(self, cluster: str, epoch: int, prev: int, records: list[Record],
-               committed: int, leader: str = "") -> dict[str, Any]:
+               committed: int, leader: str = "", incarnation: str = "",
+               join: bool = False) -> dict[str, Any]:
         """A leader's group, following ticket `prev`. Empty `records`: a heartbeat that
-        only carries the committed ticket."""
+        only carries the committed ticket. `join`: the leader confirmed its epoch on a
+        majority of the other journals: a joining journal caught up to its ticket counts
+        from now on."""
         with self._lock:
-            self._check(cluster, epoch)
+            self._check(cluster, epoch, incarnation)
             if self.accepted != epoch or self.log.last_ticket != prev:
                 raise Refused("out_of_sync", f"journal of {self.member} is at ticket "
                               f"{self.log.last_ticket} of epoch {self.accepted}, the group "
@@ -222,6 +269,8 @@ class Journal:
                 self.log.write(records)
                 self.appends += 1
             self.writer = leader or None
+            if join and self._joined(epoch):
+                self._save()
             # not saved here: a committed ticket read back lower after a restart only makes
             # the next sync compare more records and the standby apply later (two fsyncs
             # per group saved); promises and accepted epochs are always saved
@@ -231,7 +280,8 @@ class Journal:
         return out
 
     def sync(self, cluster: str, epoch: int, base: int, records: list[Record],
-             committed: int, final: bool, leader: str = "") -> dict[str, Any]:
+             committed: int, final: bool, leader: str = "",
+             incarnation: str = "") -> dict[str, Any]:
         """Make this log equal the leader's: `records` are the leader's records after
         `base`, `final` says they end its log. Records equal to the leader's are kept (a
         record acknowledged by a majority is never cut, not even for a moment); the first
@@ -242,7 +292,7 @@ class Journal:
         if len(records) > MAX_SYNC_RECORDS:
             raise ValueError(f"a sync carries at most {MAX_SYNC_RECORDS} records")
         with self._lock:
-            self._check(cluster, epoch)
+            self._check(cluster, epoch, incarnation)
             if base > self.log.last_ticket or base < self.log.floor:
                 raise Refused("out_of_sync", f"journal of {self.member} holds tickets "
                               f"{self.log.floor + 1}..{self.log.last_ticket}, the sync "
@@ -272,12 +322,15 @@ class Journal:
         return out
 
     def read(self, after: int, max_records: int = 5000,
-             max_bytes: int = 8 << 20) -> list[Record]:
+             max_bytes: int = 8 << 20, incarnation: str = "") -> list[Record]:
         """Records after `after` (for recovery and catch-up)."""
         with self._lock:
             if self.cluster is None:
                 raise Refused("unformatted", f"journal of {self.member} is unformatted",
                               self._state().wire())
+            if incarnation and incarnation != self.incarnation:
+                raise Refused("out_of_sync", f"journal of {self.member} was re-formatted "
+                              "since this leader heard from it", self._state().wire())
             return self.log.read_after(after, max_records, max_bytes)
 
 

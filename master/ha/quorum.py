@@ -84,7 +84,7 @@ class QuorumLog:
 
     def __init__(self, me: str, clients: dict[str, JournalClient], members: list[str],
                  *, timeout: float = 5.0, chunk_records: int = CHUNK_RECORDS,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 chunk_bytes: int = CHUNK_BYTES, background: bool = True) -> None:
         if me not in members:
             raise ValueError(f"{me} is not a member of {members}")
         self.me, self.clients, self.members = me, clients, list(members)
@@ -95,6 +95,9 @@ class QuorumLog:
         self.committed = 0  # durable on a majority
         self.in_sync: set[str] = set()
         self.match: dict[str, int] = {}  # a journal's last ticket, as last heard
+        # a journal's incarnation (made by its format) as promised or read: passed with
+        # every call, so a journal wiped and re-formatted since refuses them
+        self.incarnation: dict[str, str] = {}
         self.failed: str | None = None  # why appends are refused (then step down)
         self.fenced = False
         self._gate = asyncio.Lock()  # one append (or a catch-up's last step) at a time
@@ -103,6 +106,9 @@ class QuorumLog:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._catching: dict[str, asyncio.Task[None]] = {}
         self.closed = False
+        # False: lagging journals are caught up only by calls to catch_up_step (the model
+        # test drives them, so no timer decides how far a catch-up got)
+        self.background = background
         # metrics
         # metrics hooks: one journal's append (secs), a group's wait for its majority
         self.on_append: Callable[[float], None] | None = None
@@ -156,7 +162,9 @@ class QuorumLog:
         for o in out.values():
             if isinstance(o, BaseException) and not isinstance(o, Exception):
                 raise o
-        return out
+        # in the members' order, not the order tasks finished in (a set of tasks iterates
+        # by their ids): what follows calls the journals in this order
+        return {m: out[m] for m in members}
 
     # -- leadership ------------------------------------------------------------------------
     async def recover(self, epoch_start: Callable[[int], bytes],
@@ -192,7 +200,8 @@ class QuorumLog:
         self.committed = min(self.committed, self.last)
         if src == self.me:  # make this log a prefix of itself in this epoch (accepted)
             await self._call(self.me, "sync", cluster=self.cluster, epoch=epoch,
-                             base=self.last, records=[], committed=self.committed, final=True)
+                             base=self.last, records=[], committed=self.committed, final=True,
+                             **self._inc(self.me))
         self.in_sync = {self.me}
         self.match[self.me] = self.last
         others = [m for m in promised if m != self.me]
@@ -236,14 +245,19 @@ class QuorumLog:
             if not isinstance(states[self.me], dict):
                 raise QuorumLost(f"this member's own journal failed: {states[self.me]}")
         self.cluster = states[self.me]["cluster"]
+        if states[self.me].get("joining") is not None:
+            raise QuorumLost("this member's journal was re-added and is not caught up yet: "
+                             "it cannot lead until a leader has caught it up")
+        # a joining journal (re-added, not caught up) promises nothing: it does not count
         ok = {m: s for m, s in states.items()
-              if isinstance(s, dict) and s["formatted"] and s["cluster"] == self.cluster}
+              if isinstance(s, dict) and s["formatted"] and s["cluster"] == self.cluster
+              and s.get("joining") is None}
         for m, s in states.items():
             if m not in ok:
                 self.status[m] = _why(s, self.cluster)
         if len(ok) < self.majority:
             raise QuorumLost(f"only {len(ok)} of {len(self.members)} journals answered "
-                             f"formatted; a majority is {self.majority}")
+                             f"formatted and caught up; a majority is {self.majority}")
         return ok, boot
 
     async def _promise(self, ok: dict[str, Any]) -> dict[str, Any]:
@@ -257,7 +271,15 @@ class QuorumLog:
                    f"({', '.join(sorted(promised)) or 'none'}); a majority is {self.majority}")
             raise Fenced(why) if fenced else QuorumLost(why)
         self.epoch = epoch
+        for m, a in promised.items():
+            self.incarnation[m] = a.get("incarnation") or ""
         return promised
+
+    def _inc(self, m: str) -> dict[str, str]:
+        """The `incarnation` argument for a call to `m` (none for a journal formatted
+        before incarnations existed: such a member may run a version without them)."""
+        inc = self.incarnation.get(m, "")
+        return {"incarnation": inc} if inc else {}
 
     async def _bootstrap(self, states: dict[str, Any]) -> None:
         cluster = uuid.uuid4().hex
@@ -276,11 +298,12 @@ class QuorumLog:
                              "standby's volume")
         while True:
             recs = await self._call(src, "read", after=cur, max_records=self.chunk_records,
-                                    max_bytes=self.chunk_bytes)
+                                    max_bytes=self.chunk_bytes, **self._inc(src))
             recs = [(int(t), bytes(b)) for t, b in recs]
             final = not recs
             await self._call(self.me, "sync", cluster=self.cluster, epoch=self.epoch,
-                             base=cur, records=recs, committed=0, final=final)
+                             base=cur, records=recs, committed=0, final=final,
+                             **self._inc(self.me))
             if final:
                 return
             cur = recs[-1][0]
@@ -305,7 +328,7 @@ class QuorumLog:
             final = end >= self.last
             got = await self._call(m, "sync", cluster=self.cluster, epoch=self.epoch,
                                    base=cur, records=recs, committed=self.committed,
-                                   final=final, leader=self.me)
+                                   final=final, leader=self.me, **self._inc(m))
             # what is known equal to this log (the journal may hold more, not compared yet):
             # the leader's checkpoints keep the records after it
             self.match[m] = min(int(got["last"]), end)
@@ -320,51 +343,55 @@ class QuorumLog:
     async def append(self, records: list[Record]) -> None:
         """Make `records` (tickets above the log's end) durable on a majority including
         this member. Empty: a heartbeat carrying the committed ticket to the standbys."""
+        async with self._gate:
+            await self._append(records)
+
+    async def _append(self, records: list[Record]) -> None:
+        """`append`, holding the gate."""
         if self.failed is not None:
             raise (Fenced if self.fenced else QuorumLost)(self.failed)
-        async with self._gate:
-            prev, last = self.last, (records[-1][0] if records else self.last)
-            committed = self.committed
-            t0 = time.monotonic()
-            sends = {m: asyncio.ensure_future(self._send(m, prev, records, committed))
-                     for m in self.in_sync}
-            for s in sends.values():
-                self._tasks.add(s)
-                s.add_done_callback(self._tasks.discard)
-            acks: set[str] = set()
-            errors: dict[str, str] = {}
-            pending = set(sends.values())
-            deadline = t0 + self.timeout
-            by_task = {t: m for m, t in sends.items()}
-            while pending and not (self.me in acks and len(acks) >= self.majority):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                done, pending = await asyncio.wait(pending, timeout=left,
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    m = by_task[t]
-                    exc = t.exception()
-                    if exc is None and t.result():
-                        acks.add(m)
-                    else:
-                        errors[m] = str(exc) if exc else "dropped"
-                if self.me in errors or len(self.members) - len(errors) < self.majority:
-                    break
-            if self.on_quorum_wait is not None and records:
-                self.on_quorum_wait(time.monotonic() - t0)
-            if self.me in acks and len(acks) >= self.majority:
-                self.last = last
-                self.committed = max(self.committed, last)
-                self.groups += 1
-                return
-            why = (f"group {prev + 1}..{last} of epoch {self.epoch} reached "
-                   f"{len(acks)} of {len(self.members)} journals in "
-                   f"{time.monotonic() - t0:.1f}s; a majority is {self.majority}"
-                   + (f" ({'; '.join(f'{m}: {e}' for m, e in sorted(errors.items()))})"
-                      if errors else ""))
-            self.failed = why if not self.fenced else f"fenced: {why}"
-            raise (Fenced if self.fenced else QuorumLost)(self.failed)
+        prev, last = self.last, (records[-1][0] if records else self.last)
+        committed = self.committed
+        t0 = time.monotonic()
+        sends = {m: asyncio.ensure_future(self._send(m, prev, records, committed))
+                 for m in self.in_sync}
+        for s in sends.values():
+            self._tasks.add(s)
+            s.add_done_callback(self._tasks.discard)
+        acks: set[str] = set()
+        errors: dict[str, str] = {}
+        pending = set(sends.values())
+        deadline = t0 + self.timeout
+        by_task = {t: m for m, t in sends.items()}
+        while pending and not (self.me in acks and len(acks) >= self.majority):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            done, pending = await asyncio.wait(pending, timeout=left,
+                                               return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                m = by_task[t]
+                exc = t.exception()
+                if exc is None and t.result():
+                    acks.add(m)
+                else:
+                    errors[m] = str(exc) if exc else "dropped"
+            if self.me in errors or len(self.members) - len(errors) < self.majority:
+                break
+        if self.on_quorum_wait is not None and records:
+            self.on_quorum_wait(time.monotonic() - t0)
+        if self.me in acks and len(acks) >= self.majority:
+            self.last = last
+            self.committed = max(self.committed, last)
+            self.groups += 1
+            return
+        why = (f"group {prev + 1}..{last} of epoch {self.epoch} reached "
+               f"{len(acks)} of {len(self.members)} journals in "
+               f"{time.monotonic() - t0:.1f}s; a majority is {self.majority}"
+               + (f" ({'; '.join(f'{m}: {e}' for m, e in sorted(errors.items()))})"
+                  if errors else ""))
+        self.failed = why if not self.fenced else f"fenced: {why}"
+        raise (Fenced if self.fenced else QuorumLost)(self.failed)
 
     async def _send(self, m: str, prev: int, records: list[Record], committed: int) -> bool:
         if self._queued[m] >= MAX_QUEUED and m != self.me:
@@ -379,7 +406,7 @@ class QuorumLog:
                 try:
                     got = await self._call(m, "append", cluster=self.cluster, epoch=self.epoch,
                                            prev=prev, records=records, committed=committed,
-                                           leader=self.me)
+                                           leader=self.me, **self._inc(m))
                 except Refused as e:
                     if e.kind == "fenced":
                         self.fenced = True
@@ -407,7 +434,8 @@ class QuorumLog:
         self._catch_up_later(m)
 
     def _catch_up_later(self, m: str) -> None:
-        if self.closed or m == self.me or m in self._catching or m not in self.members:
+        if (self.closed or not self.background or m == self.me or m in self._catching
+                or m not in self.members):
             return
         task = asyncio.ensure_future(self._catch_up(m))
         self._catching[m] = task
@@ -418,23 +446,10 @@ class QuorumLog:
         pause = 0.1
         while not self.closed and self.failed is None and m in self.members:
             try:
-                st = await self._call(m, "state")
-                if not st["formatted"] or st["cluster"] != self.cluster:
-                    self.status[m] = _why(st, self.cluster)
-                else:
-                    if st["last"] < self.last - 1:  # the bulk, without holding appends
-                        await self._level(m, st)
-                        st = await self._call(m, "state")
-                    async with self._gate:  # the end, with no append in flight
-                        if await self._level(m, st):
-                            self.in_sync.add(m)
-                            self.status[m] = "in sync"
-                            log.info("journal %s is in sync again at ticket %d", m, self.last)
-                            return
-            except (Refused, Unreachable) as e:
-                self.status[m] = str(e)
-                if isinstance(e, Refused) and e.kind == "fenced":
-                    self.fenced, self.failed = True, f"fenced by {m}: {e.detail}"
+                if await self.catch_up_step(m):
+                    return
+            except (Refused, Unreachable):
+                if self.fenced:
                     return
             except asyncio.CancelledError:
                 raise
@@ -443,6 +458,53 @@ class QuorumLog:
                 self.status[m] = f"catch-up failed: {e}"
             await asyncio.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+    async def catch_up_step(self, m: str) -> bool:
+        """One attempt to bring journal `m` level (a re-added, joining one included: the
+        leader confirms its epoch first, see _join); True once it counts again. Raises
+        Refused or Unreachable (a fenced refusal also fails this log), QuorumLost or
+        Fenced when that confirmation failed (this log refuses appends from then on)."""
+        if m == self.me or m in self.in_sync:
+            return m in self.in_sync
+        try:
+            st = await self._call(m, "state")
+            if not st["formatted"] or st["cluster"] != self.cluster:
+                self.status[m] = _why(st, self.cluster)
+                return False
+            self.incarnation[m] = st.get("incarnation") or ""  # a re-added one: its new one
+            if st["last"] < self.last - 1:  # the bulk, without holding appends
+                await self._level(m, st)
+                st = await self._call(m, "state")
+            async with self._gate:  # the end, with no append in flight
+                if await self._level(m, st):
+                    if not await self._join(m):
+                        return False
+                    self.in_sync.add(m)
+                    self.status[m] = "in sync"
+                    log.info("journal %s is in sync again at ticket %d", m, self.last)
+                    return True
+            return False
+        except (Refused, Unreachable) as e:
+            self.status[m] = str(e)
+            if isinstance(e, Refused) and e.kind == "fenced":
+                self.fenced, self.failed = True, f"fenced by {m}: {e.detail}"
+            raise
+
+    async def _join(self, m: str) -> bool:
+        """A levelled journal that is joining (re-added) counts only once this leader has
+        confirmed its epoch on a majority of the other journals (an empty append to the
+        in-sync set, which lacks `m`): a deposed leader fails here, so it never makes a
+        wiped journal count (the wipe erased the promises it had made to a newer one).
+        Then `join` ends its joining. Holding the gate."""
+        st = await self._call(m, "state")
+        if st.get("joining") is None:
+            return True
+        await self._append([])
+        got = await self._call(m, "append", cluster=self.cluster, epoch=self.epoch,
+                               prev=self.last, records=[], committed=self.committed,
+                               leader=self.me, **self._inc(m), join=True)
+        self.match[m] = int(got["last"])
+        return got.get("joining") is None
 
     # -- membership --------------------------------------------------------------------------
     def set_members(self, members: list[str], clients: dict[str, JournalClient]) -> None:
@@ -463,9 +525,13 @@ class QuorumLog:
                 self._catch_up_later(m)
 
     async def format_member(self, m: str) -> dict[str, Any]:
-        """Format a new (unformatted) journal into this cluster, before it is added."""
+        """Format a new (unformatted) journal into this cluster, before it is added (or
+        re-added): it is *joining* until caught up to this log's committed ticket, and
+        promises no epoch before (its empty log must not count toward a recovery)."""
+        self.in_sync.discard(m)  # an empty log: it counts once caught up
         out: dict[str, Any] = await self._call(m, "format", cluster=self.cluster,
-                                               epoch=self.epoch)
+                                               epoch=self.epoch, until=self.committed)
+        self.status[m] = _why(out, self.cluster)
         return out
 
     async def close(self) -> None:
@@ -493,6 +559,8 @@ def _why(state: Any, cluster: str | None) -> str:
         return "unformatted (new or wiped disk): re-add it"
     if state["cluster"] != cluster:
         return f"foreign (cluster {state['cluster']})"
+    if state.get("joining") is not None:
+        return f"joining (re-added, not caught up to ticket {state['joining']} yet)"
     return "formatted"
 
 

@@ -51,16 +51,23 @@ def plan_reset(e: Engine, group: str, queue: str) -> Plan:
     return Plan([("R", q.qid, q.gen)], {"reset": q.leased})
 
 
-def plan_cancel(e: Engine, txn: lmdb.Transaction, group: str, queue: str, pid: str) -> Plan:
-    """Remove one queued task (available or delayed) by pid without leasing it; a task under
-    a live lease is refused (its holder would otherwise finish work nobody tracks)."""
-    v = View(e, txn, group)
+def _task(v: View, group: str, queue: str, pid: str) -> tuple[QueueRec, Task, bytes, str]:
+    """The queue and the task of `pid` (NotFound when either is gone), the pid's key, and
+    how messages name the task."""
     q = v.queue(check_name("queue", queue))
     raw = check_pid(pid)
     t = v.task(q, raw) if q is not None else None
     where = f"task {pid!r} in queue {join_queue(group, queue)}"
     if q is None or t is None:
         raise NotFound(f"{where} does not exist (done, deleted, or never enqueued)")
+    return q, t, raw, where
+
+
+def plan_cancel(e: Engine, txn: lmdb.Transaction, group: str, queue: str, pid: str) -> Plan:
+    """Remove one queued task (available or delayed) by pid without leasing it; a task under
+    a live lease is refused (its holder would otherwise finish work nobody tracks)."""
+    v = View(e, txn, group)
+    q, t, _, where = _task(v, group, queue, pid)
     if t.state == LEASED and t.expiry_ms > e.now_ms():
         raise Conflict(f"{where} is leased (by {t.worker or 'a worker'}) until its lease "
                        "expires: it cannot be cancelled now. Release it with its lease token, "
@@ -78,12 +85,7 @@ def plan_retry(e: Engine, txn: lmdb.Transaction, group: str, queue: str, pid: st
     goes back into the queue it failed in, attempts reset; a delayed task (a delay or a
     retry backoff) becomes available now. A leased or available task is refused (409)."""
     v = View(e, txn, group)
-    q = v.queue(check_name("queue", queue))
-    raw = check_pid(pid)
-    t = v.task(q, raw) if q is not None else None
-    where = f"task {pid!r} in queue {join_queue(group, queue)}"
-    if q is None or t is None:
-        raise NotFound(f"{where} does not exist (done, deleted, or never enqueued)")
+    q, t, raw, where = _task(v, group, queue, pid)
     if t.origin and t.origin != q.name:  # a dead letter
         target = v.queue(t.origin, create=True)
         assert target is not None
