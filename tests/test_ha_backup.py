@@ -1,6 +1,8 @@
 """A backup of a master set is a copy of a standby's volume taken while the set serves
 (docs/master.md, "Backups"): the copy, started alone, is a single master holding every
-change the standby had applied; the leader never stops answering while it is taken."""
+change the standby had applied; the leader never stops answering while it is taken. The
+same copy restores a member whose disk was lost after the set's checkpoints dropped the
+records an empty member would need."""
 
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from squall.client import Client
-from tests.ha_kit import CLUSTER_KEY, MasterSetProcs
+from tests.ha_kit import CLUSTER_KEY, MasterSetProcs, stats_total
 from tests.helpers import ADMIN, running_master, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def members(url: str) -> dict[str, dict[str, object]]:
+    """The leader's view of each member's journal (in_sync, status, lag)."""
     req = urllib.request.Request(f"{url}/v1/master/members", headers=ADMIN)
     with urllib.request.urlopen(req, timeout=5) as r:
         out: dict[str, dict[str, object]] = json.load(r)["log"]["members"]
@@ -63,3 +66,57 @@ def test_a_standby_copy_taken_while_the_set_serves_restores_as_a_single_master(
         assert {t.pid for t in c.lease("bk#q", max_tasks=100, lease_secs=60)} == {
             f"b{i:02}" for i in range(10, 30)}
         assert c.stats("bk#other").available == 1
+
+
+def change(url: str, action: str, member: str) -> int:
+    req = urllib.request.Request(
+        f"{url}/v1/master/members", method="POST",
+        data=json.dumps({"action": action, "member": member}).encode(),
+        headers={**ADMIN, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return int(r.status)
+
+
+def test_a_lost_member_is_restored_from_a_copy_of_a_standbys_volume(tmp_path: Path) -> None:
+    """The way back for a member whose disk was lost once the set's checkpoints dropped
+    the records an empty one would need (tests/test_ha_level.py has that refusal): a copy
+    of a standby's volume. Started, the copy answers as a copy (it never counts with the
+    other member's promises); re-added, it is levelled and then counts: with the copy's
+    source down, it and the leader are the majority that holds every acknowledged task."""
+    (tmp_path / "set").mkdir()
+    ms = MasterSetProcs(str(tmp_path / "set"), 3, lease_secs=2.0)
+    ms.start_all()
+    try:
+        lead = ms.wait_leader(90)
+        src, lost = (lead + 1) % 3, (lead + 2) % 3
+        with Client(ms.urls[lead], retries=0, timeout=10.0) as c:
+            for i in range(20):
+                c.put("rc#q", None, pid=f"a{i:02}")
+            ms.kill(lost)
+            ms.wipe(lost)
+            for i in range(10):  # acknowledged by the leader and src
+                c.put("rc#q", None, pid=f"b{i:02}")
+            # the restore: a copy of a standby's volume (frozen for the copy, as a
+            # snapshot is), while the leader goes on with the other standby
+            ms.kill(src, signal.SIGSTOP)
+            try:
+                shutil.copytree(ms.data_dir(src), ms.data_dir(lost), symlinks=True)
+            finally:
+                ms.kill(src, signal.SIGCONT)
+            ms.start(lost)
+            wait_for(lambda: "a copy of" in str(members(ms.urls[lead])[ms.urls[lost]]), 60,
+                     what="the copy answers as a copy, counting for nothing")
+            for i in range(10):
+                c.put("rc#q", None, pid=f"c{i:02}")
+            assert change(ms.urls[lead], "add", ms.urls[lost]) == 200
+            wait_for(lambda: members(ms.urls[lead])[ms.urls[lost]]["in_sync"], 60,
+                     what="the restored member levelled and counting")
+            ms.kill(src)  # the copy's source gone: the restored member is the majority
+            for i in range(5):
+                c.put("rc#q", None, pid=f"d{i:02}")
+        ms.kill(lead)
+        ms.start(src)  # src lacks the d-tasks: only the restored member holds them
+        new = ms.wait_leader(90, not_=lead)
+        assert stats_total(ms.urls[new], "rc#q") == 45
+    finally:
+        ms.stop()

@@ -120,3 +120,42 @@ def test_a_re_added_journal_stays_joining_across_a_restart(tmp_path) -> None:  #
     assert j.state()["joining"] is None
     j.new_epoch("c", 4)
     wal.close()
+
+
+def test_a_copy_of_another_members_volume_counts_only_once_re_added(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A member restored from a copy of another member's volume holds that member's
+    promises and log, not its own: it answers "unformatted" (a copy) to every call until a
+    leader re-adds it, then keeps the copied log and is joining until levelled."""
+    import shutil
+
+    d, meta = str(tmp_path / "b" / "wal"), str(tmp_path / "b" / "journal.json")
+    os.makedirs(d)
+    wal = open_wal(d)
+    j = Journal("http://m2", WalLog(wal), FileMeta(meta))
+    j.format("c", 0)
+    j.new_epoch("c", 1)
+    j.sync("c", 1, 0, [], 0, True)
+    j.append("c", 1, 0, [(1, b"a"), (2, b"b")], 2)
+    wal.close()
+    shutil.copytree(tmp_path / "b", tmp_path / "c")  # the operator's restore of m3
+    wal = open_wal(str(tmp_path / "c" / "wal"))
+    copy = Journal("http://m3", WalLog(wal), FileMeta(str(tmp_path / "c" / "journal.json")))
+    st = copy.state()
+    assert (st["formatted"], st["copy_of"]) == (False, "http://m2")
+    for call in (lambda: copy.new_epoch("c", 2), lambda: copy.read(0),
+                 lambda: copy.append("c", 1, 2, [(3, b"c")], 2),
+                 lambda: copy.format("c", 1)):  # only a leader's re-add (with `until`)
+        with pytest.raises(Refused, match="copy of http://m2"):
+            call()
+    with pytest.raises(Refused, match="foreign"):
+        copy.format("another-cluster", 1, until=2)
+    st = copy.format("c", 1, until=2)
+    assert (st["formatted"], st["copy_of"], st["joining"], st["last"]) == (True, None, 2, 2)
+    with pytest.raises(Refused, match="joining"):
+        copy.new_epoch("c", 2)
+    wal.close()
+    # the re-add is durable: reopened, it is m3's own journal, still joining
+    wal = open_wal(str(tmp_path / "c" / "wal"))
+    again = Journal("http://m3", WalLog(wal), FileMeta(str(tmp_path / "c" / "journal.json")))
+    assert (again.state()["copy_of"], again.state()["joining"]) == (None, 2)
+    wal.close()

@@ -75,3 +75,39 @@ def test_a_journal_is_never_given_a_log_with_a_hole() -> None:
         await a.close()
 
     asyncio.run(go())
+
+
+def test_a_member_restored_from_a_copy_of_a_standby_is_levelled_and_then_counts() -> None:
+    """Records 1..5 checkpointed away everywhere, c's disk lost: an empty c could never be
+    caught up, so the operator copies b's volume to c. The copy answers as a copy (it
+    never counts with b's promises), is re-added, levelled from its floor, and once the
+    leader confirmed it, a majority of {b down, a, c} recovers every record."""
+    js = make_journals()
+
+    async def go() -> None:
+        a = await lead("a", clients(js, Faults()), 10)
+        for m in MEMBERS:
+            checkpoint(js[m].log, 5)
+        b = js["b"]
+        log = MemLog()
+        log.records, log.floor = list(b.log.records), b.log.floor
+        meta = MemMeta()
+        meta.saved = dict(b.meta_store.saved or {})
+        js["c"] = Journal("c", log, meta)
+        a.clients["c"] = FakeClient(js["c"], Faults())
+        assert js["c"].state()["copy_of"] == "b"
+        await a.append([(a.last + 1, b"while-c-is-a-copy")])  # a and b: a majority
+        assert "c" not in a.in_sync
+        await a.format_member("c")
+        assert await a.catch_up_step("c")
+        assert js["c"].log.records == js["a"].log.records
+        assert js["c"].state()["joining"] is None
+        acked = list(js["a"].log.records)
+        await a.close()
+        cl = clients(js, Faults())
+        cl["b"] = Down("b")
+        c = await lead("c", cl, 0)
+        assert all(r in js["c"].log.records for r in acked)
+        await c.close()
+
+    asyncio.run(go())

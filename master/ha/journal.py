@@ -5,7 +5,7 @@ increasing tickets) plus a small fsynced *meta* file::
 
     <data_dir>/journal.json  {"cluster": id, "promised": epoch, "accepted": epoch,
                               "committed": ticket, "joining": ticket or null,
-                              "incarnation": id}
+                              "incarnation": id, "member": url}
 
 - ``promised``: the highest epoch this journal promised (``new_epoch``). It refuses
   ``append`` and ``sync`` from any lower epoch ("fenced"): a deposed leader's next group
@@ -32,6 +32,12 @@ until an operator re-adds it (``format`` from the leader), then it is caught up.
   with its disk, so a leader that got a promise (or a state) from an earlier incarnation
   passes that id with ``append``, ``sync`` and ``read``, and a re-formatted journal refuses
   them ("out_of_sync"): a promise from a wiped disk is never acted on.
+- ``member``: whose journal this is. A volume restored from a copy of another member's
+  answers "unformatted" (a copy of that member's) like a wiped one: the promises and the
+  log in it are the other member's, not this one's. Re-added (``format`` with ``until``)
+  it keeps its log and index (committed records are every member's), and is *joining*
+  until the leader has levelled it: a member is caught up from a copy when the leader's
+  checkpoints dropped the records an empty log would need.
 
 The handlers are plain methods serialized by one lock (a WAL write blocks: call them from a
 worker thread). They raise :class:`Refused` with a kind the leader acts on.
@@ -130,6 +136,7 @@ class State:
     floor: int
     joining: int | None = None
     incarnation: str | None = None
+    copy_of: str | None = None
 
     def wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,19 +162,28 @@ class Journal:
         joining = m.get("joining")
         self.joining: int | None = None if joining is None else int(joining)
         self.incarnation: str | None = m.get("incarnation")
+        # a volume copied from another member (a restore): it must not answer with that
+        # member's promises and log, which this member never gave (a majority counting
+        # them could miss a record this member's own lost disk held); it counts once
+        # re-added by a leader and caught up, like a wiped one
+        owner = m.get("member")
+        self.copy_of: str | None = (owner if isinstance(owner, str) and owner != member
+                                    and self.cluster is not None else None)
         self.appends = 0
         self.writer: str | None = None  # the leader whose groups this journal takes now
 
     # -- helpers -------------------------------------------------------------------------
     def _save(self) -> None:
-        self.meta_store.save({"cluster": self.cluster, "promised": self.promised,
+        self.meta_store.save({"member": self.copy_of or self.member,
+                              "cluster": self.cluster, "promised": self.promised,
                               "accepted": self.accepted, "committed": self.committed,
                               "joining": self.joining, "incarnation": self.incarnation})
 
     def _state(self) -> State:
-        return State(self.member, self.cluster is not None, self.cluster, self.promised,
-                     self.accepted, self.log.last_ticket, self.committed, self.log.floor,
-                     self.joining, self.incarnation)
+        return State(self.member, self.cluster is not None and self.copy_of is None,
+                     self.cluster, self.promised, self.accepted, self.log.last_ticket,
+                     self.committed, self.log.floor, self.joining, self.incarnation,
+                     self.copy_of)
 
     def _joined(self, epoch: int) -> bool:
         """Clear `joining` once this log is the leader's (of `epoch`) up to the ticket."""
@@ -182,6 +198,10 @@ class Journal:
             raise Refused("unformatted", f"journal of {self.member} is unformatted (new or "
                           "wiped disk): re-add it with `squall master members add`",
                           self._state().wire())
+        if self.copy_of is not None:
+            raise Refused("unformatted", f"journal of {self.member} is a copy of "
+                          f"{self.copy_of}'s volume: re-add it with `squall master members "
+                          "add`", self._state().wire())
         if cluster != self.cluster:
             raise Refused("foreign", f"journal of {self.member} belongs to cluster "
                           f"{self.cluster}, not {cluster}", self._state().wire())
@@ -219,6 +239,20 @@ class Journal:
         by a leader, whose committed ticket it is: the journal is *joining* (promises no
         epoch) until a leader caught it up to there."""
         with self._lock:
+            if self.copy_of is not None and self.cluster == cluster and until is not None:
+                # a copy of another member's volume, re-added: its log is this set's up to
+                # its committed ticket (committed records are every member's) and is
+                # levelled with the leader's before it counts
+                self.copy_of, self.accepted = None, 0
+                self.promised = max(self.promised, epoch)
+                self.incarnation = uuid.uuid4().hex
+                self.joining = max(0, int(until))
+                self._save()
+                return self._state().wire()
+            if self.copy_of is not None and self.cluster == cluster:
+                raise Refused("unformatted", f"journal of {self.member} is a copy of "
+                              f"{self.copy_of}'s volume: a leader re-adds it",
+                              self._state().wire())
             if self.cluster == cluster:
                 return self._state().wire()
             if self.cluster is not None:
@@ -325,9 +359,10 @@ class Journal:
              max_bytes: int = 8 << 20, incarnation: str = "") -> list[Record]:
         """Records after `after` (for recovery and catch-up)."""
         with self._lock:
-            if self.cluster is None:
-                raise Refused("unformatted", f"journal of {self.member} is unformatted",
-                              self._state().wire())
+            if self.cluster is None or self.copy_of is not None:
+                copy = f" (a copy of {self.copy_of}'s volume)" if self.copy_of else ""
+                raise Refused("unformatted", f"journal of {self.member} is unformatted"
+                              + copy, self._state().wire())
             if incarnation and incarnation != self.incarnation:
                 raise Refused("out_of_sync", f"journal of {self.member} was re-formatted "
                               "since this leader heard from it", self._state().wire())

@@ -322,8 +322,8 @@ class QuorumLog:
             if (recs[0][0] if recs else self.last + 1) != cur + 1 and cur < self.last:
                 # never a log with a hole: the records after `cur` were checkpointed away
                 raise Unreachable(f"{m} lacks the records after ticket {cur}, which this "
-                                  "member's log no longer holds: restore it from a copy of "
-                                  "a standby's volume")
+                                  "member's log no longer holds: copy a standby's volume to "
+                                  "it, then re-add it (docs/master.md, \"Master set\")")
             end = recs[-1][0] if recs else cur
             final = end >= self.last
             got = await self._call(m, "sync", cluster=self.cluster, epoch=self.epoch,
@@ -555,6 +555,8 @@ class QuorumLog:
 def _why(state: Any, cluster: str | None) -> str:
     if not isinstance(state, dict):
         return f"unreachable: {state}"
+    if state.get("copy_of"):
+        return f"unformatted (a copy of {state['copy_of']}'s volume): re-add it"
     if not state["formatted"]:
         return "unformatted (new or wiped disk): re-add it"
     if state["cluster"] != cluster:
