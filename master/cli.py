@@ -228,6 +228,11 @@ def register(app: typer.Typer) -> None:
             0.0, "--elector-lease-s", envvar="SQUALL_ELECTOR_LEASE_S", min=0.0, max=600.0,
             help="the leadership lease (0: the elector's default); a failover takes about "
                  "one lease"),
+        max_wal_kept_mb: int = typer.Option(
+            4096, "--max-wal-kept-mb", envvar="SQUALL_MAX_WAL_KEPT_MB", min=1,
+            help="a master set's leader keeps WAL segments a lagging member still lacks up "
+                 "to this size; past it a member that is down so long is restored from a "
+                 "copy of a standby's volume"),
     ) -> None:
         """Run a master: task metadata, leases, WAL + LMDB index, data-node placement."""
         if ctx.invoked_subcommand is not None:
@@ -270,7 +275,8 @@ def register(app: typer.Typer) -> None:
             if me not in listed:
                 raise typer.BadParameter(f"--advertise-url {me} is not one of --members")
             settings.master_set = SetSettings(me=me, members=listed, elector=elector,
-                                              lease_secs=elector_lease_s or None)
+                                              lease_secs=elector_lease_s or None,
+                                              max_wal_kept_bytes=max_wal_kept_mb << 20)
         tls = TLSConfig(str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None,
                         str(tls_ca) if tls_ca else None, tls_require_client_cert)
         tls.check()

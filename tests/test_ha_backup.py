@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from squall.client import Client
+from squall.client import Client, NewTask
 from tests.ha_kit import CLUSTER_KEY, MasterSetProcs, stats_total
 from tests.helpers import ADMIN, running_master, wait_for
 
@@ -118,5 +118,34 @@ def test_a_lost_member_is_restored_from_a_copy_of_a_standbys_volume(tmp_path: Pa
         ms.start(src)  # src lacks the d-tasks: only the restored member holds them
         new = ms.wait_leader(90, not_=lead)
         assert stats_total(ms.urls[new], "rc#q") == 45
+    finally:
+        ms.stop()
+
+
+def test_the_wal_kept_for_a_member_that_is_down_is_bounded(tmp_path: Path) -> None:
+    """The leader keeps the WAL segments a lagging member still lacks, up to
+    --max-wal-kept-mb: a member down for long must not fill the leader's disk."""
+    (tmp_path / "set").mkdir()
+    ms = MasterSetProcs(str(tmp_path / "set"), 3, lease_secs=2.0,
+                        extra=["--max-wal-kept-mb", "1", "--checkpoint-interval-s", "0.3"])
+    ms.start_all()
+    try:
+        lead = ms.wait_leader(90)
+        down = (lead + 1) % 3
+        ms.kill(down)
+        wal = Path(ms.data_dir(lead)) / "wal"
+
+        def first_ticket() -> int:
+            return min(int(p.name[4:-4]) for p in wal.glob("wal-*.log"))
+
+        start = first_ticket()
+        with Client(ms.urls[lead], retries=0, timeout=30.0) as c:
+            for b in range(400):
+                c.put_many("wk#q", [NewTask(pid=f"p{b:03}-{i:02}") for i in range(50)])
+                if first_ticket() > start:
+                    break
+            wait_for(lambda: first_ticket() > start, 60,
+                     what="the leader's WAL dropped what only the down member lacks")
+        assert "no longer kept" in ms.log(lead)
     finally:
         ms.stop()

@@ -74,6 +74,8 @@ class SetSettings:
     elector: str = ""  # elector spec; "" = static:<first member>
     journal_timeout_s: float = 3.0
     lease_secs: float | None = None  # else the elector's
+    # the WAL a leader keeps for lagging members, at most (then they need a volume copy)
+    max_wal_kept_bytes: int = 4 << 30
 
 
 class WalLog:
@@ -171,6 +173,7 @@ class MasterSet:
         self._closed = False
         self._stepping_down = False
         self._hold_until = 0.0  # after a step-down: do not try to lead before this
+        self._given_up: list[str] = []  # lagging members the WAL is no longer kept for
         self.last_group_at = 0.0
         self._apply_lock = threading.Lock()
         self._apply_target = 0
@@ -318,13 +321,25 @@ class MasterSet:
         holds, and (on the leader) what every formatted member's journal already has, so
         a lagging member is caught up from the log (an unformatted one is not waited for:
         re-adding it after that needs a copy of a standby's volume)."""
-        upto = self.master.index.applied
+        applied = upto = self.master.index.applied
         ql = self.ql
         if ql is not None and self.role == "leader":
+            lagging = []
             for m in ql.members:
                 if m != self.me and not ql.status.get(m, "").startswith(("unformatted",
                                                                           "foreign")):
+                    if ql.match.get(m, 0) < applied:
+                        lagging.append(m)
                     upto = min(upto, ql.match.get(m, 0))
+            if upto < applied and self.master.wal.disk_bytes() > self.settings.max_wal_kept_bytes:
+                if lagging != self._given_up:
+                    log.warning("the WAL kept for lagging member(s) %s passed %d MiB: it is "
+                                "no longer kept; they need a copy of a standby's volume if "
+                                "they lack the records dropped now", lagging,
+                                self.settings.max_wal_kept_bytes >> 20)
+                self._given_up = lagging
+                return applied
+            self._given_up = []
         return upto
 
     async def _standby_checkpoints(self) -> None:
