@@ -5,6 +5,7 @@ with a ledger: no acknowledged task lost, no delivery after an acknowledged done
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,27 @@ from tests.ha_kit import Ledger, MasterSetProcs, stats_total
 from tests.helpers import ADMIN, ADMIN_TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(300 + 60 * int(os.environ.get("SQUALL_HA_KILLS", "3")))
+
+
+def unread_request_at(port: int) -> bool:
+    """Whether a connection this process opened to 127.0.0.1:`port` has bytes the server
+    has not read yet in its socket (/proc/net/tcp: a stopped server's kernel still accepts
+    and buffers)."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("socket:["):
+                mine.add(link[8:-1])
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.read().splitlines()[1:]]
+
+    def port_of(addr: str) -> int:
+        return int(addr.split(":")[1], 16)
+
+    ours = {port_of(r[1]) for r in rows if r[9] in mine and port_of(r[2]) == port}
+    return any(port_of(r[1]) == port and port_of(r[2]) in ours
+               and int(r[4].split(":")[1], 16) > 0 for r in rows)
 
 
 @pytest.fixture
@@ -126,7 +148,8 @@ def test_a_stopped_leader_acknowledges_nothing_after_it_resumes(ms: MasterSetPro
 
         t = threading.Thread(target=late_put)
         t.start()
-        time.sleep(0.5)  # the request reaches the stopped process's socket
+        wait_for(lambda: unread_request_at(ms.ports[lead]), 30,
+                 what="the request waiting in the stopped process's socket")
     finally:
         ms.kill(lead, signal.SIGCONT)
     t.join(60)
