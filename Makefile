@@ -124,8 +124,10 @@ profile-lease: $(STAMP)
 	$(BIN)/python -m bench.client_profile --only L,R --stem lease-profile
 
 ## soak: the master's model test on MODEL_SEEDS random seeds (each printed; a failure
-##       stops with its seed), then the chaos soak: 10 minutes of seeded faults against a
-##       master and 5 data nodes, checked against a ledger (docs/testing.md; replay with
+##       stops with its seed), the flow-control rate run, a master killed -9 under load
+##       50 times (tests/test_crash.py; `make test`: 10), then the chaos soak: 10 minutes
+##       of seeded faults against a master and 5 data nodes, checked against a ledger
+##       (docs/testing.md; replay with
 ##       `$(BIN)/python -m bench.soak --seed N`), the same against a master set with
 ##       leader kill -9s in its schedule (`--masters 3`), then a master set's leader
 ##       killed 50 times under load, checked against a ledger
@@ -138,6 +140,8 @@ soak: $(STAMP)
 	    echo "FAILED: SQUALL_MODEL_EXAMPLES=10 $(BIN)/pytest tests/test_model.py --hypothesis-seed=$$seed replays it"; exit 1; }; \
 	done; rm -f .model-seed.log
 	SQUALL_FLOW_SOAK=1 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_flow_e2e.py
+	SQUALL_CRASH_KILLS=50 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_crash.py \
+	  -k kill9_under_load
 	$(BIN)/python -m bench.soak --minutes 10
 	$(BIN)/python -m bench.soak --minutes 10 --masters 3
 	SQUALL_HA_KILLS=50 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_ha_failover.py \
