@@ -124,14 +124,16 @@ profile-lease: $(STAMP)
 	$(BIN)/python -m bench.client_profile --only L,R --stem lease-profile
 
 ## soak: the master's model test on MODEL_SEEDS random seeds (each printed; a failure
-##       stops with its seed), then the chaos soak: SOAK_MINUTES of seeded faults against a
-##       master and 5 data nodes, checked against a ledger (docs/testing.md; replay with
-##       `$(BIN)/python -m bench.soak --seed N`), the same against a master set of
-##       SOAK_MASTERS (0: not run) with its own faults in the schedule (the leader killed
-##       -9, SIGSTOPped past its lease, cut off from the elector (etcd) or from the other
-##       members, a standby wiped and re-added), then a master set's leader killed 50 times
-##       under load, checked against a ledger. SOAK_ARGS go to both soaks (e.g. "--seed N";
-##       one soak alone: `$(BIN)/python -m bench.soak --masters 3 --kinds ...`)
+##       stops with its seed), the flow-control rate run, a master killed -9 under load
+##       50 times (tests/test_crash.py; `make test`: 10), then the chaos soak: SOAK_MINUTES
+##       of seeded faults against a master and 5 data nodes, checked against a ledger
+##       (docs/testing.md; replay with `$(BIN)/python -m bench.soak --seed N`), the same
+##       against a master set of SOAK_MASTERS (0: not run) with its own faults in the
+##       schedule (the leader killed -9, SIGSTOPped past its lease, cut off from the
+##       elector (etcd) or from the other members, a standby wiped and re-added), then a
+##       master set's leader killed 50 times under load, checked against a ledger.
+##       SOAK_ARGS go to both soaks (e.g. "--seed N"; one soak alone:
+##       `$(BIN)/python -m bench.soak --masters 3 --kinds ...`)
 SOAK_MINUTES ?= 10
 SOAK_MASTERS ?= 3
 SOAK_ARGS ?=
@@ -144,6 +146,8 @@ soak: $(STAMP) etcd
 	    echo "FAILED: SQUALL_MODEL_EXAMPLES=10 $(BIN)/pytest tests/test_model.py --hypothesis-seed=$$seed replays it"; exit 1; }; \
 	done; rm -f .model-seed.log
 	SQUALL_FLOW_SOAK=1 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_flow_e2e.py
+	SQUALL_CRASH_KILLS=50 $(BIN)/pytest -q -x -p no:cacheprovider tests/test_crash.py \
+	  -k kill9_under_load
 	$(BIN)/python -m bench.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 	[ "$(SOAK_MASTERS)" = 0 ] || $(BIN)/python -m bench.soak --minutes $(SOAK_MINUTES) \
 	  --masters $(SOAK_MASTERS) $(SOAK_ARGS)

@@ -12,18 +12,16 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from typing import Any
 
 from squall.client import Client, SquallError
+from tests.helpers import free_port_block, wait_for
 
 CLUSTER_KEY = "squall-test-cluster-key-0123456789abcdef"
 
 
 def _free_ports(n: int) -> list[int]:
-    from tests.helpers import free_port_block
-
     base = free_port_block(n)
     return list(range(base, base + n))
 
@@ -106,13 +104,11 @@ class MasterSetProcs:
             return False
 
     def wait_leader(self, timeout: float = 60.0, not_: int | None = None) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def found() -> list[int]:
             i = self.leader()
-            if i is not None and i != not_:
-                return i
-            time.sleep(0.02)
-        raise TimeoutError(f"no leader in {timeout}s; logs in {self.root}")
+            return [i] if i is not None and i != not_ else []
+
+        return wait_for(found, timeout, what=f"a leader (logs in {self.root})")[0]
 
     def log(self, i: int) -> str:
         with open(os.path.join(self.root, f"m{i}.log"), errors="replace") as f:
@@ -139,19 +135,27 @@ class Ledger:
         self.threads = [threading.Thread(target=self._produce, daemon=True),
                         threading.Thread(target=self._consume, daemon=True)]
 
-    def _client(self) -> Client | None:
-        i = self.ms.leader()
-        if i is None:
-            time.sleep(0.05)
+    def _client(self, stop: threading.Event) -> Client | None:
+        """A client of the leader, once one is found; None if `stop` is set first (or none
+        is found for a while: the caller asks again)."""
+        def found() -> list[int | None]:
+            if stop.is_set():
+                return [None]
+            i = self.ms.leader()
+            return [i] if i is not None else []
+
+        try:
+            i = wait_for(found, 10.0, interval=0.05, what="a leader")[0]
+        except TimeoutError:
             return None
-        return Client(self.ms.urls[i], retries=0, timeout=5.0)
+        return None if i is None else Client(self.ms.urls[i], retries=0, timeout=5.0)
 
     def _produce(self) -> None:
         n = 0
         c: Client | None = None
         while not self.stop_puts.is_set():
             if c is None:
-                c = self._client()
+                c = self._client(self.stop_puts)
                 continue
             pid = f"t{n:07d}"
             n += 1
@@ -171,10 +175,11 @@ class Ledger:
         c: Client | None = None
         while not self.stop_all.is_set():
             if c is None:
-                c = self._client()
+                c = self._client(self.stop_all)
                 continue
             try:
-                tasks = c.lease(self.queue, max_tasks=20, lease_secs=2.0)
+                # waits (long poll) for a task rather than asking again and again
+                tasks = c.lease(self.queue, max_tasks=20, lease_secs=2.0, wait_secs=0.5)
                 with self.lock:
                     for t in tasks:
                         if t.pid in self.done_acked:
@@ -184,8 +189,6 @@ class Ledger:
                     c.done(tasks)
                     with self.lock:
                         self.done_acked.update(t.pid for t in tasks)
-                else:
-                    time.sleep(0.02)
             except (SquallError, OSError):
                 self.errors += 1
                 c.close()
@@ -203,13 +206,14 @@ class Ledger:
         done, and the queue's completed counter equals the distinct tasks delivered."""
         self.stop_puts.set()
         self.threads[0].join(30)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def drained() -> bool:
             with self.lock:
                 left = self.put_acked - self.seen
-            if not left and self._total() == 0:
-                break
-            time.sleep(0.1)
+            return not left and self._total() == 0
+
+        with contextlib.suppress(TimeoutError):  # the asserts below say what is missing
+            wait_for(drained, timeout, interval=0.1, what="every acknowledged put delivered")
         self.stop_all.set()
         self.threads[1].join(30)
         with self.lock:
@@ -234,13 +238,12 @@ class Ledger:
         return -1 if s is None else int(s.total)
 
     def _completed(self) -> int:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def answered() -> list[Any]:
             s = self._stats()
-            if s is not None:
-                return int(s.completed)
-            time.sleep(0.1)
-        raise TimeoutError("no leader answered stats")
+            return [] if s is None else [s]
+
+        return int(wait_for(answered, 30, interval=0.1, what="a leader answering stats")[0]
+                   .completed)
 
     def acked(self) -> int:
         with self.lock:

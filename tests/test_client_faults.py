@@ -164,6 +164,7 @@ def cycles_watched() -> Iterator[list[int]]:
     garbage collector, bodies and all: 4 MiB payloads piled up between collections)."""
     gc.collect()
     gc.disable()
+    gc.freeze()  # the session's objects: the collection below looks at the block's only
     gc.set_debug(gc.DEBUG_SAVEALL)
     left: list[int] = []
     try:
@@ -173,6 +174,7 @@ def cycles_watched() -> Iterator[list[int]]:
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
+        gc.unfreeze()
         gc.enable()
 
 

@@ -17,6 +17,7 @@ from squall.common.wire.payload import decode_frames, encode_frame
 from squall.datanode.replication import coalesce
 from squall.datanode.replication.coalesce import Coalescer
 from squall.datanode.store.layout import BlobMeta
+from tests.helpers import until
 
 KEY = b"test-coalesce-cluster-key-0123456789"  # any key: one in-process node signs and checks
 
@@ -68,9 +69,7 @@ def _node(peer: Peer) -> Any:
 
 
 async def _requests(peer: Peer, n: int) -> None:
-    async with asyncio.timeout(10):
-        while len(peer.urls) < n:
-            await asyncio.sleep(0.001)
+    await until(lambda: len(peer.urls) >= n, 10, what=f"{n} requests to the peer")
 
 
 async def test_waiting_forwards_share_one_request_with_a_receipt_each() -> None:

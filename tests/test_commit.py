@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from squall.common.wire.models import LeaseRequest, TaskSpec
 from squall.master.service import Master, MasterSettings
 from squall.master.storage.records import LEASED, task_key
 from tests.crashkit import kill9, restore_index, snapshot_index
-from tests.helpers import asgi_master
+from tests.helpers import asgi_master, wait_for
 
 G = "g"
 
@@ -88,13 +87,14 @@ async def test_closing_while_a_flush_is_on_the_commit_thread_leaves_no_transacti
     closer.start()
 
     def release() -> None:
-        # once close() has begun, give it the chance to run ahead of the flush (it must
-        # not: it would drop the spare before the flush begins one), then let the flush go
-        deadline = time.monotonic() + 10
-        while not m.commit._closed and time.monotonic() < deadline:
-            time.sleep(0.001)
-        closer.join(0.2)
-        go.set()
+        # once close() has gone as far as it can (its drop of the spare queued on the
+        # commit thread, behind the flush: run ahead of it, it would drop the spare before
+        # the flush begins one), let the flush go
+        try:
+            wait_for(lambda: m.commit._closed and m.commit._thread._work_queue.qsize() > 0,
+                     10, interval=0.001, what="close() waiting behind the flush")
+        finally:
+            go.set()
 
     helper = threading.Thread(target=release, daemon=True)
     helper.start()

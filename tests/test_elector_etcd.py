@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import pytest
 
 from squall.master.ha.elector import make_elector
 from squall.master.ha.etcd import EtcdElector
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, until, wait_for
 
 ETCD = shutil.which("etcd")
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="no etcd binary (Debian: apt-get install "
@@ -51,6 +52,16 @@ class Etcd:
             return httpx.get(self.url + "/health", timeout=1).json().get("health") == "true"
         except (httpx.HTTPError, ValueError):
             return False
+
+    def ttl_left(self, lease: int) -> int:
+        """The seconds etcd gives `lease` before it expires; -1 once it has."""
+        r = httpx.post(self.url + "/v3/lease/timetolive", json={"ID": str(lease)}, timeout=5)
+        return int(r.json().get("TTL", -1))
+
+    def has_key(self, key: str) -> bool:
+        r = httpx.post(self.url + "/v3/kv/range",
+                       json={"key": base64.b64encode(key.encode()).decode()}, timeout=5)
+        return bool(r.json().get("kvs"))
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -104,13 +115,17 @@ async def test_two_compete_exactly_one_holds_and_renews(etcd: Etcd) -> None:
             assert sorted(got) == [False, True]
         first = A if got[0] else B
         assert await a.holder() == first == await b.holder()
-        # the holder keeps renewing past several TTLs; the other never gets it
+        # the holder keeps renewing past several TTLs, each time a third of its lease has
+        # run down on etcd; the other never gets it, and the holder's lease is the same one
+        held = (a if first == A else b)._lease
         loop = asyncio.get_running_loop()
         end = loop.time() + 1.5 * ttl
         while loop.time() < end:
+            await until(lambda: 0 <= etcd.ttl_left(held) <= ttl * 2 / 3, 30, interval=0.1,
+                        what="a third of the holder's lease run down")
             got = await asyncio.gather(a.try_acquire(A), b.try_acquire(B))
             assert got == [first == A, first == B]
-            await asyncio.sleep(ttl / 3)
+        assert (a if first == A else b)._lease == held
     finally:
         await a.close()
         await b.close()
@@ -121,12 +136,11 @@ async def test_expiry_hands_over(etcd: Etcd) -> None:
     a, b = pair(etcd, "/t/expiry")
     try:
         assert await a.try_acquire(A) and not await b.try_acquire(B)
-        # a stops renewing (a dead or paused leader): its lease runs out on etcd
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 6 * TTL + 10
-        while not await b.try_acquire(B):
-            assert loop.time() < deadline, "b never got the lease after a's expired"
-            await asyncio.sleep(0.2)
+        # a stops renewing (a dead or paused leader): its lease runs out, etcd deletes the
+        # key, and the next try of b's takes it
+        await until(lambda: not etcd.has_key("/t/expiry"), 6 * TTL + 10, interval=0.1,
+                    what="the key gone with a's expired lease")
+        assert await b.try_acquire(B)
         assert await b.holder() == B
         assert not await a.try_acquire(A)  # its lease expired: it does not hold any more
     finally:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from squall.master.ha import kube
 from squall.master.ha.elector import make_elector
 from squall.master.ha.kube import KubeLeaseElector, micro_time
 from tests.helpers import free_port, running_app
@@ -25,6 +27,30 @@ def api() -> Iterator[tuple[LeaseApi, str]]:
     standin = LeaseApi()
     with running_app(standin) as url:
         yield standin, url
+
+
+class FakeMonotonic:
+    """The Kubernetes elector's monotonic clock, moved by the test (``time.time``, the
+    records' timestamps, stays real)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return time.time()
+
+    def advance(self, secs: float) -> None:
+        self.now += secs
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeMonotonic:
+    c = FakeMonotonic()
+    monkeypatch.setattr(kube, "time", c)  # the module's clock, not the test process's
+    return c
 
 
 @pytest.fixture
@@ -93,19 +119,20 @@ async def test_first_member_creates_the_lease_as_client_go_does(
         await closing(a)
 
 
-async def test_two_compete_exactly_one_holds(api: tuple[LeaseApi, str], token_file: str
-                                             ) -> None:
+async def test_two_compete_exactly_one_holds(api: tuple[LeaseApi, str], token_file: str,
+                                             clock: FakeMonotonic) -> None:
     standin, url = api
-    # a long lease renewed often: a busy machine delaying one renewal does not lose it
     a, b = elector(url, token_file, lease=10), elector(url, token_file, lease=10)
     try:
         got = await asyncio.gather(a.try_acquire(A), b.try_acquire(B))
         assert sorted(got) == [False, True]
         first = A if got[0] else B
-        for _ in range(4):
+        # renewed every 4 s of the electors' clock, the holder keeps its 10 s lease well
+        # past its length; the other never takes it
+        for _ in range(5):
+            clock.advance(4)
             got = await asyncio.gather(a.try_acquire(A), b.try_acquire(B))
             assert got == [first == A, first == B]
-            await asyncio.sleep(0.5)
         assert await a.holder() == first
         # an AlreadyExists (409 on create) or the holder seen renewing: never both
         assert standin.statuses("POST").count(201) == 1
@@ -129,18 +156,19 @@ async def test_a_conflict_means_someone_else_won(api: tuple[LeaseApi, str], toke
         await closing(a, b)
 
 
-async def test_expiry_hands_over(api: tuple[LeaseApi, str], token_file: str) -> None:
+async def test_expiry_hands_over(api: tuple[LeaseApi, str], token_file: str,
+                                 clock: FakeMonotonic) -> None:
     standin, url = api
     a, b = elector(url, token_file), elector(url, token_file)
     try:
         assert await a.try_acquire(A)
         assert not await b.try_acquire(B)  # b saw a's record now: it waits a whole lease
-        t0 = asyncio.get_running_loop().time()
         # a stops renewing (dead, paused); b takes over once the record stood still a lease
-        while not await b.try_acquire(B):
-            assert asyncio.get_running_loop().time() - t0 < 30, "b never took over"
-            await asyncio.sleep(0.1)
-        assert asyncio.get_running_loop().time() - t0 >= LEASE * 0.9
+        # by b's own clock, not before
+        clock.advance(LEASE * 0.9)
+        assert not await b.try_acquire(B)
+        clock.advance(LEASE * 0.1 + 0.001)
+        assert await b.try_acquire(B)
         lease = standin.lease(NS, NAME)
         assert lease is not None and lease["spec"]["holderIdentity"] == B
         assert lease["spec"]["leaseTransitions"] == 1

@@ -104,7 +104,7 @@ def test_eight_workers_three_keys_limit_two(tmp_path: Path) -> None:
                             seen[k] = max(seen[k], v)
                         st = s.stats(Q)
                         blocked_seen[0] = max(blocked_seen[0], st.blocked)
-                        time.sleep(0.02)
+                        done.wait(0.02)  # the sampling interval; ends when the test says
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()

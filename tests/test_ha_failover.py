@@ -5,6 +5,7 @@ with a ledger: no acknowledged task lost, no delivery after an acknowledged done
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,15 +25,47 @@ from tests.helpers import ADMIN, ADMIN_TOKEN, wait_for
 pytestmark = pytest.mark.timeout(300 + 60 * int(os.environ.get("SQUALL_HA_KILLS", "3")))
 
 
-@pytest.fixture
-def ms(tmp_path) -> Iterator[MasterSetProcs]:  # type: ignore[no-untyped-def]
-    m = MasterSetProcs(str(tmp_path), 3, lease_secs=2.0)
+def unread_request_at(port: int) -> bool:
+    """Whether a connection this process opened to 127.0.0.1:`port` has bytes the server
+    has not read yet in its socket (/proc/net/tcp: a stopped server's kernel still accepts
+    and buffers)."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("socket:["):
+                mine.add(link[8:-1])
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.read().splitlines()[1:]]
+
+    def port_of(addr: str) -> int:
+        return int(addr.split(":")[1], 16)
+
+    ours = {port_of(r[1]) for r in rows if r[9] in mine and port_of(r[2]) == port}
+    return any(port_of(r[1]) == port and port_of(r[2]) in ours
+               and int(r[4].split(":")[1], 16) > 0 for r in rows)
+
+
+def _running_set(root: str) -> Iterator[MasterSetProcs]:
+    m = MasterSetProcs(root, 3, lease_secs=2.0)
     m.start_all()
     try:
         m.wait_leader(90)
         yield m
     finally:
         m.stop()
+
+
+@pytest.fixture
+def ms(tmp_path) -> Iterator[MasterSetProcs]:  # type: ignore[no-untyped-def]
+    """A master set of its own, for a test that kills, stops or changes members."""
+    yield from _running_set(str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def ms_shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MasterSetProcs]:
+    """One master set for the tests that only read it (no kill, stop, write or change)."""
+    yield from _running_set(str(tmp_path_factory.mktemp("ms-shared")))
 
 
 def test_kill_the_leader_under_load(ms: MasterSetProcs) -> None:
@@ -67,42 +100,6 @@ def refused(req: urllib.request.Request) -> tuple[int, dict[str, str], bytes]:
             return e.code, dict(e.headers), e.read()
 
 
-def test_standby_answers_503_naming_the_leader(ms: MasterSetProcs) -> None:
-    lead = ms.wait_leader(60)
-    standby = (lead + 1) % 3
-    code, headers, raw = refused(urllib.request.Request(f"{ms.urls[standby]}/v1/cluster",
-                                                        headers=ADMIN))
-    assert code == 503
-    assert headers["x-squall-leader"] == ms.urls[lead]
-    body = json.loads(raw)
-    assert body["leader"] == ms.urls[lead] and body["detail"].startswith("standby of ")
-    info = ms.info(standby)
-    assert info is not None and info["role"] == "standby" and info["leader"] == ms.urls[lead]
-    assert info["elector"] == "file" and info["me"] == ms.urls[standby]
-    # `squall master members list` on a standby answers from the leader it names
-    squall = os.path.join(os.path.dirname(sys.executable), "squall")
-    out = subprocess.run([squall, "master", "members", "list", "--master",
-                          ms.urls[standby]], capture_output=True,
-                         timeout=60, env={**os.environ, "SQUALL_TOKEN": ADMIN_TOKEN})
-    assert out.returncode == 0, out.stderr
-    view = json.loads(out.stdout)
-    assert view["role"] == "leader" and view["me"] == ms.urls[lead]
-    assert view["members"] == ms.urls and view["elector"] == "file"
-    assert {m["in_sync"] for m in view["log"]["members"].values()} == {True}
-    # the dashboard's overview shows the set
-    req = urllib.request.Request(f"{ms.urls[lead]}/v1/overview", headers=ADMIN)
-    with urllib.request.urlopen(req, timeout=10) as r:
-        over = json.load(r)["master_set"]
-    assert over["leader"] == ms.urls[lead] and over["elector"] == "file"
-    assert [m["url"] for m in over["members"]] == ms.urls
-    # journal calls need a member token: no credential, an admin credential -> refused
-    for headers in ({}, ADMIN):
-        req = urllib.request.Request(f"{ms.urls[lead]}/v1/journal/state", data=b"\x80",
-                                     headers={**headers,
-                                              "Content-Type": "application/x-msgpack"})
-        assert refused(req)[0] in (401, 403)
-
-
 def test_a_stopped_leader_acknowledges_nothing_after_it_resumes(ms: MasterSetProcs) -> None:
     lead = ms.wait_leader(60)
     with Client(ms.urls[lead], retries=0, timeout=5.0) as c:
@@ -126,7 +123,8 @@ def test_a_stopped_leader_acknowledges_nothing_after_it_resumes(ms: MasterSetPro
 
         t = threading.Thread(target=late_put)
         t.start()
-        time.sleep(0.5)  # the request reaches the stopped process's socket
+        wait_for(lambda: unread_request_at(ms.ports[lead]), 30,
+                 what="the request waiting in the stopped process's socket")
     finally:
         ms.kill(lead, signal.SIGCONT)
     t.join(60)
@@ -278,39 +276,6 @@ def test_failover_with_the_etcd_elector(tmp_path) -> None:  # type: ignore[no-un
         etcd.kill9()
 
 
-def test_status_shows_the_master_set(ms: MasterSetProcs) -> None:
-    """`squall status` asked of a standby: the leader's view of the set (members, leader,
-    epoch, each standby's lag, the elector), as a table and as JSON."""
-    from typer.testing import CliRunner
-
-    from squall.client.cli import app
-
-    lead = ms.wait_leader(60)
-    standby = (lead + 1) % 3
-    runner = CliRunner()
-
-    def status(*args: str) -> str:
-        r = runner.invoke(app, ["status", *args, "--master", ms.urls[standby]])
-        assert r.exit_code == 0, (r.output, r.exception)
-        return r.output
-
-    def in_sync() -> bool:
-        s = json.loads(status("--json"))["master_set"]
-        return all(m["in_sync"] for m in s["members"])
-
-    wait_for(in_sync, 60, what="every member in sync")
-    s = json.loads(status("--json"))["master_set"]
-    assert s["leader"] == ms.urls[lead] and s["me"] == ms.urls[lead]
-    assert s["epoch"] >= 1 and s["elector"] == "file"
-    assert sorted(m["url"] for m in s["members"]) == sorted(ms.urls)
-    assert [m["url"] for m in s["members"] if m["leader"]] == [ms.urls[lead]]
-    assert all(m["lag"] == 0 for m in s["members"] if not m["leader"])
-    text = status()
-    assert f"leader {ms.urls[lead]}, epoch {s['epoch']}" in text
-    assert "elector file" in text and text.count("standby") == 2
-    assert "0 records" in text
-
-
 def _beat(url: str, node_id: str = "fake-dn", body: str | None = None) -> dict[str, object]:
     """One heartbeat of a data node that holds nothing, signed with the cluster key."""
     from squall.common.security import tokens
@@ -433,3 +398,76 @@ def test_revocations_survive_a_failover(ms: MasterSetProcs) -> None:
                     what="the new leader refusing the revoked credential")
     revoked = wait_for(lambda: _beat(ms.urls[new]), 60, what="a beat")["revoked"]
     assert isinstance(revoked, list) and cid in revoked
+
+
+# the tests that only read a master set share one (ms_shared), started here at the end
+# of the module so that it does not run beside the other tests' sets
+def test_standby_answers_503_naming_the_leader(ms_shared: MasterSetProcs) -> None:
+    ms = ms_shared
+    lead = ms.wait_leader(60)
+    standby = (lead + 1) % 3
+    code, headers, raw = refused(urllib.request.Request(f"{ms.urls[standby]}/v1/cluster",
+                                                        headers=ADMIN))
+    assert code == 503
+    assert headers["x-squall-leader"] == ms.urls[lead]
+    body = json.loads(raw)
+    assert body["leader"] == ms.urls[lead] and body["detail"].startswith("standby of ")
+    info = ms.info(standby)
+    assert info is not None and info["role"] == "standby" and info["leader"] == ms.urls[lead]
+    assert info["elector"] == "file" and info["me"] == ms.urls[standby]
+    # `squall master members list` on a standby answers from the leader it names
+    squall = os.path.join(os.path.dirname(sys.executable), "squall")
+    out = subprocess.run([squall, "master", "members", "list", "--master",
+                          ms.urls[standby]], capture_output=True,
+                         timeout=60, env={**os.environ, "SQUALL_TOKEN": ADMIN_TOKEN})
+    assert out.returncode == 0, out.stderr
+    view = json.loads(out.stdout)
+    assert view["role"] == "leader" and view["me"] == ms.urls[lead]
+    assert view["members"] == ms.urls and view["elector"] == "file"
+    assert {m["in_sync"] for m in view["log"]["members"].values()} == {True}
+    # the dashboard's overview shows the set
+    req = urllib.request.Request(f"{ms.urls[lead]}/v1/overview", headers=ADMIN)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        over = json.load(r)["master_set"]
+    assert over["leader"] == ms.urls[lead] and over["elector"] == "file"
+    assert [m["url"] for m in over["members"]] == ms.urls
+    # journal calls need a member token: no credential, an admin credential -> refused
+    for headers in ({}, ADMIN):
+        req = urllib.request.Request(f"{ms.urls[lead]}/v1/journal/state", data=b"\x80",
+                                     headers={**headers,
+                                              "Content-Type": "application/x-msgpack"})
+        assert refused(req)[0] in (401, 403)
+
+
+def test_status_shows_the_master_set(ms_shared: MasterSetProcs) -> None:
+    """`squall status` asked of a standby: the leader's view of the set (members, leader,
+    epoch, each standby's lag, the elector), as a table and as JSON."""
+    ms = ms_shared
+    from typer.testing import CliRunner
+
+    from squall.client.cli import app
+
+    lead = ms.wait_leader(60)
+    standby = (lead + 1) % 3
+    runner = CliRunner()
+
+    def status(*args: str) -> str:
+        r = runner.invoke(app, ["status", *args, "--master", ms.urls[standby]])
+        assert r.exit_code == 0, (r.output, r.exception)
+        return r.output
+
+    def in_sync() -> bool:
+        s = json.loads(status("--json"))["master_set"]
+        return all(m["in_sync"] for m in s["members"])
+
+    wait_for(in_sync, 60, what="every member in sync")
+    s = json.loads(status("--json"))["master_set"]
+    assert s["leader"] == ms.urls[lead] and s["me"] == ms.urls[lead]
+    assert s["epoch"] >= 1 and s["elector"] == "file"
+    assert sorted(m["url"] for m in s["members"]) == sorted(ms.urls)
+    assert [m["url"] for m in s["members"] if m["leader"]] == [ms.urls[lead]]
+    assert all(m["lag"] == 0 for m in s["members"] if not m["leader"])
+    text = status()
+    assert f"leader {ms.urls[lead]}, epoch {s['epoch']}" in text
+    assert "elector file" in text and text.count("standby") == 2
+    assert "0 records" in text

@@ -6,19 +6,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from squall.common.server import runtime
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import gc, json, platform, sys
 from squall.common.server import runtime
+from tests.helpers import wait_for  # before the tuning: its collections are not the timer's
 runtime.serve_tuning(full_every_s=0.05)
 runtime.serve_tuning()  # idempotent: one callback, one timer
 before = runtime.PAUSES[2].counts[:]
-import time
-deadline = time.monotonic() + 30
-while sum(runtime.PAUSES[2].counts) < sum(before) + 2 and time.monotonic() < deadline:
-    time.sleep(0.01)
+wait_for(lambda: sum(runtime.PAUSES[2].counts) >= sum(before) + 2, 30, interval=0.01,
+         what="two full collections by the timer")
 print(json.dumps({"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold(),
                   "switch": sys.getswitchinterval(), "callbacks": gc.callbacks.count(
                       runtime._observe), "full": sum(runtime.PAUSES[2].counts),
@@ -29,7 +31,7 @@ print(json.dumps({"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold
 
 def test_serve_tuning_freezes_startup_objects_and_times_full_collections() -> None:
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                         timeout=60, check=True)
+                         timeout=60, check=True, cwd=ROOT)  # tests.helpers importable
     got = json.loads(out.stdout)
     assert got["frozen"] > 1000  # the imports' objects left every later collection
     assert got["threshold"] == [runtime.GEN0, runtime.GEN1, runtime.GEN2]

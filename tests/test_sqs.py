@@ -304,11 +304,19 @@ def test_visibility_and_fenced_receipt_handles(sqs: Any, sqs2: Any) -> None:
         sqs.delete_message(QueueUrl=other, ReceiptHandle=m2["ReceiptHandle"])
 
 
-def test_long_poll_wakes_on_send(sqs: Any, sqs2: Any) -> None:
+def lease_waiting(master_url: str) -> float:
+    """The master's count of leases parked waiting for a task (squall_lease_waiting)."""
+    text = httpx.get(master_url + "/metrics", headers=ADMIN).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("squall_lease_waiting "))
+
+
+def test_long_poll_wakes_on_send(cluster: Any, sqs: Any, sqs2: Any) -> None:
     url = sqs.create_queue(QueueName="poll")["QueueUrl"]
 
-    def later() -> None:
-        time.sleep(0.5)
+    def later() -> None:  # once the receive waits at the master
+        wait_for(lambda: lease_waiting(cluster.master_url) >= 1, 30,
+                 what="the receive's lease parked")
         sqs2.send_message(QueueUrl=url, MessageBody="woke")
 
     import threading
@@ -526,11 +534,18 @@ def test_roles_groups_and_revocation(cluster: Any) -> None:
             return code(e) == "InvalidClientTokenId"
         return False
     wait_for(refused, timeout=90)  # the next heartbeat, at the latest the key cache's minute
-    expired = mint_key(cluster.master_url, "admin", ttl_secs=1)
-    time.sleep(1.5)
-    with pytest.raises(ClientError) as ei:
-        sqs_client(node, expired).list_queues()
-    assert code(ei.value) == "InvalidClientTokenId"
+    expired = sqs_client(node, mint_key(cluster.master_url, "admin", ttl_secs=1))
+    codes: list[str] = []
+
+    def expired_refused() -> bool:
+        try:
+            expired.list_queues()
+        except ClientError as e:
+            codes.append(code(e))
+            return True
+        return False
+    wait_for(expired_refused, timeout=30, what="the one-second key refused")
+    assert codes == ["InvalidClientTokenId"]
 
 
 def test_cli_mints_an_sqs_key(cluster: Any) -> None:

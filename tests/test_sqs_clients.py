@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import cluster_fixture
-from tests.sqs_compat.harness import Endpoint, endpoint_for, npm_package, python, wait_for
+from tests.helpers import cluster_fixture, wait_for
+from tests.sqs_compat.harness import Endpoint, endpoint_for, npm_package, python
 
 JS_SDK_VERSION = "3.1175.0"  # @aws-sdk/client-sqs, from the npm registry at test time
 
@@ -219,7 +219,7 @@ def test_celery_worker_runs_tasks_with_retries(celery: _Celery) -> None:
     try:
         celery.send("for i in range(8):\n    capp.add.delay(i, 100, fail_first=i % 2 == 0)")
         wait_for(lambda: len(list(celery.out.glob("add-*"))) == 8, 120,
-                 f"8 Celery tasks; worker log:\n{celery.logs()}")
+                 what=f"8 Celery tasks; worker log:\n{celery.logs()}")
         assert sorted(int(p.read_text()) for p in celery.out.glob("add-*")) == \
             [i + 100 for i in range(8)]
         assert len(list(celery.out.glob("try-*"))) == 4  # each even task retried once
@@ -236,9 +236,9 @@ def test_celery_task_longer_than_its_visibility_timeout(celery: _Celery) -> None
     try:
         celery.send("capp.slow.delay(1, 6)")
         wait_for(lambda: (celery.out / "slow-1-done").exists(), 120,
-                 f"the slow task to finish; logs:\n{celery.logs()}")
+                 what=f"the slow task to finish; logs:\n{celery.logs()}")
         url = celery.ep.boto3_client().get_queue_url(QueueName=celery.prefix + "work")
-        wait_for(lambda: _drained(celery.ep, url["QueueUrl"]), 60, "the queue to drain")
+        wait_for(lambda: _drained(celery.ep, url["QueueUrl"]), 60, what="the queue to drain")
     finally:
         _stop(w)
         _stop(w2)
@@ -249,12 +249,12 @@ def test_celery_worker_killed_mid_task_the_task_comes_back(celery: _Celery) -> N
     try:
         celery.send("capp.slow.delay(2, 600)")
         wait_for(lambda: any(celery.out.glob("slow-2-started-*")), 120,
-                 f"the task to start; log:\n{celery.logs()}")
+                 what=f"the task to start; log:\n{celery.logs()}")
         os.kill(w.pid, signal.SIGKILL)
         w.wait(timeout=30)
         w = celery.worker()
         wait_for(lambda: (celery.out / "slow-2-done").exists(), 120,
-                 f"the task to come back after the kill; logs:\n{celery.logs()}")
+                 what=f"the task to come back after the kill; logs:\n{celery.logs()}")
         assert len(list(celery.out.glob("slow-2-started-*"))) >= 2
     finally:
         _stop(w)
@@ -295,7 +295,7 @@ def test_dramatiq_worker_through_dramatiq_sqs(sqs_endpoint: Endpoint, tmp_path: 
                               "--threads", "2"], cwd=tmp_path, env=env, stdout=log, stderr=log)
     try:
         wait_for(lambda: len(list(out.glob("done-*"))) == 12, 120,
-                 "12 dramatiq messages; worker log:\n"
+                 what="12 dramatiq messages; worker log:\n"
                  + (tmp_path / "worker.log").read_text(errors="replace")[-3000:])
         assert sorted(int(p.read_text()) for p in out.glob("done-*")) == list(range(12))
         assert len(list(out.glob("try-*"))) == 4

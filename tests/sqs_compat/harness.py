@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,22 +37,6 @@ class Endpoint:
         return boto3.client("sqs", endpoint_url=self.url, region_name=self.region,
                             aws_access_key_id=self.key_id,
                             aws_secret_access_key=self.secret)
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str,
-             poll: Callable[[], None] | None = None) -> object:
-    """Poll `cond` until it is truthy; fail saying `what` after `timeout` seconds."""
-    import time
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        if poll is not None:
-            poll()
-        time.sleep(0.05)  # a poll interval, not a wait for an outcome
 
 
 def npm_package(name: str, version: str) -> Path | None:
