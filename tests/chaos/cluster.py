@@ -34,7 +34,7 @@ SET_LEASE_S = 2.0  # a master set's elector lease
 CHECKPOINT_S = 5.0
 ETCD_TTL_S = 2  # the etcd elector's lease TTL (etcd's minimum is about 2 s)
 ETCD_PORT, ETCD_PEER_PORT = 2379, 2380
-ETCD_FS_MB = 64
+ETCD_FS_MB = 256  # etcd preallocates 64 MiB WAL segments, and the next one ahead
 
 
 def etcd_binary() -> str | None:
