@@ -25,6 +25,7 @@ from squall.client import Unavailable as ClientUnavailable
 from squall.common.clock import ManualClock
 from squall.common.errors import Unavailable
 from squall.common.wire.models import LeaseRequest, Policy, TaskRef, TaskSpec, UpdateRequest
+from squall.master.ha.quorum import QuorumLost
 from squall.master.http.app import create_master_app
 from squall.master.service import Master, MasterSettings
 from tests.crashkit import dump_index, kill9
@@ -101,6 +102,62 @@ async def test_a_failed_wal_write_refuses_the_whole_batch_and_changes_nothing(
         pids = {t.pid for t in m2.index.iter_tasks(txn, q, limit=100)}
     assert pids == {f"p{i}" for i in range(10)} | {"after"}
     assert m2.index.policies.get((G, "a")) is None
+
+
+class ReplicatedLog:
+    """A master set's log as the group commit sees it (``append_group``, awaited on the
+    loop; master/ha/role.py): the local WAL, and a majority that can be lost."""
+
+    def __init__(self, wal: Any) -> None:
+        self.wal, self.lost, self.groups = wal, False, 0
+
+    @property
+    def last_ticket(self) -> int:
+        return int(self.wal.last_ticket)
+
+    def failure(self) -> str | None:
+        return self.wal.failure()  # type: ignore[no-any-return]
+
+    async def append_group(self, records: list[tuple[int, bytes]]) -> None:
+        if self.lost:  # no majority: refused (a real leader then steps down)
+            raise QuorumLost("injected: 1 of 3 journals")
+        await asyncio.to_thread(self.wal.write_group, records)  # the journals' stand-in
+        self.groups += 1
+
+
+async def test_a_replicated_log_without_a_majority_refuses_the_whole_batch(
+        tmp_path: Path, clock: ManualClock, opened: list[Master]) -> None:
+    """On a master set the group commit awaits the quorum append on the loop, then commits
+    the index on its thread: a lost majority refuses the batch whole, in memory and in the
+    index, as a failed local WAL does."""
+    m = open_master(tmp_path, clock, opened)
+    log = ReplicatedLog(m.wal)
+    m.commit.wal = log  # type: ignore[assignment]
+    await m.enqueue(G, "a", [TaskSpec(pid=f"p{i}") for i in range(4)])
+    assert log.groups == 1 and m.queue(G, "a") is not None
+    held = (await m.lease(G, "a", LeaseRequest(max_tasks=1, lease_secs=60), ""))["tasks"]
+    before, soft = dump_index(m), soft_state(m)
+    log.lost = True
+    answers = await asyncio.gather(
+        m.enqueue(G, "a", [TaskSpec(pid="new")], answer_when_durable=True),
+        m.enqueue(G, "b", [TaskSpec(pid="fresh")]),
+        m.lease(G, "a", LeaseRequest(max_tasks=3, lease_secs=3600), ""),
+        m.update(G, UpdateRequest(dequeue=[TaskRef(queue="a", pid=held[0]["pid"],
+                                                   token=held[0]["token"])])),
+        return_exceptions=True)
+    assert all(isinstance(a, Unavailable) and "nothing was applied" in a.message
+               and "1 of 3 journals" in a.message for a in answers), answers
+    assert dump_index(m) == before and soft_state(m) == soft
+    log.lost = False
+    res = await m.enqueue(G, "a", [TaskSpec(pid="after")], answer_when_durable=True)
+    assert res["ticket"] > 0 and log.groups == 3
+    await m.commit.settled()
+    q = m.queue(G, "a")
+    assert q is not None and (q.available, q.leased) == (4, 1) and m.queue(G, "b") is None
+    kill9(m)  # a restart replays what the log made durable, nothing refused
+    m2 = open_master(tmp_path, clock, opened)
+    q2 = m2.queue(G, "a")
+    assert q2 is not None and (q2.available, q2.leased) == (4, 1) and m2.queue(G, "b") is None
 
 
 @pytest.mark.parametrize("early", [False, True], ids=["in_process", "answered_when_durable"])

@@ -126,7 +126,8 @@ class QuorumLog:
         if client is None:
             raise Unreachable(f"no client for {m}")
         try:
-            return await asyncio.wait_for(client.call(method, args), self.timeout)
+            async with asyncio.timeout(self.timeout):  # no task of its own, as wait_for
+                return await client.call(method, args)
         except (Refused, Unreachable):
             raise
         except (TimeoutError, OSError) as e:

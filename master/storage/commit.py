@@ -24,7 +24,9 @@ One dedicated thread begins, commits and aborts batch transactions (LMDB's write
 belongs to the thread that began the transaction); the event loop uses a transaction only
 between those steps, so no fdatasync blocks it. A flush is one hop to that thread: the WAL
 group (:meth:`WAL.write_group`), the index commit, and the *next* batch's transaction,
-which waits as a spare for the next request (docs/master.md, "Commit path").
+which waits as a spare for the next request (docs/master.md, "Commit path"). A master
+set's log (``append_group``, ``master/ha/role.py``) is awaited on the loop instead, whose
+journal calls it is; the hop then commits only the index (decision 0024).
 
 Disk trouble (a failed WAL write, a failed ``fdatasync``, an index commit failing after a
 durable WAL group; :meth:`GroupCommit.catch_up`): docs/master.md, "Refused means not applied".
@@ -186,9 +188,19 @@ class GroupCommit:
                     b.done.set_result(None)
                 return
             try:
-                persisted = loop.run_in_executor(self._thread, self._persist, b)
-                self._flushing = b
-                await persisted
+                replicated = getattr(self.wal, "append_group", None)
+                if replicated is not None and b.records:
+                    # a master set's log: durable on a majority, from the loop (its sends
+                    # are the loop's; one thread hop fewer each way than from the commit
+                    # thread), then only the index commit on the commit thread
+                    self._flushing = b
+                    await replicated(b.records)
+                    _settle(b.durable, None)
+                    await loop.run_in_executor(self._thread, self._persist, b, False)
+                else:
+                    persisted = loop.run_in_executor(self._thread, self._persist, b)
+                    self._flushing = b
+                    await persisted
             except WALFailed as e:  # nothing of the batch is durable: refuse it all
                 self._abort(b, e)
                 return
@@ -206,10 +218,11 @@ class GroupCommit:
             self._closing = None
             closing.set_result(None)
 
-    def _persist(self, b: _Batch) -> None:
+    def _persist(self, b: _Batch, write: bool = True) -> None:
         """On the commit thread: the batch's WAL group (one write, one fdatasync; it fails
-        or succeeds whole), then the index commit, then the next batch's transaction."""
-        if b.records:
+        or succeeds whole; `write` False: the log made it durable already), then the index
+        commit, then the next batch's transaction."""
+        if b.records and write:
             self.wal.write_group(b.records)  # WALFailed: the transaction is still open
             # durable: answer who may be answered now (see `run`); the index
             # commit below runs while their answers travel
