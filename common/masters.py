@@ -30,8 +30,9 @@ MAX_ADDRESSES = 16  # configured and learned; a bound on what a standby's header
 def parse_masters(spec: str | Sequence[str] | None) -> tuple[str, ...]:
     """The addresses of `spec`: a comma-separated string ("http://a:1,http://b:2") or a
     sequence of strings; blanks dropped, trailing slashes removed, duplicates kept once.
-    An address is not checked here: one that is not a URL fails when used, as a
-    connection that could not be made."""
+    Each must be an http(s) URL naming a host (ValueError otherwise, at once: a client
+    that retried a connection it can never make would wait out its whole retry budget
+    first)."""
     parts: list[str] = []
     if spec is None:
         return ()
@@ -42,11 +43,23 @@ def parse_masters(spec: str | Sequence[str] | None) -> tuple[str, ...]:
         addr = item.strip().rstrip("/")
         if not addr:
             continue
+        _check_address(addr)
         if addr not in parts:
             parts.append(addr)
     if len(parts) > MAX_ADDRESSES:
         raise ValueError(f"at most {MAX_ADDRESSES} master addresses, not {len(parts)}")
     return tuple(parts)
+
+
+def _check_address(addr: str) -> None:
+    try:
+        u = urlsplit(addr)
+        u.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        u = None
+    if u is None or u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"a master address is an http(s) URL such as http://host:7070, "
+                         f"not {addr[:200]!r}")
 
 
 def standby_leader(status: int, headers: Mapping[str, str], body: Any) -> tuple[bool, str | None]:

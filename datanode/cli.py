@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from squall.common.masters import parse_masters
 from squall.common.security import auth
 from squall.common.security.auth import (
     AUTH_KEY_ENV,
@@ -134,6 +135,10 @@ def register(app: typer.Typer) -> None:
                 "refusing to start: SQUALL_AUTH_KEY(_FILE) is the master's private auth key; "
                 "a data node takes only the public one: squall auth pubkey AUTH_KEY_FILE > "
                 "auth.pub, then --auth-public-key-file auth.pub (SQUALL_AUTH_PUBLIC_KEY_FILE)")
+        try:
+            parse_masters(master or None)
+        except ValueError as e:
+            raise SystemExit(f"refusing to start: --master: {e}") from None
         check_bind(host, True, auth_keys is not None, insecure, "datanode")
         check_data_dir(str(data_dir), allow_shared_data_dir, "data node")
         tls = TLSConfig(tls_cert or None, tls_key or None, tls_ca or None,

@@ -144,6 +144,9 @@ def test_clear_messages_for_user_errors(master: str) -> None:
     r = runner.invoke(app, ["put", "q", "--count", "1", "--master", "localhost:7070"])
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert "has no scheme: write http://localhost:7070" in r.output
+    r = runner.invoke(app, ["queues", "--master", f"{master},ftp://other:21"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "http(s) URL such as http://host:7070, not 'ftp://other:21'" in r.output
 
 
 def test_version_is_the_projects() -> None:

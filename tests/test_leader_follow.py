@@ -60,6 +60,12 @@ def test_addresses_parse_one_or_several() -> None:
         parse_masters(["http://a:1", 7])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="no master"):
         Masters("", None)
+    # refused at once: a connection that can never be made is not retried for a minute
+    for bad in ("localhost:7070", "ftp://a:21", "http://", "http://a:port", "unix:/run/s"):
+        with pytest.raises(ValueError, match="an http\\(s\\) URL such as"):
+            parse_masters(f"http://a:1,{bad}")
+    with pytest.raises(ValueError, match="an http\\(s\\) URL"):
+        Client("http://a:1,ftp://b:2")
     m = Masters("http://a:1,http://b:2")
     assert m.follow("http://a:1", "http://b:2/") == "http://b:2" and m.current == "http://b:2"
     assert m.follow("http://b:2", "http://b:2") is None  # names itself: nobody new

@@ -178,7 +178,11 @@ def connect(master: str | None) -> Iterator[Client]:
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        with Client(url, retries=1, timeout=15.0) as c:
+        client = Client(url, retries=1, timeout=15.0)
+    except ValueError as e:  # not an http(s) URL, or too many addresses
+        fail(f"--master: {clean(str(e))}", 2)
+    try:
+        with client as c:
             yield c
     except SquallError as e:  # a data node's URL: a 404, or a 405 from its SQS routes
         hint = None if isinstance(e, BadRequest) else _data_node_hint(url)
