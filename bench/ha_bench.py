@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from squall.client import Client, NewTask, SquallError
 from squall.common.security import auth
 from tests.ha_kit import MasterSetProcs
@@ -59,6 +61,26 @@ def throughput(url: str, token: str, tasks: int, queue: str) -> dict[str, float]
             leased = nxt
         ack_s = time.perf_counter() - t0
     return {"put": tasks / put_s, "lease_ack": done / ack_s}
+
+
+TIMINGS = ("squall_master_http_request_duration_seconds", "squall_wal_fsync_seconds",
+           "squall_quorum_wait_seconds", "squall_journal_append_seconds")
+
+
+def timings(url: str, token: str) -> dict[str, float]:
+    """Mean milliseconds of the leader's TIMINGS histograms (all label sets together), from
+    its /metrics: where a request's time goes."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {token}"},
+                     timeout=10.0).text
+    sums: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        base = name.split("{", 1)[0]
+        for t in TIMINGS:
+            if base in (t + "_sum", t + "_count"):
+                sums.setdefault(t, [0.0, 0.0])[base.endswith("_count")] += float(value)
+    return {t.removeprefix("squall_").removesuffix("_seconds"): 1000 * s / n
+            for t, (s, n) in sums.items() if n}
 
 
 def failovers(ps: MasterSetProcs, token: str, kills: int) -> list[float]:
@@ -109,6 +131,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="squall-ha-bench-")
     rows: dict[str, list[dict[str, float]]] = {"1": [], "3": []}
     fo: list[float] = []
+    where: dict[str, dict[str, float]] = {}
     sets: dict[int, MasterSetProcs] = {}
     try:
         # both run side by side, idle while the other is measured; rounds alternate, so a
@@ -122,6 +145,7 @@ def main() -> None:
             for n in ((1, 3) if r % 2 == 0 else (3, 1)):
                 rows[str(n)].append(throughput(sets[n].urls[leads[n]], token, a.tasks,
                                                f"b#r{r}"))
+        where = {str(n): timings(ps.urls[leads[n]], token) for n, ps in sets.items()}
         if a.kills:
             sets[1].stop()
             fo = failovers(sets[3], token, a.kills)
@@ -140,7 +164,7 @@ def main() -> None:
         "single": best["1"], "set3": best["3"],
         "ratio": {k: best["3"][k] / best["1"][k] for k in best["1"]},
         "pair_ratio_median": {k: v[len(v) // 2] for k, v in pairs.items()},
-        "rounds_single": rows["1"], "rounds_set3": rows["3"],
+        "rounds_single": rows["1"], "rounds_set3": rows["3"], "mean_ms": where,
         "failover_s": {"n": len(fo), "p50": pct(fo, 0.5) if fo else None,
                        "p99": pct(fo, 0.99) if fo else None, "all": fo},
         "lease_s": 2.0}
@@ -163,6 +187,11 @@ def main() -> None:
         *(f"| {k} | {best['1'][k]:,.0f} | {best['3'][k]:,.0f} | "
           f"{doc['ratio'][k]:.2f}x | {doc['pair_ratio_median'][k]:.2f}x |"
           for k in ("put", "lease_ack")),
+        "",
+        "Where the time goes (the leaders' own histograms over every round, mean ms): "
+        + "; ".join(f"{'1 master' if n == '1' else '3 members'}: "
+                    + ", ".join(f"{k} {v:.2f}" for k, v in sorted(w.items()))
+                    for n, w in where.items()) + ".",
         "",
         f"Failover (leader killed with SIGKILL -> first acknowledged put on the new "
         f"leader), {f['n']} kills, elector lease 2 s (file lease): p50 "
