@@ -9,8 +9,9 @@ unchanged, and the call then takes httpx's path as before:
 
 - the client uses its default transport (a custom one, e.g. a test's fault injector,
   sees every request as an ``httpx.Request``) and has no event hooks;
-- the answer is read whole (not a stream), without query parameters, with a body of bytes
-  or JSON (not an iterable);
+- the answer is read whole (not a stream), with a body of bytes or JSON (not an iterable);
+  query parameters (text names and values, as a blob write's ``replicas`` and ``quorum``)
+  are encoded into the target as httpx encodes them (``urlencode``: the same bytes);
 - the URL is the master's path or an absolute ``http(s)`` URL whose path needs no
   percent-encoding (httpx would change nothing).
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 import functools
 import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 import orjson
@@ -55,7 +56,7 @@ class Shortcut:
     def prepare(self, c: Call, base: str | None = None) -> Direct | None:
         """`c` as a :class:`Direct`, a master's path going to the master at `base` (else
         the one in use)."""
-        if not self.enabled or c.stream or c.params or self.http.is_closed:
+        if not self.enabled or c.stream or self.http.is_closed:
             return None  # (closed: httpx's path raises its own error)
         hooks = self.http.event_hooks
         if hooks["request"] or hooks["response"]:
@@ -76,6 +77,11 @@ class Shortcut:
         if where is None:
             return None
         key, target = where, slash + path
+        if c.params:
+            query = _query(c.params, target)
+            if query is None:
+                return None
+            target += query
         headers[0] = ("Host", netloc)
         if not _PLAIN.fullmatch(target) or not target.startswith("/"):
             return None
@@ -89,6 +95,16 @@ class Shortcut:
             self.timeout if c.timeout is None
             else dict.fromkeys(("connect", "read", "write", "pool"), c.timeout))
         return Direct(key, c.method, target, headers, body, timeout)
+
+
+def _query(params: dict[str, str], target: str) -> str | None:
+    """``?`` and `params` as httpx encodes them (its ``QueryParams`` string is
+    ``urlencode`` of the items); None where httpx would do more than that: a target with a
+    query of its own (merged), a name or value that is not text (httpx spells booleans and
+    None its own way)."""
+    if "?" in target or not all(type(k) is str and type(v) is str for k, v in params.items()):
+        return None
+    return "?" + urlencode(params)
 
 
 @functools.lru_cache(maxsize=256)

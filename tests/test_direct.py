@@ -108,6 +108,10 @@ def calls(node: str) -> list[Call]:
             Call("PUT", f"{node}/v1/blobs/b1?x=1", content=b"\x00payload\xff",
                  headers={"x-squall-token": "tk", "x-squall-crc32c": "42"}, raw=True),
             Call("GET", f"{node}/v1/blobs/b1", raw=True, timeout=3.0),
+            # a blob write's query: replica URLs and the quorum, encoded as httpx encodes them
+            Call("PUT", f"{node}/v1/blobs/b2", content=b"x" * 70_000, raw=True,
+                 params={"quorum": "2", "replicas": "http://127.0.0.1:1,https://h.x:2/p q+&é"}),
+            Call("GET", "/v1/queues", params={"prefix": "a/b c", "limit": "5"}),
             Call("DELETE", "/v1/queues/g/q", headers={"Authorization": "Bearer own"})]
 
 
@@ -162,8 +166,13 @@ def test_only_calls_httpx_would_send_unchanged_go_direct(servers) -> None:  # ty
     s = Shortcut(http, TOKEN, enabled=True)
     assert s.prepare(Call("GET", "/v1/queues")) is not None
     assert s.prepare(Call("GET", f"{node.url}/v1/blobs/x")) is not None
+    d = s.prepare(Call("PUT", f"{node.url}/v1/blobs/x", content=b"x",
+                       params={"quorum": "2", "replicas": "http://127.0.0.1:1"}))
+    assert d is not None and d.target == "/v1/blobs/x?quorum=2&replicas=http%3A%2F%2F127.0.0.1%3A1"
     for c in (Call("GET", "/v1/queues", stream=True),
-              Call("GET", "/v1/queues", params={"prefix": "a"}),
+              Call("GET", "/v1/queues?a=1", params={"prefix": "a"}),  # httpx merges the two
+              Call("GET", "/v1/queues", params={"limit": 5}),  # type: ignore[dict-item]
+              Call("GET", "/v1/queues", params={"all": True}),  # type: ignore[dict-item]
               Call("PUT", "/v1/blobs/x", content=iter([b"a", b"b"])),
               Call("GET", "/v1/queues/a b"), Call("GET", "/v1/queues/é"),
               Call("GET", "ftp://127.0.0.1:21/x"), Call("GET", "http://u:p@127.0.0.1:1/x"),
