@@ -46,6 +46,7 @@ from squall.master.ha.members import (
     members_op,
 )
 from squall.master.ha.quorum import (
+    INLINE_APPEND_BYTES,
     Fenced,
     JournalClient,
     LocalClient,
@@ -64,7 +65,6 @@ EPOCH_SHIFT = 40  # lease-token numbers of epoch e start at e << EPOCH_SHIFT
 JOURNAL_METHODS = frozenset({"state", "format", "new_epoch", "append", "sync", "read"})
 APPLY_CHUNK = 5000
 APPLY_DELAY_S = 0.02  # a standby applies committed records at most this often
-INLINE_APPEND_BYTES = 1 << 20  # a standby writes appends up to this size on its loop
 
 
 @dataclass

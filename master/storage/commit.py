@@ -26,7 +26,8 @@ between those steps, so no fdatasync blocks it. A flush is one hop to that threa
 group (:meth:`WAL.write_group`), the index commit, and the *next* batch's transaction,
 which waits as a spare for the next request (docs/master.md, "Commit path"). A master
 set's log (``append_group``, ``master/ha/role.py``) is awaited on the loop instead, whose
-journal calls it is; the hop then commits only the index (decision 0024).
+journal calls it is (the leader's own journal write included, after the other members'
+appends are sent); the hop then commits only the index (decision 0024).
 
 Disk trouble (a failed WAL write, a failed ``fdatasync``, an index commit failing after a
 durable WAL group; :meth:`GroupCommit.catch_up`): docs/master.md, "Refused means not applied".
