@@ -175,7 +175,7 @@ def main() -> None:
     md = [
         "# Master set: three members vs one master, and failover",
         "",
-        f"{doc['date']}, {doc['machine']} (shared with other work). `python -m "
+        f"{doc['date']}, {doc['machine']}. `python -m "
         f"bench.ha_bench --tasks {a.tasks} --rounds {a.rounds} --kills {a.kills}`: real "
         "processes on loopback, fsync on; one client, sequential, 100 tasks per request; "
         "the single master and the set run side by side and are measured in alternating "
