@@ -229,3 +229,31 @@ def test_parse_range(header: str | None, size: int, want: tuple[int, int] | None
 def test_parse_range_unsatisfiable(header: str, size: int) -> None:
     with pytest.raises(ValueError):
         parse_range(header, size)
+
+
+def test_a_token_checked_once_is_remembered_by_key_and_text_and_still_expires(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = tokens.sign(KEY, "journal", ["http://m1:7070"], NOW + 60)
+    first = tokens.decode(KEY, tok, NOW)
+    calls: list[object] = []
+    real = tokens._decode
+
+    def counted(key: bytes, token: object, now: float) -> tokens.TokenClaims:
+        calls.append(token)
+        return real(key, token, now)
+
+    monkeypatch.setattr(tokens, "_decode", counted)
+    assert tokens.decode(KEY, tok, NOW + 30) is first and calls == []  # remembered
+    with pytest.raises(Unauthorized, match="token expired 1.0s ago"):
+        tokens.decode(KEY, tok, NOW + 61)  # remembered claims expire all the same
+    other = b"another-cluster-key-0123456789abcdef"
+    with pytest.raises(Unauthorized, match="invalid token signature"):
+        tokens.decode(other, tok, NOW)  # remembered for KEY only: checked, and refused
+    assert calls == [tok]
+    with pytest.raises(Unauthorized, match="invalid token signature"):
+        tokens.decode(other, tok, NOW)  # a refusal is not remembered as anything
+    assert calls == [tok, tok]
+    monkeypatch.setattr(tokens, "DECODED_MAX_CHARS", len(tok) + 1)
+    tok2 = tokens.sign(KEY, "heartbeat", ["n1"], NOW + 60)
+    tokens.decode(KEY, tok2, NOW)  # the memory is full: it starts over
+    assert tokens._DECODED.get(KEY, tok) is None and tokens._DECODED.get(KEY, tok2) is not None

@@ -200,7 +200,45 @@ def sign(key: bytes, op: str, blob_ids: Iterable[str], expires_at: float, *,
 
 
 def decode(key: bytes, token: object, now: float) -> TokenClaims:
-    """Check signature, shape and expiry; the scope is the caller's (see :func:`verify`)."""
+    """Check signature, shape and expiry; the scope is the caller's (see :func:`verify`).
+    A token's claims are fixed by its text and the key, so a token checked once is
+    remembered (up to DECODED_MAX_CHARS of tokens, then the memory starts over): a member's
+    journal token or a node's heartbeat token serves many requests, and a data node's
+    guard and route check the same payload token. The expiry is checked every time."""
+    known = _DECODED.get(key, token)
+    if known is None:
+        known = _decode(key, token, now)
+        _DECODED.add(key, str(token), known)
+    elif now >= known.expires_at:
+        raise Unauthorized(f"token expired {now - known.expires_at:.1f}s ago; ask the "
+                           "master for a new one")
+    return known
+
+
+DECODED_MAX_CHARS = 8 << 20
+
+
+class _Decoded:
+    """Tokens checked once, by (key, text), up to DECODED_MAX_CHARS of text."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[bytes, str], TokenClaims] = {}
+        self.chars = 0
+
+    def get(self, key: bytes, token: object) -> TokenClaims | None:
+        return self.claims.get((key, token)) if isinstance(token, str) else None
+
+    def add(self, key: bytes, token: str, claims: TokenClaims) -> None:
+        if self.chars + len(token) > DECODED_MAX_CHARS:
+            self.claims, self.chars = {}, 0
+        self.claims[(key, token)] = claims
+        self.chars += len(token)
+
+
+_DECODED = _Decoded()
+
+
+def _decode(key: bytes, token: object, now: float) -> TokenClaims:
     c = _open(key, TOKEN_PREFIX, _TOKEN_DOMAIN, token, "token")
     op, ids, prefix, reps, exp = c.get("op"), c.get("b"), c.get("p"), c.get("r", []), c.get("exp")
     count = c.get("n", 0)
