@@ -47,6 +47,12 @@ INLINE_APPEND_BYTES = 1 << 20  # an append up to this size is written on the eve
 MAX_QUEUED = 64  # groups queued to one slow journal before it is caught up instead
 
 
+def written_inline(records: list[Record]) -> bool:
+    """Whether a journal append of `records` is written on the event loop (a group of up
+    to INLINE_APPEND_BYTES: its write and fdatasync cost less than two thread hops)."""
+    return sum(len(b) for _, b in records) <= INLINE_APPEND_BYTES
+
+
 class QuorumLost(WALFailed):
     """No majority of journals acknowledged in time."""
 
@@ -78,8 +84,7 @@ class LocalClient:
 
     async def call(self, method: str, args: dict[str, Any]) -> Any:
         fn = getattr(self.journal, method)
-        if not self.threaded or (method == "append" and sum(
-                len(b) for _, b in args["records"]) <= INLINE_APPEND_BYTES):
+        if not self.threaded or (method == "append" and written_inline(args["records"])):
             return fn(**args)
         return await asyncio.to_thread(fn, **args)
 

@@ -46,12 +46,12 @@ from squall.master.ha.members import (
     members_op,
 )
 from squall.master.ha.quorum import (
-    INLINE_APPEND_BYTES,
     Fenced,
     JournalClient,
     LocalClient,
     QuorumLog,
     QuorumLost,
+    written_inline,
 )
 from squall.master.storage.ops import replay
 from squall.master.storage.wal import WAL
@@ -362,8 +362,7 @@ class MasterSet:
             raise KeyError(method)
         fn = getattr(self.journal, method)
         args = decode_args(method, args)
-        if method == "append" and self.role != "leader" and \
-                sum(len(b) for _, b in args.get("records", ())) <= INLINE_APPEND_BYTES:
+        if method == "append" and self.role != "leader" and written_inline(args.get("records", [])):
             # a standby's loop serves little else: a small group is written and synced
             # right here (two thread hops fewer on every group's round trip)
             return fn(**args)
