@@ -168,6 +168,8 @@ def test_segments_roll_and_drop_through_only_covered(tmp_path: Path) -> None:
                     assert last > upto  # kept: it holds a record after `upto`
                 else:
                     assert last <= upto  # dropped: every record it held is covered
+            # the floor (known in memory once asked) follows the drops
+            assert w.floor == int(os.path.basename(after[0])[4:-4]) - 1
             kept = tickets_of(tmp_path)
             assert set(range(upto + 1, 61)) <= set(kept)
             if kept:
@@ -178,6 +180,24 @@ def test_segments_roll_and_drop_through_only_covered(tmp_path: Path) -> None:
     finally:
         w.close()
     assert tickets_of(tmp_path)[-1] == 61
+
+
+def test_the_floor_follows_a_truncation_below_the_first_segment(tmp_path: Path) -> None:
+    write_records(tmp_path, list(range(1, 31)), flush_each=True, segment_bytes=300)
+    w = open_wal(tmp_path, segment_bytes=300)
+    try:
+        assert w.floor == 0
+        w.drop_through(20)
+        first = int(os.path.basename(segments(tmp_path)[0])[4:-4])
+        assert w.floor == first - 1 > 0
+        w.truncate_after(first - 3)  # below every record left: a new, empty segment
+        assert w.floor == first - 3 == w.last_ticket
+        w.append(first - 2, body(first - 2))
+        w.flush()
+        assert w.floor == first - 3
+    finally:
+        w.close()
+    assert tickets_of(tmp_path) == [first - 2]
 
 
 def test_request_roll_starts_new_segment_after_next_write(tmp_path: Path) -> None:

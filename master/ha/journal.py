@@ -50,7 +50,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 Record = tuple[int, bytes]
@@ -139,7 +139,7 @@ class State:
     copy_of: str | None = None
 
     def wire(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(self.__dict__)  # flat: what asdict gives, without its deep copy
 
 
 MAX_SYNC_RECORDS = 20000

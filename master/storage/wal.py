@@ -93,6 +93,9 @@ class WAL:
         self._fatal = False  # a failed fdatasync: only a restart can tell what is durable
         self.failures = 0  # failed writes or syncs, for metrics
         self._resume_free_bytes = RESUME_FREE_BYTES_MIN
+        # the first segment's first ticket, known while only this object adds and drops
+        # segments (None: list the directory; a journal asks for the floor on every append)
+        self._first: int | None = None
         if tail.path is None:
             tail = Tail(tail.last_ticket, self._new_segment_path(tail.last_ticket + 1), 0)
         self._fd = os.open(tail.path or "", os.O_WRONLY | os.O_CREAT, 0o600)
@@ -355,8 +358,14 @@ class WAL:
     @property
     def floor(self) -> int:
         """Records with tickets <= floor may be gone (dropped by checkpoints)."""
-        segs = segments(self.dir)
-        return segs[0][0] - 1 if segs else self.last_ticket
+        first = self._first
+        if first is None:
+            with self._cv:  # not while a checkpoint or a truncation changes the segments
+                segs = segments(self.dir)
+                if not segs:
+                    return self.last_ticket
+                first = self._first = segs[0][0]
+        return first - 1
 
     def read_after(self, after: int, max_records: int, max_bytes: int
                    ) -> list[tuple[int, bytes]]:
@@ -394,6 +403,7 @@ class WAL:
             segs = segments(self.dir)
             keep = [(f, p) for f, p in segs if f <= ticket + 1]
             os.close(self._fd)
+            self._first = None  # (a new segment may replace the first one)
             for f, p in segs:
                 if f > ticket + 1:
                     os.unlink(p)
@@ -422,6 +432,7 @@ class WAL:
         with self._cv:  # not while read_after reads them
             segs = segments(self.dir)
             dropped = 0
+            self._first = None
             for (_, path), (nxt_first, _) in itertools.pairwise(segs):
                 if nxt_first - 1 <= ticket and path != self._path:
                     os.unlink(path)
