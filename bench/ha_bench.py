@@ -25,6 +25,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import httpx
@@ -45,22 +46,47 @@ def master_set(root: str, n: int) -> MasterSetProcs:
     return ps
 
 
-def throughput(url: str, token: str, tasks: int, queue: str) -> dict[str, float]:
-    with Client(url, token=token, retries=0, timeout=30.0) as c:
-        t0 = time.perf_counter()
+def cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far (user + system, from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(ps: MasterSetProcs, lead: int, token: str, tasks: int, queue: str
+               ) -> dict[str, Any]:
+    """Tasks/s of each workload, and the CPU milliseconds per request of 100 tasks spent
+    by the leader, each standby (the mean of them) and this client."""
+    pids = [ps.procs[i].pid for i in sorted(ps.procs)]
+
+    def cpu() -> list[float]:
+        return [cpu_s(p) for p in pids] + [time.process_time()]
+
+    def per_request(c0: list[float], c1: list[float], requests: int) -> dict[str, float]:
+        d = [1000 * (b - a) / max(1, requests) for a, b in zip(c0, c1, strict=True)]
+        standbys = [x for i, x in enumerate(d[:-1]) if i != lead]
+        return {"leader": d[lead], "client": d[-1],
+                **({"standby": sum(standbys) / len(standbys)} if standbys else {})}
+
+    with Client(ps.urls[lead], token=token, retries=0, timeout=30.0) as c:
+        c0, t0 = cpu(), time.perf_counter()
         for b in range(0, tasks, 100):
             c.put_many(queue, [NewTask(pid=f"p{b + i:08d}") for i in range(100)],
                        batch_size=100)
         put_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        done = 0
+        c1, t0 = cpu(), time.perf_counter()
+        done = rounds = 0
         leased = c.lease(queue, max_tasks=100, lease_secs=60)
         while leased and time.perf_counter() - t0 < 300:
             nxt = c.lease(queue, max_tasks=100, lease_secs=60, done=leased)
             done += len(leased)
+            rounds += 1
             leased = nxt
         ack_s = time.perf_counter() - t0
-    return {"put": tasks / put_s, "lease_ack": done / ack_s}
+        c2 = cpu()
+    return {"put": tasks / put_s, "lease_ack": done / ack_s,
+            "cpu_ms": {"put": per_request(c0, c1, -(-tasks // 100)),
+                       "lease_ack": per_request(c1, c2, rounds + 1)}}
 
 
 TIMINGS = ("squall_master_http_request_duration_seconds", "squall_wal_fsync_seconds",
@@ -129,7 +155,7 @@ def main() -> None:
     a = ap.parse_args()
     token = auth.mint(auth.parse_keys(AUTH), ["admin"], 86400, time.time())
     root = tempfile.mkdtemp(prefix="squall-ha-bench-")
-    rows: dict[str, list[dict[str, float]]] = {"1": [], "3": []}
+    rows: dict[str, list[dict[str, Any]]] = {"1": [], "3": []}
     fo: list[float] = []
     where: dict[str, dict[str, float]] = {}
     sets: dict[int, MasterSetProcs] = {}
@@ -140,10 +166,10 @@ def main() -> None:
             sets[n] = master_set(os.path.join(root, f"n{n}"), n)
         leads = {n: ps.wait_leader() for n, ps in sets.items()}
         for n, ps in sets.items():  # warm: connections, imports, the first index pages
-            throughput(ps.urls[leads[n]], token, min(a.tasks, 2000), "warm#q")
+            throughput(ps, leads[n], token, min(a.tasks, 2000), "warm#q")
         for r in range(a.rounds):
             for n in ((1, 3) if r % 2 == 0 else (3, 1)):
-                rows[str(n)].append(throughput(sets[n].urls[leads[n]], token, a.tasks,
+                rows[str(n)].append(throughput(sets[n], leads[n], token, a.tasks,
                                                f"b#r{r}"))
         where = {str(n): timings(ps.urls[leads[n]], token) for n, ps in sets.items()}
         if a.kills:
@@ -157,6 +183,9 @@ def main() -> None:
             for n, v in rows.items()}
     pairs = {k: sorted(b[k] / s[k] for s, b in zip(rows["1"], rows["3"], strict=True))
              for k in ("put", "lease_ack")}
+    cpu = {n: {k: {role: median([x["cpu_ms"][k][role] for x in v])
+                   for role in v[0]["cpu_ms"][k]} for k in ("put", "lease_ack")}
+           for n, v in rows.items()}
     doc: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load "
@@ -165,6 +194,7 @@ def main() -> None:
         "ratio": {k: best["3"][k] / best["1"][k] for k in best["1"]},
         "pair_ratio_median": {k: v[len(v) // 2] for k, v in pairs.items()},
         "rounds_single": rows["1"], "rounds_set3": rows["3"], "mean_ms": where,
+        "cpu_ms_per_request": cpu,
         "failover_s": {"n": len(fo), "p50": pct(fo, 0.5) if fo else None,
                        "p99": pct(fo, 0.99) if fo else None, "all": fo},
         "lease_s": 2.0}
@@ -192,6 +222,18 @@ def main() -> None:
         + "; ".join(f"{'1 master' if n == '1' else '3 members'}: "
                     + ", ".join(f"{k} {v:.2f}" for k, v in sorted(w.items()))
                     for n, w in where.items()) + ".",
+        "",
+        "CPU per request of 100 tasks (ms, the median over the rounds; from /proc and the "
+        "client's own clock): where the set's time goes on a machine whose cores its "
+        "members share.",
+        "",
+        "| workload | members | leader | each standby | client | all |",
+        "|---|---|---:|---:|---:|---:|",
+        *(f"| {k} | {n} | {c[k]['leader']:.2f} | "
+          + (f"{c[k]['standby']:.2f}" if "standby" in c[k] else "-")
+          + f" | {c[k]['client']:.2f} | "
+          f"{c[k]['leader'] + (int(n) - 1) * c[k].get('standby', 0) + c[k]['client']:.2f} |"
+          for k in ("put", "lease_ack") for n, c in cpu.items()),
         "",
         f"Failover (leader killed with SIGKILL -> first acknowledged put on the new "
         f"leader), {f['n']} kills, elector lease 2 s (file lease): p50 "
