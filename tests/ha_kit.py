@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 
 from squall.client import Client, SquallError
-from tests.helpers import free_port_block, wait_for
+from tests.helpers import free_port_block, http_status, wait_for
 
 CLUSTER_KEY = "squall-test-cluster-key-0123456789abcdef"
 
@@ -98,8 +98,7 @@ class MasterSetProcs:
 
     def ready(self, i: int) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.urls[i]}/readyz", timeout=1.0) as r:
-                return bool(r.status == 200)
+            return http_status(f"{self.urls[i]}/readyz") == 200
         except (OSError, ValueError):
             return False
 
