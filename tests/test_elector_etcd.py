@@ -29,6 +29,8 @@ class Etcd:
         self.port, self.peer = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        # one client for every poll: a one-off httpx call builds a TLS context each time
+        self.http = httpx.Client(timeout=5)
 
     def start(self) -> Etcd:
         assert ETCD is not None
@@ -49,24 +51,26 @@ class Etcd:
         if self.proc.poll() is not None:
             raise RuntimeError(f"etcd exited; see {self.data_dir.parent / 'etcd.log'}")
         try:
-            return httpx.get(self.url + "/health", timeout=1).json().get("health") == "true"
+            return self.http.get(self.url + "/health", timeout=1).json().get("health") == "true"
         except (httpx.HTTPError, ValueError):
             return False
 
     def ttl_left(self, lease: int) -> int:
         """The seconds etcd gives `lease` before it expires; -1 once it has."""
-        r = httpx.post(self.url + "/v3/lease/timetolive", json={"ID": str(lease)}, timeout=5)
+        r = self.http.post(self.url + "/v3/lease/timetolive", json={"ID": str(lease)})
         return int(r.json().get("TTL", -1))
 
     def has_key(self, key: str) -> bool:
-        r = httpx.post(self.url + "/v3/kv/range",
-                       json={"key": base64.b64encode(key.encode()).decode()}, timeout=5)
+        r = self.http.post(self.url + "/v3/kv/range",
+                           json={"key": base64.b64encode(key.encode()).decode()})
         return bool(r.json().get("kvs"))
 
     def kill9(self) -> None:
+        """Kill etcd (and close the helper's client: a killed etcd is not started again)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        self.http.close()
 
 
 @pytest.fixture(scope="module")

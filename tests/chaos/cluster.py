@@ -7,12 +7,14 @@ from it by a route like any other host."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from typing import Any
 
 import httpx
@@ -20,7 +22,7 @@ import httpx
 from squall.common.security import tokens
 from tests.chaos import disks
 from tests.chaos.netns import Net
-from tests.helpers import free_port_block, master_auth, wait_for
+from tests.helpers import free_port_block, http_status, master_auth, wait_for
 
 KEY = "soak-cluster-key-0123456789abcdef"
 ENV = {"SQUALL_CLUSTER_KEY": KEY}
@@ -64,7 +66,7 @@ class Server:
     def ready(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
             raise RuntimeError(f"{self.name} exited ({self.log})")
-        return httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200
+        return http_status(self.url + "/readyz") == 200
 
     def signal(self, sig: int) -> None:
         """Send `sig` (SIGSTOP, SIGCONT) to the server (``ip netns exec`` execs: its pid)."""
@@ -97,8 +99,8 @@ class EtcdServer(Server):
     def ready(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
             raise RuntimeError(f"{self.name} exited ({self.log})")
-        r = httpx.get(self.url + "/health", timeout=1.0)
-        return r.status_code == 200 and r.json().get("health") == "true"
+        with urllib.request.urlopen(self.url + "/health", timeout=1.0) as r:
+            return bool(json.loads(r.read()).get("health") == "true")
 
 
 class SoakCluster:
@@ -196,9 +198,9 @@ class SoakCluster:
             if not s.up:
                 continue
             try:
-                if httpx.get(s.url + "/readyz", timeout=1.0).status_code == 200:
+                if http_status(s.url + "/readyz") == 200:
                     return i
-            except httpx.HTTPError:
+            except OSError:  # refused, reset, timed out
                 continue
         return None
 
@@ -215,7 +217,7 @@ class SoakCluster:
         """Member `i`'s ``GET /v1/leader`` (role, leader, epoch), None if it does not
         answer."""
         try:
-            r = httpx.get(self.masters[i].url + "/v1/leader", timeout=2.0)
+            r = self.http.get(self.masters[i].url + "/v1/leader", timeout=2.0)
             return dict(r.json()) if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
