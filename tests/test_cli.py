@@ -4,6 +4,8 @@ one-line messages for a master that is not running, a wrong URL and a bad queue 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,3 +157,41 @@ def test_version_is_the_projects() -> None:
     want = tomllib.loads(pyproject.read_text())["project"]["version"]
     r = runner.invoke(app, ["--version"])
     assert r.exit_code == 0 and r.output == f"squall {want}\n"
+
+
+LOADED = """
+import sys
+from squall.client.cli import main
+sys.argv = ["squall", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+print("LOADED", " ".join(sorted(m for m in sys.modules
+                               if m.startswith(("squall.master", "squall.datanode", "fastapi")))))
+"""
+
+
+def _loaded(*argv: str) -> tuple[str, set[str]]:
+    """The output of `squall ARGV` in a fresh interpreter, and the server modules it
+    imported."""
+    r = subprocess.run([sys.executable, "-c", LOADED, *argv], capture_output=True, text=True,
+                       timeout=120)
+    out, _, mods = r.stdout.rpartition("LOADED")
+    assert "Traceback" not in r.stderr, r.stderr
+    return out, set(mods.split())
+
+
+def test_user_verbs_do_not_import_the_servers() -> None:
+    """The server commands are plugins that import the servers (FastAPI, LMDB: about 0.3 s
+    of CPU): a user verb never loads them; the command list and a server command do."""
+    for argv in (["put", "--help"], ["--token", "t", "queues", "--help"],
+                 ["--version"]):
+        _, mods = _loaded(*argv)
+        assert not mods, (argv, sorted(mods)[:5])
+    out, mods = _loaded("--help")
+    assert "master" in out and "datanode" in out and "squall.master.cli" in mods, out
+    out, mods = _loaded("master", "--help")
+    assert "squall.master.cli" in mods and "Run a master" in out, out
+    _, mods = _loaded("datanode", "--help")
+    assert "squall.datanode.cli" in mods

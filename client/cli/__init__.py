@@ -6,14 +6,16 @@ Task verbs (``put``, ``lease``, ``ack``, ``release``, ``cancel``, ``task``, ``ta
 (list, decommission, forget) in ``nodes.py``, the local cluster (``squall dev``) in
 ``dev.py``. Server commands (``squall master``, ``squall datanode``) are plugins found
 through the ``squall.cli`` entry-point group, so this package never imports the server
-packages. In a client-only install (``pip install squall``, without the ``server`` extra)
-or when a plugin cannot load, its command stays listed but only says what to install,
-instead of breaking the user verbs or printing a traceback.
+packages; they are loaded only for their own commands and the command list. In a
+client-only install (``pip install squall``, without the ``server`` extra) or when a
+plugin cannot load, its command stays listed but only says what to install, instead of
+breaking the user verbs or printing a traceback.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Annotated
 
@@ -86,6 +88,24 @@ def _load_plugins() -> None:
             _unavailable(ep.name, str(e))
 
 
+def _needs_plugins(args: list[str]) -> bool:
+    """Whether the command line reaches a server command, or prints the list of commands.
+    Loading the plugins imports the servers (FastAPI, LMDB: about 0.4 s), which a user verb
+    such as ``squall queues`` never needs."""
+    it = iter(args)
+    for a in it:
+        if a in ("--help", "-h"):
+            return True
+        if a == "--version":
+            return False
+        if a == "--token":
+            next(it, None)
+        elif not a.startswith("-"):
+            return a in {ep.name for ep in entry_points(group="squall.cli")}
+    return True  # no command: the help lists every command
+
+
 def main() -> None:
-    _load_plugins()
+    if _needs_plugins(sys.argv[1:]):
+        _load_plugins()
     app()
