@@ -90,8 +90,8 @@ def _load_plugins() -> None:
 
 def _needs_plugins(args: list[str]) -> bool:
     """Whether the command line reaches a server command, or prints the list of commands.
-    Loading the plugins imports the servers (FastAPI, LMDB: about 0.4 s), which a user verb
-    such as ``squall queues`` never needs."""
+    Loading the plugins imports the servers (FastAPI, LMDB: about 0.3 s of CPU), which a user
+    verb such as ``squall queues`` never needs."""
     it = iter(args)
     for a in it:
         if a in ("--help", "-h"):
