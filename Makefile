@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev-server-spark
 
-.PHONY: run test lint typecheck bench bench-small bench-sqs bench-ha flow-bench profile profile-lease soak clean chromium etcd k8s-dev-keys postgresql
+.PHONY: run test lint typecheck bench bench-small bench-floor bench-sqs bench-ha flow-bench profile profile-lease soak clean chromium etcd k8s-dev-keys postgresql
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -84,6 +84,12 @@ bench: $(STAMP) postgresql
 ##              bench/results/small-tasks.md (`ARGS=--quick` for 2,000 tasks per workload)
 bench-small: $(STAMP) postgresql
 	$(BIN)/python -m bench.small_tasks $(ARGS)
+
+## bench-floor: A.put's shape with no work in it (three bare Python services, the same
+##              fsyncs) against squall's A.put and PostgreSQL's, one run;
+##              bench/results/put-floor.md
+bench-floor: $(STAMP) postgresql
+	$(BIN)/python -m bench.put_floor $(ARGS)
 
 # the small-task benchmark's baseline runs Debian's PostgreSQL server: installed here when
 # missing and apt-get can (as root); otherwise the benchmark runs squall alone and says why
