@@ -212,8 +212,9 @@ SHAPES = {
     "postgresql": "PostgreSQL: one INSERT per transaction",
     "floor.serial": "bare shape, serial: store and forward, then commit",
     "floor.parallel": "bare shape, parallel: store, forward and commit together",
-    "squall.serial": "squall A.put, the default (serial) front door",
-    "squall.parallel": "squall A.put, SQUALL_FRONT_DOOR_PARALLEL=1",
+    "squall.serial": "squall A.put, the serial front door (the default)",
+    "squall.parallel": "squall A.put, the parallel put (SQUALL_FRONT_DOOR_PARALLEL=1; "
+                       "auto takes it for a lone client)",
 }
 
 

@@ -10,6 +10,16 @@ from squall.common.security.auth import AuthKeys
 from squall.common.security.files import private_dir
 from squall.common.security.tls import TLSConfig
 
+PARALLEL_MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
+
+
+def parallel_mode(value: str | None) -> str:
+    """SQUALL_FRONT_DOOR_PARALLEL as "auto", "on" or "off" (unset: "off")."""
+    mode = PARALLEL_MODES.get((value or "off").strip().lower())
+    if mode is None:
+        raise ValueError(f"SQUALL_FRONT_DOOR_PARALLEL={value!r}: use auto, 1 (on) or 0 (off)")
+    return mode
+
 
 @dataclass
 class DataNodeSettings:
@@ -43,11 +53,13 @@ class DataNodeSettings:
     forward_queue_chunks: int = 4  # chunks buffered per peer while forwarding
     front_door_max_bytes: int = 64 << 10  # largest payload the front door takes
     sqs_region: str = "us-east-1"  # the region SigV4 requests to the SQS endpoint name
-    # the parallel put (SQUALL_FRONT_DOOR_PARALLEL=1): the enqueue goes to the master
-    # (pending) while the payloads are stored; off by default: measured, it cost the servers
-    # more CPU per put than it saved in latency (bench/results/put-path.md)
-    front_door_parallel: bool = field(
-        default_factory=lambda: os.environ.get("SQUALL_FRONT_DOOR_PARALLEL", "0") == "1")
+    # the parallel put (datanode/frontdoor.py, decisions 0028 and 0036): the enqueue goes
+    # to the master (pending) while the payloads are stored. SQUALL_FRONT_DOOR_PARALLEL:
+    # "auto" for a small request that finds no other front-door request on this node (a
+    # client waiting for each put), "1" ("on") for every small request, "0" ("off", the
+    # default: a task put is then available as soon as its put is answered)
+    front_door_parallel: str = field(
+        default_factory=lambda: parallel_mode(os.environ.get("SQUALL_FRONT_DOOR_PARALLEL")))
 
     def resolve_node_id(self) -> str:
         """The configured id, else the one stored in ``data_dir/node_id`` (created once)."""

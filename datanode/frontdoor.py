@@ -22,7 +22,8 @@ master's orphan collection deletes after ``orphan_grace_s``; a crash between 3 a
 an enqueue the client does not know about: its retry (to any node) carries the same pids and
 collapses into it (the client makes a pid for every task).
 
-The parallel put (``SQUALL_FRONT_DOOR_PARALLEL=1``, off by default, for requests of up to
+The parallel put (``SQUALL_FRONT_DOOR_PARALLEL=1``, or ``auto`` for a request that finds
+no other front-door request in progress here; off by default; for requests of up to
 ``PARALLEL_MAX_TASKS`` tasks): the blob ids,
 sizes and checksums are known before anything is stored, so steps 2 and 3 run at once:
 the enqueue goes to the master marked *pending* (the master logs the tasks, never leases
@@ -135,6 +136,7 @@ class FrontDoor:
         self._slots = asyncio.Semaphore(COMMITS_IN_FLIGHT)
         self._in_flight: dict[asyncio.Task[None], _Batch] = {}  # commits and their requests
         self.commits = self.committed = 0
+        self.puts_in_progress = 0  # front-door requests being handled (the "auto" mode)
         self.confirmed = self.abandoned = self.confirm_failures = 0
         self.crash = os.environ.get("SQUALL_TEST_CRASH", "")
         self.no_confirm = os.environ.get("SQUALL_TEST_NO_CONFIRM", "") == "1"
@@ -215,10 +217,29 @@ class FrontDoor:
         with_payload = [i for i, t in enumerate(tasks) if t.get("payload") is not None]
         # a pending task carries no flow key or extras (unique, debounce, trace): such
         # requests take the serial path
-        if (with_payload and self.node.settings.front_door_parallel
-                and len(tasks) <= PARALLEL_MAX_TASKS
-                and not any(it.keys() & _EXTRAS for it in items)):
-            return await self._parallel(group, queue, tasks, items, with_payload)
+        parallel = bool(with_payload and self._parallel_now()
+                    and len(tasks) <= PARALLEL_MAX_TASKS
+                    and not any(it.keys() & _EXTRAS for it in items))
+        self.puts_in_progress += 1
+        try:
+            if parallel:
+                return await self._parallel(group, queue, tasks, items, with_payload)
+            return await self._serial(group, queue, tasks, items, update, with_payload)
+        finally:
+            self.puts_in_progress -= 1
+
+    def _parallel_now(self) -> bool:
+        """Whether a small request takes the parallel put: "auto" when it finds no other
+        front-door request on this node (a client waiting for each put, whose latency the
+        parallel put shortens; under concurrent puts the serial path's one record per task
+        costs less CPU, which they are bound by), "on" always, "off" never."""
+        mode = self.node.settings.front_door_parallel
+        return mode == "on" or (mode == "auto" and self.puts_in_progress == 0)
+
+    async def _serial(self, group: str, queue: str, tasks: list[dict[str, Any]],
+                      items: list[dict[str, Any]], update: dict[str, Any],
+                      with_payload: list[int]) -> dict[str, Any]:
+        """Store and replicate the payloads, then commit the enqueue."""
         if with_payload:
             refs, update["replicas"], update["receipts"] = await self._store(
                 [tasks[i]["payload"] for i in with_payload])

@@ -13,6 +13,7 @@ import pytest
 from squall.common.errors import OutcomeUnknown, Unavailable
 from squall.common.wire.cluster import PeerError
 from squall.datanode import frontdoor
+from squall.datanode.config import parallel_mode
 from squall.datanode.frontdoor import COMMITS_IN_FLIGHT, FrontDoor, _Block
 from squall.datanode.store.layout import BlobMeta
 from tests.helpers import until
@@ -47,7 +48,7 @@ class StuckMaster:
 def door(monkeypatch: pytest.MonkeyPatch) -> tuple[FrontDoor, StuckMaster]:
     node: Any = SimpleNamespace(node_id="n1", clock=SimpleNamespace(now=lambda: 0.0),
                                 settings=SimpleNamespace(master_url="http://127.0.0.1:1",
-                                                         front_door_parallel=False))
+                                                         front_door_parallel="off"))
     d = FrontDoor(node)
     master = StuckMaster()
     monkeypatch.setattr(d, "_post", master.post)
@@ -230,7 +231,7 @@ async def test_a_parallel_put_short_of_its_quorum_is_withdrawn_before_the_refusa
     its write quorum. The pending task is withdrawn (a settle that removes it) before the
     client is told 503; if the withdrawal cannot be committed, the outcome is unknown."""
     d, _ = door
-    d.node.settings.front_door_parallel = True
+    d.node.settings.front_door_parallel = "on"
     d.node.address = "http://me"
     sent: list[dict[str, Any]] = []
     withdraw_fails = False
@@ -289,3 +290,63 @@ async def test_a_block_is_not_used_in_its_last_margin_before_it_expires(
     now[0] = 160 - frontdoor.BLOCK_MARGIN_S + 0.5  # in the margin: a new block
     assert (await d.take_ids(1))[0] == ["b2-0"] and len(grants) == 2
     await d.aclose()
+
+
+async def test_auto_takes_the_parallel_put_only_for_a_request_alone_on_its_node(
+        door: tuple[FrontDoor, StuckMaster], monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQUALL_FRONT_DOOR_PARALLEL=auto: a put that finds no other front-door request in
+    progress sends its enqueue pending while its payload is stored; one that arrives while
+    another is in progress takes the serial path (store, then a plain enqueue)."""
+    d, _ = door
+    d.node.settings.front_door_parallel = "auto"
+    d.node.address = "http://me"
+    sent: list[dict[str, Any]] = []
+    arrived, hold = asyncio.Event(), asyncio.Event()
+
+    async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        sent.append(body)
+        arrived.set()
+        if len(sent) == 1:
+            await hold.wait()  # the first put's pending enqueue stays at the master
+        return {"results": [{"ok": {"enqueued": [{"queue": "q", "pid": e["pid"],
+                                                  "collapsed": False}
+                                                 for e in u["enqueue"]]}}
+                            for u in body["updates"]],
+                "settled": [{"ok": {"confirmed": 1, "removed": 0}} for _ in body["settles"]]}
+
+    async def stored(frames: Any, peers: Any, quorum: int) -> tuple[list[str], list[str]]:
+        return ["http://me", "http://peer"], ["r1", "r2"]
+
+    monkeypatch.setattr(d, "_post", post)
+    monkeypatch.setattr(d, "_store_frames", stored)
+    d._block = _Block("b", 1000, expires_at=1e12, replicas=["http://peer"], quorum=2,
+                      granted_at=0.0)
+    first = asyncio.create_task(d.enqueue("g", "q", [{"pid": "a", "payload": b"x"}]))
+    await asyncio.wait_for(arrived.wait(), 10)
+    assert d.puts_in_progress == 1
+    second = asyncio.create_task(d.enqueue("g", "q", [{"pid": "b", "payload": b"y"}]))
+    await until(lambda: len(sent) == 2, what="the second put's commit")
+    hold.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    [alone], [beside] = sent[0]["updates"], sent[1]["updates"]
+    assert alone.get("pending") is True and alone["enqueue"][0]["pid"] == "a"
+    assert "pending" not in beside and beside["receipts"] == ["r1", "r2"]
+    assert beside["enqueue"][0]["pid"] == "b" and d.puts_in_progress == 0
+    # alone again: parallel; "on" always, "off" never
+    d.puts_in_progress = 0
+    assert d._parallel_now()
+    d.puts_in_progress = 1
+    assert not d._parallel_now()
+    d.node.settings.front_door_parallel = "on"
+    assert d._parallel_now()
+    d.node.settings.front_door_parallel = "off"
+    d.puts_in_progress = 0
+    assert not d._parallel_now()
+    await d.aclose()
+
+
+def test_the_parallel_mode_is_read_from_the_environment() -> None:
+    assert [parallel_mode(v) for v in (None, "", "auto", "1", "on", "0", "off", " AUTO ")] \
+        == ["off", "off", "auto", "on", "on", "off", "off", "auto"]
+    with pytest.raises(ValueError, match="SQUALL_FRONT_DOOR_PARALLEL='yes': use auto"):
+        parallel_mode("yes")

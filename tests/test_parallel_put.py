@@ -160,3 +160,29 @@ def test_replicas_killed_the_put_is_refused_and_withdrawn(tmp_path: Path) -> Non
                     assert got.status_code == 404, got.text
     finally:
         cl.stop()
+
+
+def test_auto_takes_the_parallel_put_for_a_lone_put_and_the_default_does_not(
+        tmp_path: Path) -> None:
+    """SQUALL_FRONT_DOOR_PARALLEL unset: a put's task is available once the put is
+    answered. `auto`: a put alone on its node is logged pending while its payload is stored
+    (here its node never confirms, so it stays pending until the master's housekeeping
+    confirms it from the holders' reports)."""
+    cl = start_cluster(tmp_path / "cl", 3, extra_env={"SQUALL_PENDING_DEADLINE_S": "3"})
+    try:
+        data = os.urandom(2000)
+        with Client(cl.master_url, token=cl.admin) as c:
+            r = _post(cl.node_url(1), "plain", [{"pid": "d1", "payload": data}])
+            assert r.status_code == 200, r.text
+            assert _counts(c, "plain") == (0, 1, 1)
+            _armed(cl, 1, SQUALL_FRONT_DOOR_PARALLEL="auto", SQUALL_TEST_NO_CONFIRM="1")
+            r = _post(cl.node_url(1), "auto", [{"pid": "a1", "payload": data}])
+            assert r.status_code == 200, r.text
+            assert _counts(c, "auto") == (1, 0, 1)
+            wait_for(lambda: _counts(c, "auto") == (0, 1, 1), 60,
+                     what="the lone put's task confirmed by housekeeping")
+            [t] = c.lease("pp#auto", 10, 60, payloads=True)
+            assert t.pid == "a1" and t.payload() == data
+            c.done(t)
+    finally:
+        cl.stop()
