@@ -160,17 +160,20 @@ def register(app: typer.Typer) -> None:
                     "auth mint --role node --node ID) before then, or heartbeats and the "
                     "lifecycle hooks get 401", node_credential_file,
                     (exp - time.time()) / 86400)
-        settings = DataNodeSettings(
-            data_dir=str(data_dir), advertise_url=advertise or f"{scheme}://{host}:{port}",
-            master_url=master or None, node_id=node_id or None,
-            cluster_key=cluster_key,
-            heartbeat_interval_s=heartbeat_interval_s, full_report_every=full_report_every,
-            map_size=min(1 << 30, map_size_max), map_size_max=map_size_max,
-            scrub_bytes_per_s=scrub_bytes_per_s, scrub_interval_s=scrub_interval_s,
-            copies_max=copies_max, repair_bytes_per_s=repair_bytes_per_s,
-            repair_busy_bytes_per_s=repair_busy_bytes_per_s,
-            auth_keys=auth_keys,
-            node_credential=node_cred, tls=tls, sqs_region=sqs_region,
-            public=("metrics",) if public_metrics else (),
-            allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
+        try:
+            settings = DataNodeSettings(
+                data_dir=str(data_dir), advertise_url=advertise or f"{scheme}://{host}:{port}",
+                master_url=master or None, node_id=node_id or None,
+                cluster_key=cluster_key,
+                heartbeat_interval_s=heartbeat_interval_s, full_report_every=full_report_every,
+                map_size=min(1 << 30, map_size_max), map_size_max=map_size_max,
+                scrub_bytes_per_s=scrub_bytes_per_s, scrub_interval_s=scrub_interval_s,
+                copies_max=copies_max, repair_bytes_per_s=repair_bytes_per_s,
+                repair_busy_bytes_per_s=repair_busy_bytes_per_s,
+                auth_keys=auth_keys,
+                node_credential=node_cred, tls=tls, sqs_region=sqs_region,
+                public=("metrics",) if public_metrics else (),
+                allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
+        except ValueError as e:  # a setting from the environment (SQUALL_FRONT_DOOR_PARALLEL)
+            raise SystemExit(f"squall datanode: {e}") from None
         serve(settings, host, port)

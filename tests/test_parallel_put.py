@@ -17,6 +17,8 @@ confirms the tasks in its next commit (master/tasks/pending.py, datanode/frontdo
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -24,7 +26,8 @@ import msgpack
 
 from squall.client import Client
 from squall.client.cli.dev import DevCluster
-from tests.helpers import ADMIN, start_cluster, wait_for
+from tests.dn_kit import ENV as CLUSTER_ENV
+from tests.helpers import ADMIN, free_port, start_cluster, wait_for
 
 ENV = {"SQUALL_PENDING_DEADLINE_S": "1", "SQUALL_FRONT_DOOR_PARALLEL": "1"}
 SLOW = {**ENV, "SQUALL_PENDING_DEADLINE_S": "5"}  # time to look at a pending task
@@ -186,3 +189,13 @@ def test_auto_takes_the_parallel_put_for_a_lone_put_and_the_default_does_not(
             c.done(t)
     finally:
         cl.stop()
+
+
+def test_an_unknown_parallel_mode_is_refused_at_start(tmp_path: Path) -> None:
+    env = {**os.environ, **CLUSTER_ENV, "SQUALL_FRONT_DOOR_PARALLEL": "yes"}
+    p = subprocess.run([sys.executable, "-m", "squall.datanode", "--data-dir",
+                        str(tmp_path / "node"), "--port", str(free_port())],
+                       capture_output=True, timeout=60, env=env)
+    out = (p.stdout + p.stderr).decode(errors="replace")
+    assert p.returncode != 0 and "Traceback" not in out, out
+    assert "SQUALL_FRONT_DOOR_PARALLEL='yes': use auto, 1 (on) or 0 (off)" in out, out
