@@ -44,8 +44,14 @@ from squall.master.tasks import batches, dedup, unique
 Op = tuple[Any, ...]
 
 
+RESET_ERROR = "lease reset"
+
+
 def reset_leases(index: Index, txn: lmdb.Transaction, q: QueueRec) -> int:
-    """Revoke every lease of `q`: leased tasks become available, no token stays valid."""
+    """Revoke every lease of `q`: leased tasks become available, no token stays valid.
+    Every revoked task ends the same way (available now, error "lease reset"), whether or
+    not a sweep has run since its lease expired: replay runs no sweeps, and must end where
+    the live run did."""
     prefix = qprefix(q.qid, q.gen)
     revoked: list[Task] = []
     cur = txn.cursor(db=index.tasks)
@@ -57,9 +63,8 @@ def reset_leases(index: Index, txn: lmdb.Transaction, q: QueueRec) -> int:
             if t.live or t.state == LEASED:
                 revoked.append(t)
     for t in revoked:
-        if t.state == LEASED:
-            t.state, t.expiry_ms = AVAILABLE, 0
-        t.live = False
+        t.state, t.expiry_ms, t.not_before_ms = AVAILABLE, 0, 0
+        t.live, t.error = False, RESET_ERROR
         index.put_task(txn, q, t, enqueue=False)
     return len(revoked)
 
