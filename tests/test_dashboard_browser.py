@@ -246,6 +246,9 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
     assert page.locator("#result").get_attribute("data-ok") == "1"
     back = httpx.get(f"{url}/v1/groups/shots/queues/thumbs/tasks/{dead_pid}", headers=ADMIN)
     assert back.status_code == 200 and back.json()["attempts"] == 0
+    # the retry moved the dead letter away: the drawer says so
+    wait_for(lambda: "gone (" in page.locator("#dfacts").inner_text(), WAIT,
+             what="the retried dead letter shown gone from its queue")
     page.click("#dclose")
     assert page.locator("#drawer").is_hidden()
     page.remove_listener("dialog", accept_all)
@@ -256,7 +259,19 @@ def test_dashboard_against_a_real_cluster(browser: Any, cluster: DevCluster,
                "the spoof queue's page")
     link = page.locator("#qleased tbody a.pid").first
     which = (link.get_attribute("data-queue"), link.get_attribute("data-pid"))
+    # while the task's read is on its way, the drawer shows none of the last task's facts
+    # (its "gone" once stood under this task's title until the answer came)
+    held: list[Any] = []
+    task_url = f"**/v1/groups/shots/queues/spoof/tasks/{which[1]}"
+    page.route(task_url, lambda route: held.append(route))
     link.click()
+    wait_for(lambda: page.evaluate("true") and bool(held), WAIT, what="the task's read held")
+    assert page.locator("#drawer").is_visible()
+    assert which[1] in page.locator("#dtitle").inner_text()
+    assert page.locator("#dfacts tbody tr").count() == 0, page.locator("#dfacts").inner_text()
+    for route in held:
+        route.continue_()
+    page.unroute(task_url)
     page.wait_for_selector("#drawer:not([hidden]) #dfacts tbody tr")
     facts = page.locator("#dfacts").inner_text()
     assert "evil\\u202egnp.exe\\x1b[2J" in facts, (which, facts, httpx.get(

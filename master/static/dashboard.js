@@ -438,6 +438,7 @@ async function openTask(queue, pid) {
   $("#drawer").hidden = false;
   $("#dtitle").textContent = clean(queue) + "  " + clean(pid);
   $("#dpreview").hidden = true;
+  clearTask();  // never show the last task's facts under this one's title
   await refreshTask();
   await previewTask(queue, pid);
 }
@@ -453,12 +454,16 @@ async function previewTask(queue, pid) {
     p = { error: e.status === 401 || e.status === 403 ? "the preview needs an admin credential"
                                                      : e.message };
   }
-  if (!st.task || st.task.queue !== queue || st.task.pid !== pid) return;
+  if (!isOpen(queue, pid)) return;
   if (p.size === 0 && !p.error) { pre.hidden = true; return; }
   pre.hidden = false;
   pre.textContent = p.error ? "(no preview: " + clean(p.error) + ")" :
     (p.utf8 ? cleanLines(p.text) : "binary, first bytes: " + p.hex) +
     (p.shown < p.size ? "\n… (the first " + p.shown + " of " + p.size + " bytes)" : "");
+}
+// an answer for a task is shown only while that task's drawer is the one open
+function isOpen(queue, pid) {
+  return !!st.task && st.task.queue === queue && st.task.pid === pid;
 }
 function closeTask() {
   st.task = null;
@@ -466,6 +471,12 @@ function closeTask() {
 }
 $("#dclose").addEventListener("click", closeTask);
 addEventListener("keydown", (ev) => { if (ev.key === "Escape" && st.task) closeTask(); });
+function clearTask() {
+  $("#dfacts tbody").replaceChildren();
+  $("#derror").textContent = ""; $("#dpayload tbody").replaceChildren();
+  $("#dretry").disabled = $("#dcancel").disabled = true;
+  $("#dhint").textContent = "";
+}
 async function refreshTask() {
   if (!st.task) return;
   const { queue, pid } = st.task;
@@ -473,14 +484,13 @@ async function refreshTask() {
   try {
     t = await api("GET", qpath(queue) + "/tasks/" + encodeURIComponent(pid));
   } catch (e) {
+    if (!isOpen(queue, pid)) return;  // closed, or another opened
+    clearTask();
     kv($("#dfacts tbody"), [["state", e.status === 404 ?
       "gone (done, cancelled, deleted or moved)" : "cannot read it: " + e.message]]);
-    $("#derror").textContent = ""; $("#dpayload tbody").replaceChildren();
-    $("#dretry").disabled = $("#dcancel").disabled = true;
-    $("#dhint").textContent = "";
     return;
   }
-  if (!st.task || st.task.queue !== queue || st.task.pid !== pid) return;  // another opened
+  if (!isOpen(queue, pid)) return;  // closed, or another opened
   const now = Date.now() / 1000;
   const dead = !!t.origin && t.origin !== qsplit(queue)[1];
   kv($("#dfacts tbody"), [
