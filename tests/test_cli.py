@@ -4,6 +4,7 @@ one-line messages for a master that is not running, a wrong URL and a bad queue 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -96,15 +97,26 @@ def test_stats_keeps_its_numbers_beside_a_long_pid(master: str) -> None:
 
 def test_output_that_is_not_a_terminal_is_not_wrapped(master: str) -> None:
     """Piped (no terminal, COLUMNS unset), a wide table stays a table of one line per row;
-    with COLUMNS=80 it is printed one block per row instead of being broken in cells."""
+    with COLUMNS=80 it is printed one block per row instead of being broken in cells.
+    The `squall` command runs in a process of its own: the console reads COLUMNS when the
+    CLI is imported, and this test process's COLUMNS is its runner's (pytest-xdist: 80)."""
     name = "wide#" + "q" * 100
     sq(master, "put", name, "--count", "2")
-    r = runner.invoke(app, ["queues", "wide#", "--master", master], env={"COLUMNS": ""})
-    assert r.exit_code == 0, r.output
-    [row] = [line for line in r.output.splitlines() if name in line]
-    assert row.split()[1:] == ["2", "0", "0", "2", "0"], r.output
-    r = runner.invoke(app, ["queues", "wide#", "--master", master], env={"COLUMNS": "80"})
-    assert r.exit_code == 0 and "available 2" in r.output, r.output
+    squall = str(Path(sys.executable).with_name("squall"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
+
+    def piped(**extra: str) -> str:
+        r = subprocess.run([squall, "queues", "wide#", "--master", master], text=True,
+                           capture_output=True, env={**env, **extra}, timeout=120)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        return r.stdout
+
+    out = piped()
+    [row] = [line for line in out.splitlines() if name in line]
+    assert row.split()[1:] == ["2", "0", "0", "2", "0"], out
+    out = piped(COLUMNS="80")
+    assert "available 2" in out and max(map(len, out.splitlines())) <= 80, out
 
 
 def test_dead_letters_and_redrive(master: str) -> None:
