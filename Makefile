@@ -27,12 +27,16 @@ run: $(STAMP)
 # runs MODEL_SEEDS random ones. Replay any seed: make test HYPOTHESIS_SEED=<n>
 HYPOTHESIS_SEED ?= 20261122
 MODEL_SEEDS ?= 200
+# pytest-xdist workers, each given whole test files (a module's cluster starts once);
+# TEST_WORKERS=0 runs the suite in this one process
+TEST_WORKERS ?= 2
 
 ## test: lint and typecheck, then the test suite (real servers on 127.0.0.1; a short chaos
-##       soak and the model test on one seed); `make soak` runs the long ones
+##       soak and the model test on one seed) on $(TEST_WORKERS) workers; `make soak` runs
+##       the long ones
 test: $(STAMP) lint typecheck chromium etcd
 	@echo "hypothesis seed: $(HYPOTHESIS_SEED)"
-	$(BIN)/pytest -q --hypothesis-seed=$(HYPOTHESIS_SEED)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --hypothesis-seed=$(HYPOTHESIS_SEED)
 
 # the dashboard's browser test drives Debian's chromium: installed here when missing and
 # apt-get can (as root); otherwise that one test is skipped and says why
